@@ -1,0 +1,20 @@
+"""Adapter names end up in cache paths, metric labels and URLs, so only a safe alphabet passes."""
+
+from __future__ import annotations
+
+import re
+
+from loraplane.adapter_format.errors import AdapterValidationError, ErrorCode
+
+# DNS-1123-like so a name is also a valid Kubernetes object name; dots allowed for versions.
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,126}[a-z0-9])?$")
+
+
+def check_adapter_name(name: str) -> str:
+    if not _NAME.match(name) or ".." in name:
+        raise AdapterValidationError(
+            ErrorCode.UNSAFE_NAME,
+            f"adapter name {name!r} must be 1-128 lowercase letters, digits, '.', '_' or '-', "
+            "start and end with a letter or digit, and contain no '..'",
+        )
+    return name

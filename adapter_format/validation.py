@@ -1,0 +1,199 @@
+"""Validate a PEFT LoRA adapter folder against a base before anything serves it.
+
+Each rule raises :class:`AdapterValidationError` with its own code. The order is cheapest and
+most explanatory first: file layout, config, digest, base identity, rank, then every tensor's
+name and shape against the base, then the values themselves (NaN/Inf).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from loraplane.adapter_format.base_shape import LLAMA_TARGETS, BaseShape
+from loraplane.adapter_format.digest import file_digest, parse_digest
+from loraplane.adapter_format.errors import AdapterValidationError, ErrorCode
+from loraplane.adapter_format.peft_config import PeftLoraConfig, load_peft_config
+from loraplane.adapter_format.safetensors_header import TensorInfo, read_safetensors_header
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+FLOAT_DTYPES = ("F32", "F16", "BF16")
+
+# base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight (PEFT); the adapter-name infix
+# (lora_A.default.weight) appears in some saved files and is accepted.
+_TENSOR = re.compile(r"^(?:.*\.)?layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[\w-]+)?\.weight$")
+
+
+@dataclass(frozen=True)
+class ValidationLimits:
+    max_lora_rank: int = 64
+    max_bytes: int = 2 * 2**30
+    allow_rank_truncation: bool = False
+    supported_modules: tuple[str, ...] = LLAMA_TARGETS
+
+
+@dataclass(frozen=True)
+class AdapterManifest:
+    """What validation learned about an adapter; the engine loads exactly this."""
+
+    rank: int
+    alpha: float
+    scaling: float
+    target_modules: tuple[str, ...]
+    layers: tuple[int, ...]
+    digest: str
+    size_bytes: int
+    dtype: str
+    needs_truncation: bool = False
+    tensors: dict[str, TensorInfo] = field(default_factory=dict, repr=False)
+
+
+def _fail(code: ErrorCode, message: str) -> AdapterValidationError:
+    return AdapterValidationError(code, message)
+
+
+def _check_files(folder: Path) -> None:
+    if not folder.is_dir():
+        raise _fail(ErrorCode.MISSING_FILE, f"{folder} is not a folder")
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
+    if pickles:
+        raise _fail(
+            ErrorCode.PICKLE_REFUSED,
+            f"{', '.join(pickles)}: pickle files can run code when loaded; save the adapter with safetensors "
+            "(PEFT's save_pretrained(..., safe_serialization=True))",
+        )
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (folder / name).is_file():
+            raise _fail(ErrorCode.MISSING_FILE, f"{name} is missing from {folder.name}")
+
+
+def _check_base(config: PeftLoraConfig, base: BaseShape) -> None:
+    declared = config.base_model_name_or_path
+    if (
+        declared
+        and base.name != "base"
+        and declared.rstrip("/").split("/")[-1].lower() != base.name.rstrip("/").split("/")[-1].lower()
+    ):
+        raise _fail(ErrorCode.BASE_MISMATCH, f"adapter was trained on {declared!r}, this base is {base.name!r}")
+    if config.revision and base.revision and config.revision != base.revision:
+        raise _fail(
+            ErrorCode.BASE_MISMATCH,
+            f"adapter was trained on revision {config.revision!r} of its base, this base is revision {base.revision!r}; "
+            "outputs would degrade quietly, so it is refused",
+        )
+    fingerprint = getattr(config, "base_model_fingerprint", None)
+    if fingerprint and base.fingerprint and fingerprint != base.fingerprint:
+        raise _fail(
+            ErrorCode.BASE_MISMATCH, f"adapter's base fingerprint {fingerprint} differs from this base's {base.fingerprint}"
+        )
+
+
+def _check_tensors(
+    tensors: dict[str, TensorInfo], config: PeftLoraConfig, base: BaseShape, limits: ValidationLimits
+) -> tuple[set[str], set[int], str]:
+    modules: set[str] = set()
+    layers: set[int] = set()
+    pairs: dict[tuple[int, str], dict[str, TensorInfo]] = {}
+    dtypes = set()
+    for name, info in tensors.items():
+        m = _TENSOR.match(name)
+        if not m:
+            raise _fail(ErrorCode.UNSUPPORTED_TARGET, f"tensor {name!r} is not a LoRA A/B weight of a decoder layer")
+        layer, module, which = int(m.group(1)), m.group(2), m.group(3)
+        if module not in limits.supported_modules:
+            raise _fail(
+                ErrorCode.UNSUPPORTED_TARGET,
+                f"tensor {name!r} targets {module!r}; supported: {', '.join(limits.supported_modules)}",
+            )
+        if layer >= base.num_layers:
+            raise _fail(ErrorCode.SHAPE_MISMATCH, f"tensor {name!r} is for layer {layer}, the base has {base.num_layers} layers")
+        if info.dtype not in FLOAT_DTYPES or len(info.shape) != 2:
+            raise _fail(
+                ErrorCode.SHAPE_MISMATCH,
+                f"tensor {name!r} must be a 2-D {'/'.join(FLOAT_DTYPES)} matrix, got {info.dtype} {list(info.shape)}",
+            )
+        d_in, d_out = base.module_dims(module)
+        expected = (config.r, d_in) if which == "A" else (d_out, config.r)
+        if info.shape != expected:
+            raise _fail(
+                ErrorCode.SHAPE_MISMATCH,
+                f"tensor {name!r} has shape {list(info.shape)}, the base needs {list(expected)} at rank {config.r}",
+            )
+        pairs.setdefault((layer, module), {})[which] = info
+        modules.add(module)
+        layers.add(layer)
+        dtypes.add(info.dtype)
+    if not pairs:
+        raise _fail(
+            ErrorCode.NO_MATCHING_TENSORS, "no tensor maps onto a layer of the base; the adapter would load as a silent no-op"
+        )
+    for (layer, module), pair in sorted(pairs.items()):
+        if set(pair) != {"A", "B"}:
+            missing = ({"A", "B"} - set(pair)).pop()
+            raise _fail(ErrorCode.SHAPE_MISMATCH, f"layer {layer} {module} has no lora_{missing} weight")
+    if len(dtypes) > 1:
+        raise _fail(ErrorCode.SHAPE_MISMATCH, f"mixed tensor dtypes {sorted(dtypes)}; save all LoRA weights in one dtype")
+    return modules, layers, dtypes.pop()
+
+
+_EXPONENT = {"F32": (np.uint32, 0x7F800000), "F16": (np.uint16, 0x7C00), "BF16": (np.uint16, 0x7F80)}
+
+
+def _check_finite(path: Path, tensors: dict[str, TensorInfo]) -> None:
+    """A value is NaN or Inf exactly when its exponent bits are all ones; testing bits also covers
+    bf16, which numpy has no float type for."""
+    buffer = np.memmap(path, dtype=np.uint8, mode="r")
+    for name, info in tensors.items():
+        bits, mask = _EXPONENT[info.dtype]
+        raw = np.frombuffer(buffer[info.offsets[0] : info.offsets[1]], dtype=bits)
+        if np.any((raw & bits(mask)) == bits(mask)):
+            raise _fail(ErrorCode.CORRUPT_SAFETENSORS, f"tensor {name!r} contains NaN or Inf")
+
+
+def validate_adapter_dir(
+    folder: str | Path, base: BaseShape, limits: ValidationLimits = ValidationLimits(), *, expected_digest: str | None = None
+) -> AdapterManifest:
+    folder = Path(folder)
+    _check_files(folder)
+    config = load_peft_config(folder / CONFIG_FILE)
+    weights = folder / WEIGHTS_FILE
+    size = weights.stat().st_size
+    if size > limits.max_bytes:
+        raise _fail(ErrorCode.TOO_LARGE, f"{WEIGHTS_FILE} is {size} bytes, the limit is {limits.max_bytes}")
+    digest = file_digest(weights)
+    if expected_digest is not None and parse_digest(expected_digest) != digest:
+        raise _fail(ErrorCode.DIGEST_MISMATCH, f"{WEIGHTS_FILE} has digest {digest}, the manifest declares {expected_digest}")
+    _check_base(config, base)
+    needs_truncation = config.r > limits.max_lora_rank
+    if needs_truncation and not limits.allow_rank_truncation:
+        raise _fail(
+            ErrorCode.RANK_OVER_CAP,
+            f"rank {config.r} is above max_lora_rank {limits.max_lora_rank}; retrain at a lower rank or opt in to truncation",
+        )
+    if isinstance(config.target_modules, list):
+        unknown = sorted(set(config.target_modules) - set(limits.supported_modules))
+        if unknown:
+            raise _fail(
+                ErrorCode.UNSUPPORTED_TARGET,
+                f"target_modules {unknown} are not supported; supported: {', '.join(limits.supported_modules)}",
+            )
+    tensors = read_safetensors_header(weights)
+    modules, layers, dtype = _check_tensors(tensors, config, base, limits)
+    _check_finite(weights, tensors)
+    return AdapterManifest(
+        rank=config.r,
+        alpha=config.lora_alpha,
+        scaling=config.scaling,
+        target_modules=tuple(m for m in limits.supported_modules if m in modules),
+        layers=tuple(sorted(layers)),
+        digest=digest,
+        size_bytes=size,
+        dtype=dtype,
+        needs_truncation=needs_truncation,
+        tensors=tensors,
+    )

@@ -1,0 +1,29 @@
+"""Eviction policies and the tier they drive, shared by the simulator and the serving engine.
+
+One implementation per idea: ``loraplane sim`` replays traces through exactly the objects that
+decide which adapters the engine keeps in device slots and host memory, so a policy that wins in
+the simulator is the policy that runs in production. Nothing here imports torch or numpy.
+"""
+
+from loraplane.eviction.policies import (
+    POLICY_NAMES,
+    BeladyPolicy,
+    EvictionPolicy,
+    LFUAgingPolicy,
+    LRUPolicy,
+    TinyLFUPolicy,
+    make_policy,
+)
+from loraplane.eviction.tier import Tier, TierFullError
+
+__all__ = [
+    "POLICY_NAMES",
+    "BeladyPolicy",
+    "EvictionPolicy",
+    "LFUAgingPolicy",
+    "LRUPolicy",
+    "Tier",
+    "TierFullError",
+    "TinyLFUPolicy",
+    "make_policy",
+]

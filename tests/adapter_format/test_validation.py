@@ -1,0 +1,214 @@
+"""The shared validation rules: one adapter folder per rule, each failing with its own code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from loraplane.adapter_format import (
+    AdapterValidationError,
+    BaseShape,
+    ErrorCode,
+    ValidationLimits,
+    check_adapter_name,
+    file_digest,
+    read_safetensors_header,
+    validate_adapter_dir,
+)
+
+BASE = BaseShape(
+    name="HuggingFaceTB/SmolLM2-135M-Instruct",
+    revision="main",
+    hidden_size=64,
+    intermediate_size=96,
+    num_layers=2,
+    num_attention_heads=4,
+    num_kv_heads=2,
+)
+PREFIX = "base_model.model.model.layers"
+
+
+def lora_tensors(
+    rank: int = 4, modules: tuple[str, ...] = ("q_proj", "v_proj"), dtype: Any = np.float32
+) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    tensors = {}
+    for layer in range(BASE.num_layers):
+        for module in modules:
+            d_in, d_out = BASE.module_dims(module)
+            part = "self_attn" if module.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else "mlp"
+            tensors[f"{PREFIX}.{layer}.{part}.{module}.lora_A.weight"] = rng.normal(size=(rank, d_in)).astype(dtype)
+            tensors[f"{PREFIX}.{layer}.{part}.{module}.lora_B.weight"] = rng.normal(size=(d_out, rank)).astype(dtype)
+    return tensors
+
+
+def make_adapter(
+    folder: Path, *, config: dict[str, Any] | None = None, tensors: dict[str, np.ndarray] | None = None, rank: int = 4
+) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = {
+        "peft_type": "LORA",
+        "r": rank,
+        "lora_alpha": 2 * rank,
+        "target_modules": ["q_proj", "v_proj"],
+        "base_model_name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "revision": "main",
+        "task_type": "CAUSAL_LM",
+    }
+    cfg.update(config or {})
+    (folder / "adapter_config.json").write_text(json.dumps(cfg))
+    save_file(tensors if tensors is not None else lora_tensors(rank), str(folder / "adapter_model.safetensors"))
+    return folder
+
+
+def test_a_good_adapter_yields_its_manifest(tmp_path: Path) -> None:
+    folder = make_adapter(tmp_path / "good")
+    digest = file_digest(folder / "adapter_model.safetensors")
+    m = validate_adapter_dir(folder, BASE, expected_digest=digest)
+    assert (m.rank, m.alpha, m.scaling) == (4, 8, 2.0)
+    assert m.target_modules == ("q_proj", "v_proj") and m.layers == (0, 1)
+    assert m.digest == digest and m.dtype == "F32" and not m.needs_truncation
+
+
+def test_rslora_scaling(tmp_path: Path) -> None:
+    folder = make_adapter(tmp_path / "rs", config={"use_rslora": True, "lora_alpha": 8})
+    assert validate_adapter_dir(folder, BASE).scaling == pytest.approx(8 / 2)
+
+
+def expect(code: ErrorCode, folder: Path, match: str, limits: ValidationLimits = ValidationLimits(), **kw: Any) -> None:
+    with pytest.raises(AdapterValidationError, match=match) as info:
+        validate_adapter_dir(folder, BASE, limits, **kw)
+    assert info.value.code is code
+
+
+def test_pickle_files_are_refused(tmp_path: Path) -> None:
+    folder = make_adapter(tmp_path / "p")
+    (folder / "adapter_model.bin").write_bytes(b"\x80\x04not really")
+    expect(ErrorCode.PICKLE_REFUSED, folder, "adapter_model.bin: pickle files can run code")
+
+
+def test_missing_weights(tmp_path: Path) -> None:
+    folder = make_adapter(tmp_path / "m")
+    (folder / "adapter_model.safetensors").unlink()
+    expect(ErrorCode.MISSING_FILE, folder, "adapter_model.safetensors is missing")
+
+
+def test_digest_mismatch(tmp_path: Path) -> None:
+    expect(
+        ErrorCode.DIGEST_MISMATCH,
+        make_adapter(tmp_path / "d"),
+        "manifest declares sha256:0000",
+        expected_digest="sha256:" + "0" * 64,
+    )
+
+
+def test_malformed_digest(tmp_path: Path) -> None:
+    expect(ErrorCode.BAD_CONFIG, make_adapter(tmp_path / "d"), "not of the form sha256:", expected_digest="md5:abc")
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ({"revision": "v2"}, "revision 'v2' of its base, this base is revision 'main'"),
+        ({"base_model_name_or_path": "meta-llama/Llama-3.1-8B"}, "trained on 'meta-llama/Llama-3.1-8B'"),
+    ],
+)
+def test_other_base_is_refused(tmp_path: Path, config: dict[str, Any], match: str) -> None:
+    expect(ErrorCode.BASE_MISMATCH, make_adapter(tmp_path / "b", config=config), match)
+
+
+def test_rank_over_cap_unless_truncation_opted_in(tmp_path: Path) -> None:
+    folder = make_adapter(tmp_path / "r", rank=16)
+    expect(ErrorCode.RANK_OVER_CAP, folder, "rank 16 is above max_lora_rank 8", ValidationLimits(max_lora_rank=8))
+    m = validate_adapter_dir(folder, BASE, ValidationLimits(max_lora_rank=8, allow_rank_truncation=True))
+    assert m.needs_truncation
+
+
+def test_unsupported_target_module(tmp_path: Path) -> None:
+    folder = make_adapter(tmp_path / "t", config={"target_modules": ["q_proj", "lm_head"]})
+    expect(ErrorCode.UNSUPPORTED_TARGET, folder, r"target_modules \['lm_head'\] are not supported")
+
+
+def test_shape_that_does_not_fit_the_base(tmp_path: Path) -> None:
+    tensors = lora_tensors()
+    tensors[f"{PREFIX}.0.self_attn.q_proj.lora_A.weight"] = np.zeros((4, 65), np.float32)
+    expect(ErrorCode.SHAPE_MISMATCH, make_adapter(tmp_path / "s", tensors=tensors), r"shape \[4, 65\], the base needs \[4, 64\]")
+
+
+def test_layer_beyond_the_base(tmp_path: Path) -> None:
+    tensors = lora_tensors()
+    tensors[f"{PREFIX}.7.self_attn.q_proj.lora_A.weight"] = np.zeros((4, 64), np.float32)
+    expect(ErrorCode.SHAPE_MISMATCH, make_adapter(tmp_path / "l", tensors=tensors), "layer 7, the base has 2 layers")
+
+
+def test_half_a_pair(tmp_path: Path) -> None:
+    tensors = lora_tensors()
+    del tensors[f"{PREFIX}.1.self_attn.v_proj.lora_B.weight"]
+    expect(ErrorCode.SHAPE_MISMATCH, make_adapter(tmp_path / "h", tensors=tensors), "layer 1 v_proj has no lora_B")
+
+
+def test_names_that_match_nothing_fail_instead_of_loading_as_a_no_op(tmp_path: Path) -> None:
+    expect(ErrorCode.NO_MATCHING_TENSORS, make_adapter(tmp_path / "n", tensors={}), "silent no-op")
+    stray = {"transformer.h.0.attn.c_attn.lora_A.weight": np.zeros((4, 64), np.float32)}
+    expect(ErrorCode.UNSUPPORTED_TARGET, make_adapter(tmp_path / "g", tensors=stray), "not a LoRA A/B weight")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_nan_and_inf_are_refused(tmp_path: Path, dtype: Any) -> None:
+    tensors = lora_tensors(dtype=dtype)
+    tensors[f"{PREFIX}.1.self_attn.q_proj.lora_B.weight"][3, 2] = np.inf
+    expect(ErrorCode.CORRUPT_SAFETENSORS, make_adapter(tmp_path / "x", tensors=tensors), "contains NaN or Inf")
+    tensors[f"{PREFIX}.1.self_attn.q_proj.lora_B.weight"][3, 2] = np.nan
+    expect(ErrorCode.CORRUPT_SAFETENSORS, make_adapter(tmp_path / "y", tensors=tensors), "contains NaN or Inf")
+
+
+def test_truncated_and_garbage_safetensors(tmp_path: Path) -> None:
+    folder = make_adapter(tmp_path / "c")
+    weights = folder / "adapter_model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) - 10])
+    expect(ErrorCode.CORRUPT_SAFETENSORS, folder, "do not match its shape or the file size")
+    weights.write_bytes(b"\xff" * 100)
+    expect(ErrorCode.CORRUPT_SAFETENSORS, folder, "does not fit")
+    weights.write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{oops")
+    expect(ErrorCode.CORRUPT_SAFETENSORS, folder, "not valid JSON")
+
+
+def test_bad_config(tmp_path: Path) -> None:
+    expect(ErrorCode.BAD_CONFIG, make_adapter(tmp_path / "a", config={"r": 0}), "r: Input should be greater than 0")
+    expect(ErrorCode.BAD_CONFIG, make_adapter(tmp_path / "b", config={"use_dora": True}), "DoRA")
+    expect(ErrorCode.BAD_CONFIG, make_adapter(tmp_path / "c", config={"peft_type": "IA3"}), "not LORA")
+    folder = make_adapter(tmp_path / "d")
+    (folder / "adapter_config.json").write_text("{not json")
+    expect(ErrorCode.BAD_CONFIG, folder, "not readable JSON")
+
+
+def test_size_limit(tmp_path: Path) -> None:
+    expect(ErrorCode.TOO_LARGE, make_adapter(tmp_path / "big"), "the limit is 100", ValidationLimits(max_bytes=100))
+
+
+@pytest.mark.parametrize("name", ["../etc", "a/b", "UPPER", "-lead", "x" * 200, "a..b", ""])
+def test_unsafe_names(name: str) -> None:
+    with pytest.raises(AdapterValidationError) as info:
+        check_adapter_name(name)
+    assert info.value.code is ErrorCode.UNSAFE_NAME
+
+
+def test_safe_names_pass() -> None:
+    for name in ("acme-support", "acme.support-v2", "a", "tenant_1.adapter"):
+        assert check_adapter_name(name) == name
+
+
+def test_header_reader_agrees_with_the_safetensors_library(tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    folder = make_adapter(tmp_path / "h")
+    ours = read_safetensors_header(folder / "adapter_model.safetensors")
+    with safe_open(str(folder / "adapter_model.safetensors"), framework="numpy") as f:
+        for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+            assert ours[key].shape == f.get_tensor(key).shape

@@ -1,0 +1,80 @@
+"""The ``loraplane`` command as a user runs it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from loraplane.cli import main
+
+PUBLISHED = """\
+GPU slots  host slots  GPU hit  host hit  disk loads  mean load wait/request
+        8         100    29.6%     44.4%       12968        32.46 ms
+       32         100    54.5%     19.1%       13187        32.22 ms
+       32         500    54.5%     44.5%         500         2.54 ms
+      128         500    78.2%     20.8%         500         1.83 ms
+"""
+ROOT = Path(__file__).parents[1]
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+def test_sim_defaults_print_the_published_table_exactly() -> None:
+    assert run("sim") == (0, PUBLISHED)
+
+
+def test_sim_compare_shows_the_cut_against_lru_and_the_distance_to_belady() -> None:
+    code, out = run("sim", "--compare")
+    assert code == 0
+    rows = {line.split()[0]: line for line in out.splitlines()[7:] if line and not line.startswith(("policy", "lower"))}
+    assert set(rows) == {"lru", "lfu", "tinylfu", "lru+pin16", "tinylfu+pin16", "belady"}
+    cuts = {name: float(re.findall(r"([+-]\d+\.\d)%", line)[-1]) for name, line in rows.items()}
+    assert min(cuts[p] for p in ("lfu", "tinylfu")) <= -35.0
+    assert "lower bound on mean wait" in out
+
+
+def test_sim_replicas_compares_routings() -> None:
+    code, out = run("sim", "--requests", "5000", "--replicas", "3", "--config", "16:50")
+    assert code == 0
+    assert re.search(r"^round-robin\s+3", out, re.M) and re.search(r"^affinity\s+3", out, re.M)
+
+
+def test_sim_plot_writes_a_png(tmp_path: Path) -> None:
+    png = tmp_path / "policies.png"
+    code, _ = run("sim", "--requests", "3000", "--plot", str(png))
+    assert code == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_sim_reads_a_trace_file(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("timestamp,adapter,tenant,tokens\n" + "".join(f"{i},a{i % 3},t,1\n" for i in range(30)))
+    code, out = run("sim", "--trace", str(trace), "--config", "3:3")
+    assert code == 0 and out.splitlines()[1].split()[2] == "90.0%"  # only the first three miss
+
+
+def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("timestamp,adapter\n1,a\nyesterday,b\n")
+    code, out = run("sim", "--trace", str(trace))
+    assert code == 1 and "t.csv:3: timestamp" in out and "Traceback" not in out
+    code, out = run("sim", "--config", "32")
+    assert code == 2 and "is not GPU:HOST" in out
+
+
+def test_plan_explains_each_decision() -> None:
+    code, out = run("plan", str(ROOT / "examples" / "plan-500-finetunes-8b" / "plan.yaml"))
+    assert code == 0
+    for decision in ("- merge customer-000", "- rank cap 16", "- GPU slots", "- host slots", "- replicas"):
+        assert decision in out
+    assert re.search(r"predicted .*\n  GPU hit \d+\.\d%", out)
+
+
+def test_help_lists_the_subcommands() -> None:
+    code, out = run("--help")
+    assert code == 0 and "sim" in out and "plan" in out
