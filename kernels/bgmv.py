@@ -1,0 +1,164 @@
+"""BGMV: batched gather matrix-vector products, one adapter per row, for decode.
+
+Semantics::
+
+    for t in rows:  s = row_slots[t], r = ranks[s]   (s = -1: skip)
+        shrink: out[t, :r] = lora_a[s, :r] @ x[t]
+        expand: y[t, off:off+N] += scalings[s] * buf[t, :r] @ lora_b[s, :r]
+
+Shapes: x [T, K], lora_a [S, R, K], out/buf [T, R] float32, lora_b [S, R, N], y [T, >= off+N].
+Decode is memory-bound: each program streams one row's adapter weights once with wide vector
+loads and reduces in registers; no ``tl.dot`` (a single row would waste the tensor cores).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _bgmv_shrink_kernel(
+    x_ptr,
+    a_ptr,
+    out_ptr,
+    row_slots_ptr,
+    ranks_ptr,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_as,
+    stride_ar,
+    stride_ak,
+    stride_om,
+    stride_or,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    row = tl.program_id(0)
+    pid_r = tl.program_id(1)
+    slot = tl.load(row_slots_ptr + row)
+    rank = tl.load(ranks_ptr + tl.maximum(slot, 0))
+    rank = tl.where(slot >= 0, rank, 0)
+    if pid_r * BLOCK_R < rank:
+        offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+        offs_k = tl.arange(0, BLOCK_K)
+        a_base = a_ptr + slot.to(tl.int64) * stride_as
+        x_base = x_ptr + row.to(tl.int64) * stride_xm
+        acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + offs_k
+            x = tl.load(x_base + k * stride_xk, mask=k < K, other=0.0).to(tl.float32)
+            a = tl.load(
+                a_base + offs_r[:, None] * stride_ar + k[None, :] * stride_ak,
+                mask=(offs_r[:, None] < rank) & (k[None, :] < K),
+                other=0.0,
+            ).to(tl.float32)
+            acc += tl.sum(a * x[None, :], axis=1)
+        tl.store(out_ptr + row.to(tl.int64) * stride_om + offs_r * stride_or, acc, mask=offs_r < rank)
+
+
+@triton.jit
+def _bgmv_expand_kernel(
+    buf_ptr,
+    b_ptr,
+    y_ptr,
+    row_slots_ptr,
+    ranks_ptr,
+    scalings_ptr,
+    N,
+    y_offset,
+    stride_bm,
+    stride_br,
+    stride_bs,
+    stride_lr,
+    stride_ln,
+    stride_ym,
+    stride_yn,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    row = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    slot = tl.load(row_slots_ptr + row)
+    rank = tl.load(ranks_ptr + tl.maximum(slot, 0))
+    rank = tl.where(slot >= 0, rank, 0)
+    if rank > 0:
+        scale = tl.load(scalings_ptr + slot)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_r = tl.arange(0, BLOCK_R)
+        b_base = b_ptr + slot.to(tl.int64) * stride_bs
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for r0 in range(0, rank, BLOCK_R):
+            r = r0 + offs_r
+            buf = tl.load(buf_ptr + row.to(tl.int64) * stride_bm + r * stride_br, mask=r < rank, other=0.0)
+            b = tl.load(
+                b_base + r[:, None] * stride_lr + offs_n[None, :] * stride_ln,
+                mask=(r[:, None] < rank) & (offs_n[None, :] < N),
+                other=0.0,
+            ).to(tl.float32)
+            acc += tl.sum(b * buf[:, None], axis=0)
+        y_ptrs = y_ptr + row.to(tl.int64) * stride_ym + (y_offset + offs_n) * stride_yn
+        mask = offs_n < N
+        y = tl.load(y_ptrs, mask=mask, other=0.0)
+        tl.store(y_ptrs, (y.to(tl.float32) + scale * acc).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def bgmv_shrink(x: torch.Tensor, lora_a: torch.Tensor, ranks: torch.Tensor, row_slots: torch.Tensor, out: torch.Tensor) -> None:
+    if x.shape[0] == 0:
+        return
+    block_r, block_k = 16, 128
+    grid = (x.shape[0], triton.cdiv(lora_a.shape[1], block_r))
+    _bgmv_shrink_kernel[grid](
+        x,
+        lora_a,
+        out,
+        row_slots,
+        ranks,
+        x.shape[1],
+        x.stride(0),
+        x.stride(1),
+        lora_a.stride(0),
+        lora_a.stride(1),
+        lora_a.stride(2),
+        out.stride(0),
+        out.stride(1),
+        BLOCK_R=block_r,
+        BLOCK_K=block_k,
+    )
+
+
+def bgmv_expand(
+    y: torch.Tensor,
+    buf: torch.Tensor,
+    lora_b: torch.Tensor,
+    ranks: torch.Tensor,
+    scalings: torch.Tensor,
+    row_slots: torch.Tensor,
+    y_offset: int,
+) -> None:
+    if y.shape[0] == 0:
+        return
+    n = lora_b.shape[2]
+    block_n, block_r = 256, 16
+    grid = (y.shape[0], triton.cdiv(n, block_n))
+    _bgmv_expand_kernel[grid](
+        buf,
+        lora_b,
+        y,
+        row_slots,
+        ranks,
+        scalings,
+        n,
+        y_offset,
+        buf.stride(0),
+        buf.stride(1),
+        lora_b.stride(0),
+        lora_b.stride(1),
+        lora_b.stride(2),
+        y.stride(0),
+        y.stride(1),
+        BLOCK_N=block_n,
+        BLOCK_R=block_r,
+    )

@@ -1,0 +1,249 @@
+"""One signature per op: input checks, then Triton on CUDA tensors or the CPU path otherwise.
+
+Checks raise :class:`SlotLayoutError` with the offending sizes or indices rather than letting a
+kernel read out of bounds or return a wrong answer. They read the small index tensors on the
+host; the engine, which builds those tensors itself, may pass ``check=False`` on the hot path.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Literal
+
+import torch
+
+from loraplane.kernels import cpu
+from loraplane.kernels.layout import LoraSlots, SlotLayoutError
+from loraplane.kernels.reference import segments_to_rows
+
+Backend = Literal["auto", "triton", "cpu"]
+
+
+def _resolve(backend: Backend, t: torch.Tensor) -> Literal["triton", "cpu"]:
+    if backend == "auto":
+        return "triton" if t.is_cuda else "cpu"
+    if backend not in ("triton", "cpu"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'cpu', not {backend!r}")
+    return backend
+
+
+def _check_ranks(ranks: torch.Tensor, weights: torch.Tensor, name: str) -> None:
+    if weights.dim() != 3:
+        raise SlotLayoutError(f"{name} must be [num_slots, max_rank, features], got {list(weights.shape)}")
+    num_slots, max_rank = weights.shape[:2]
+    if ranks.shape != (num_slots,):
+        raise SlotLayoutError(f"ranks has shape {list(ranks.shape)}, expected [{num_slots}] (one per slot)")
+    if num_slots and (int(ranks.min()) < 0 or int(ranks.max()) > max_rank):
+        raise SlotLayoutError(f"a rank of {int(ranks.max())} is above the slot maximum {max_rank}")
+
+
+def _check_slot_ids(ids: torch.Tensor, num_slots: int, what: str) -> None:
+    if ids.numel() and (int(ids.min()) < -1 or int(ids.max()) >= num_slots):
+        bad = int(ids.max()) if int(ids.max()) >= num_slots else int(ids.min())
+        raise SlotLayoutError(f"adapter index {bad} in {what} is out of range for {num_slots} slots (-1 means no adapter)")
+
+
+def _check_rows(row_slots: torch.Tensor, num_rows: int, num_slots: int) -> None:
+    if row_slots.shape != (num_rows,):
+        raise SlotLayoutError(f"row_slots has shape {list(row_slots.shape)}, expected [{num_rows}] (one per row)")
+    _check_slot_ids(row_slots, num_slots, "row_slots")
+
+
+def _check_segments(seg_starts: torch.Tensor, seg_slots: torch.Tensor, num_rows: int, num_slots: int) -> int:
+    """Validates segment boundaries; returns the longest segment (the launch grid needs it)."""
+    if seg_starts.dim() != 1 or seg_slots.dim() != 1 or seg_starts.shape[0] != seg_slots.shape[0] + 1:
+        raise SlotLayoutError(
+            f"seg_starts {list(seg_starts.shape)} must have one more entry than seg_slots {list(seg_slots.shape)}"
+        )
+    starts = seg_starts.tolist()
+    if starts[0] != 0 or starts[-1] != num_rows or any(b < a for a, b in itertools.pairwise(starts)):
+        raise SlotLayoutError(f"seg_starts must rise from 0 to the number of rows ({num_rows}), got {starts}")
+    _check_slot_ids(seg_slots, num_slots, "seg_slots")
+    return max((b - a for a, b in itertools.pairwise(starts)), default=0)
+
+
+def _check_x(x: torch.Tensor, lora_a: torch.Tensor) -> None:
+    if x.dim() != 2 or x.shape[1] != lora_a.shape[2]:
+        raise SlotLayoutError(f"x has shape {list(x.shape)}, lora_a expects [rows, {lora_a.shape[2]}]")
+
+
+def _check_y(y: torch.Tensor, lora_b: torch.Tensor, y_offset: int) -> None:
+    n = lora_b.shape[2]
+    if y.dim() != 2 or y_offset < 0 or y.shape[1] < y_offset + n:
+        raise SlotLayoutError(f"y has shape {list(y.shape)}, too narrow for {n} outputs at offset {y_offset}")
+
+
+def _check_buf(buf: torch.Tensor, y: torch.Tensor, lora_b: torch.Tensor) -> None:
+    if buf.shape != (y.shape[0], lora_b.shape[1]) or buf.dtype != torch.float32:
+        raise SlotLayoutError(f"buf must be float32 [{y.shape[0]}, {lora_b.shape[1]}], got {buf.dtype} {list(buf.shape)}")
+
+
+def _new_buffer(x: torch.Tensor, lora_a: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    shape = (x.shape[0], lora_a.shape[1])
+    if out is None:
+        return torch.zeros(shape, dtype=torch.float32, device=x.device)
+    if out.shape != shape or out.dtype != torch.float32:
+        raise SlotLayoutError(f"out must be float32 {list(shape)}, got {out.dtype} {list(out.shape)}")
+    return out
+
+
+def sgmv_shrink(
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    ranks: torch.Tensor,
+    seg_starts: torch.Tensor,
+    seg_slots: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    backend: Backend = "auto",
+    check: bool = True,
+) -> torch.Tensor:
+    """Semantics: ``out[rows_g, :r] = x[rows_g] @ lora_a[seg_slots[g], :r].T`` per segment g.
+
+    x [T, K]; lora_a [S, R, K]; ranks [S]; seg_starts [G+1]; seg_slots [G]; returns out [T, R] fp32.
+    """
+    _check_x(x, lora_a)
+    if check:
+        _check_ranks(ranks, lora_a, "lora_a")
+    max_len = _check_segments(seg_starts, seg_slots, x.shape[0], lora_a.shape[0])
+    buf = _new_buffer(x, lora_a, out)
+    if _resolve(backend, x) == "cpu":
+        cpu.shrink(x, lora_a, ranks, segments_to_rows(seg_starts, seg_slots), buf)
+    else:
+        from loraplane.kernels.sgmv import sgmv_shrink as launch
+
+        launch(x, lora_a, ranks, seg_starts, seg_slots, buf, max_len)
+    return buf
+
+
+def sgmv_expand(
+    y: torch.Tensor,
+    buf: torch.Tensor,
+    lora_b: torch.Tensor,
+    ranks: torch.Tensor,
+    scalings: torch.Tensor,
+    seg_starts: torch.Tensor,
+    seg_slots: torch.Tensor,
+    *,
+    y_offset: int = 0,
+    backend: Backend = "auto",
+    check: bool = True,
+) -> torch.Tensor:
+    """Semantics: ``y[rows_g, off:off+N] += scalings[s] * buf[rows_g, :r] @ lora_b[s, :r]``, s = seg_slots[g].
+
+    y [T, >= off+N] (updated in place and returned); buf [T, R] fp32; lora_b [S, R, N].
+    """
+    _check_y(y, lora_b, y_offset)
+    _check_buf(buf, y, lora_b)
+    if check:
+        _check_ranks(ranks, lora_b, "lora_b")
+    max_len = _check_segments(seg_starts, seg_slots, y.shape[0], lora_b.shape[0])
+    if _resolve(backend, y) == "cpu":
+        cpu.expand(y, buf, lora_b, ranks, scalings, segments_to_rows(seg_starts, seg_slots), y_offset)
+    else:
+        from loraplane.kernels.sgmv import sgmv_expand as launch
+
+        launch(y, buf, lora_b, ranks, scalings, seg_starts, seg_slots, y_offset, max_len)
+    return y
+
+
+def bgmv_shrink(
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    ranks: torch.Tensor,
+    row_slots: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    backend: Backend = "auto",
+    check: bool = True,
+) -> torch.Tensor:
+    """Semantics: ``out[t, :r] = lora_a[row_slots[t], :r] @ x[t]``; rows with slot -1 are left alone.
+
+    x [T, K]; lora_a [S, R, K]; ranks [S]; row_slots [T]; returns out [T, R] fp32.
+    """
+    _check_x(x, lora_a)
+    if check:
+        _check_ranks(ranks, lora_a, "lora_a")
+        _check_rows(row_slots, x.shape[0], lora_a.shape[0])
+    buf = _new_buffer(x, lora_a, out)
+    if _resolve(backend, x) == "cpu":
+        cpu.shrink(x, lora_a, ranks, row_slots, buf)
+    else:
+        from loraplane.kernels.bgmv import bgmv_shrink as launch
+
+        launch(x, lora_a, ranks, row_slots, buf)
+    return buf
+
+
+def bgmv_expand(
+    y: torch.Tensor,
+    buf: torch.Tensor,
+    lora_b: torch.Tensor,
+    ranks: torch.Tensor,
+    scalings: torch.Tensor,
+    row_slots: torch.Tensor,
+    *,
+    y_offset: int = 0,
+    backend: Backend = "auto",
+    check: bool = True,
+) -> torch.Tensor:
+    """Semantics: ``y[t, off:off+N] += scalings[s] * buf[t, :r] @ lora_b[s, :r]``, s = row_slots[t].
+
+    y [T, >= off+N] (updated in place and returned); buf [T, R] fp32; lora_b [S, R, N].
+    """
+    _check_y(y, lora_b, y_offset)
+    _check_buf(buf, y, lora_b)
+    if check:
+        _check_ranks(ranks, lora_b, "lora_b")
+        _check_rows(row_slots, y.shape[0], lora_b.shape[0])
+    if _resolve(backend, y) == "cpu":
+        cpu.expand(y, buf, lora_b, ranks, scalings, row_slots, y_offset)
+    else:
+        from loraplane.kernels.bgmv import bgmv_expand as launch
+
+        launch(y, buf, lora_b, ranks, scalings, row_slots, y_offset)
+    return y
+
+
+def add_lora(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    slots: LoraSlots,
+    *,
+    row_slots: torch.Tensor | None = None,
+    seg_starts: torch.Tensor | None = None,
+    seg_slots: torch.Tensor | None = None,
+    y_offset: int = 0,
+    backend: Backend = "auto",
+    check: bool = True,
+) -> torch.Tensor:
+    """Semantics: ``y[i, off:off+N] += scale * (x[i] @ A.T) @ B.T`` with each row's adapter.
+
+    Pass ``row_slots`` for BGMV (decode) or ``seg_starts``/``seg_slots`` for SGMV (prefill).
+    For a fused projection, call once per slice with that slice's slots and ``y_offset``.
+    """
+    if (row_slots is None) == (seg_starts is None or seg_slots is None):
+        raise ValueError("give either row_slots (BGMV) or seg_starts and seg_slots (SGMV)")
+    if _resolve(backend, x) == "cpu":
+        _check_x(x, slots.lora_a)
+        _check_y(y, slots.lora_b, y_offset)
+        if check:
+            _check_ranks(slots.ranks, slots.lora_a, "lora_a")
+        if row_slots is None:
+            assert seg_starts is not None and seg_slots is not None
+            _check_segments(seg_starts, seg_slots, x.shape[0], slots.num_slots)
+            row_slots = segments_to_rows(seg_starts, seg_slots)
+        elif check:
+            _check_rows(row_slots, x.shape[0], slots.num_slots)
+        cpu.add_lora(y, x, slots.lora_a, slots.lora_b, slots.ranks, slots.scalings, row_slots, y_offset)
+        return y
+    if row_slots is not None:
+        buf = bgmv_shrink(x, slots.lora_a, slots.ranks, row_slots, backend=backend, check=check)
+        return bgmv_expand(
+            y, buf, slots.lora_b, slots.ranks, slots.scalings, row_slots, y_offset=y_offset, backend=backend, check=False
+        )
+    assert seg_starts is not None and seg_slots is not None
+    buf = sgmv_shrink(x, slots.lora_a, slots.ranks, seg_starts, seg_slots, backend=backend, check=check)
+    return sgmv_expand(
+        y, buf, slots.lora_b, slots.ranks, slots.scalings, seg_starts, seg_slots, y_offset=y_offset, backend=backend, check=False
+    )

@@ -1,0 +1,100 @@
+"""The slot layout: how resident adapters' weights sit in memory for the kernels.
+
+One :class:`LoraSlots` per target module (per layer), holding every resident adapter::
+
+    lora_a   [num_slots, max_rank, in_features]    A of the adapter in slot s, rows 0..rank[s]-1
+    lora_b   [num_slots, max_rank, out_features]   B transposed: lora_b[s, r, :] = B[:, r]
+    ranks    [num_slots] int32                      the adapter's rank (0 for an empty slot)
+    scalings [num_slots] float32                    alpha / rank (alpha / sqrt(rank) for rsLoRA)
+
+PEFT stores ``lora_A.weight`` as ``[rank, in]`` (copied as is) and ``lora_B.weight`` as
+``[out, rank]`` (copied transposed). Keeping B rank-major makes both products stream contiguous
+rows of ``in`` or ``out`` features, which is what the CPU path vectorises and what the Triton
+kernels tile. Rows at and beyond ``ranks[s]`` are never read: a rank-8 adapter in a rank-64 slot
+does rank-8 work, and those rows may hold anything (the tests fill them with NaN).
+
+Fused projections (q/k/v, gate/up) keep one ``LoraSlots`` per slice, each with its own A, and
+expand into their slice of the fused output with ``y_offset``. The adapter-tier code writes an
+adapter into slot ``s`` by copying its tensors into ``lora_a[s, :rank]``, ``lora_b[s, :rank]``
+and setting ``ranks[s]`` and ``scalings[s]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+class SlotLayoutError(ValueError):
+    """Inputs that do not fit the slot layout (shapes, slot indices, ranks)."""
+
+
+@dataclass(frozen=True)
+class LoraSlots:
+    lora_a: torch.Tensor
+    lora_b: torch.Tensor
+    ranks: torch.Tensor
+    scalings: torch.Tensor
+
+    @classmethod
+    def empty(
+        cls,
+        num_slots: int,
+        max_rank: int,
+        in_features: int,
+        out_features: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> LoraSlots:
+        return cls(
+            torch.zeros(num_slots, max_rank, in_features, dtype=dtype, device=device),
+            torch.zeros(num_slots, max_rank, out_features, dtype=dtype, device=device),
+            torch.zeros(num_slots, dtype=torch.int32, device=device),
+            torch.zeros(num_slots, dtype=torch.float32, device=device),
+        )
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.lora_a.shape[0])
+
+    @property
+    def max_rank(self) -> int:
+        return int(self.lora_a.shape[1])
+
+    @property
+    def in_features(self) -> int:
+        return int(self.lora_a.shape[2])
+
+    @property
+    def out_features(self) -> int:
+        return int(self.lora_b.shape[2])
+
+    def write(self, slot: int, a: torch.Tensor, b: torch.Tensor, scaling: float) -> None:
+        """Put one adapter (PEFT shapes: ``a`` [rank, in], ``b`` [out, rank]) into ``slot``."""
+        rank = int(a.shape[0])
+        if not 0 <= slot < self.num_slots:
+            raise SlotLayoutError(f"slot {slot} is out of range for {self.num_slots} slots")
+        if rank > self.max_rank:
+            raise SlotLayoutError(f"rank {rank} is above the slot maximum {self.max_rank}")
+        if a.shape != (rank, self.in_features) or b.shape != (self.out_features, rank):
+            raise SlotLayoutError(
+                f"adapter shapes A{list(a.shape)} B{list(b.shape)} do not fit slots of "
+                f"in={self.in_features}, out={self.out_features}"
+            )
+        self.lora_a[slot, :rank].copy_(a)
+        self.lora_b[slot, :rank].copy_(b.T)
+        self.ranks[slot] = rank
+        self.scalings[slot] = scaling
+
+    def check(self) -> None:
+        a, b = self.lora_a, self.lora_b
+        if a.dim() != 3 or b.dim() != 3 or a.shape[:2] != b.shape[:2]:
+            raise SlotLayoutError(
+                f"lora_a {list(a.shape)} and lora_b {list(b.shape)} must be [num_slots, max_rank, features] with equal first dims"
+            )
+        if self.ranks.shape != (self.num_slots,) or self.scalings.shape != (self.num_slots,):
+            raise SlotLayoutError(f"ranks and scalings must have shape [{self.num_slots}]")
+        if self.ranks.numel() and (int(self.ranks.min()) < 0 or int(self.ranks.max()) > self.max_rank):
+            raise SlotLayoutError(f"ranks {self.ranks.tolist()} must lie in 0..{self.max_rank} (the slot maximum)")

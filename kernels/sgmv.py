@@ -1,0 +1,207 @@
+"""SGMV: segmented gather matrix-vector products, for prefill.
+
+Semantics::
+
+    for g in segments:  rows = seg_starts[g] : seg_starts[g+1], s = seg_slots[g], r = ranks[s]
+        shrink: out[rows, :r] = x[rows] @ lora_a[s, :r].T
+        expand: y[rows, off:off+N] += scalings[s] * buf[rows, :r] @ lora_b[s, :r]
+
+Shapes: x [T, K], lora_a [S, R, K], out/buf [T, R] float32, lora_b [S, R, N], y [T, >= off+N].
+Grid: (segment, row block, rank or column block). Programs past a segment's end or its adapter's
+rank exit at once, so short segments and low ranks cost nothing extra. Operands are widened to
+float32 before ``tl.dot``: Triton's CPU interpreter multiplies bf16 bit patterns otherwise, and
+accumulation is float32 on every path anyway.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _sgmv_shrink_kernel(
+    x_ptr,
+    a_ptr,
+    out_ptr,
+    seg_starts_ptr,
+    seg_slots_ptr,
+    ranks_ptr,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_as,
+    stride_ar,
+    stride_ak,
+    stride_om,
+    stride_or,
+    BLOCK_M: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    seg = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_r = tl.program_id(2)
+    slot = tl.load(seg_slots_ptr + seg)
+    start = tl.load(seg_starts_ptr + seg)
+    seg_len = tl.load(seg_starts_ptr + seg + 1) - start
+    rank = tl.load(ranks_ptr + tl.maximum(slot, 0))
+    rank = tl.where(slot >= 0, rank, 0)
+    if (pid_m * BLOCK_M < seg_len) & (pid_r * BLOCK_R < rank):
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+        offs_k = tl.arange(0, BLOCK_K)
+        rows = (start + offs_m).to(tl.int64)
+        a_base = a_ptr + slot.to(tl.int64) * stride_as
+        acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + offs_k
+            x = tl.load(
+                x_ptr + rows[:, None] * stride_xm + k[None, :] * stride_xk,
+                mask=(offs_m[:, None] < seg_len) & (k[None, :] < K),
+                other=0.0,
+            )
+            a_t = tl.load(
+                a_base + offs_r[None, :] * stride_ar + k[:, None] * stride_ak,
+                mask=(offs_r[None, :] < rank) & (k[:, None] < K),
+                other=0.0,
+            )
+            acc += tl.dot(x.to(tl.float32), a_t.to(tl.float32), input_precision="ieee")
+        tl.store(
+            out_ptr + rows[:, None] * stride_om + offs_r[None, :] * stride_or,
+            acc,
+            mask=(offs_m[:, None] < seg_len) & (offs_r[None, :] < rank),
+        )
+
+
+@triton.jit
+def _sgmv_expand_kernel(
+    buf_ptr,
+    b_ptr,
+    y_ptr,
+    seg_starts_ptr,
+    seg_slots_ptr,
+    ranks_ptr,
+    scalings_ptr,
+    N,
+    y_offset,
+    stride_bm,
+    stride_br,
+    stride_bs,
+    stride_lr,
+    stride_ln,
+    stride_ym,
+    stride_yn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    seg = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_n = tl.program_id(2)
+    slot = tl.load(seg_slots_ptr + seg)
+    start = tl.load(seg_starts_ptr + seg)
+    seg_len = tl.load(seg_starts_ptr + seg + 1) - start
+    rank = tl.load(ranks_ptr + tl.maximum(slot, 0))
+    rank = tl.where(slot >= 0, rank, 0)
+    if (pid_m * BLOCK_M < seg_len) & (rank > 0):
+        scale = tl.load(scalings_ptr + slot)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_r = tl.arange(0, BLOCK_R)
+        rows = (start + offs_m).to(tl.int64)
+        b_base = b_ptr + slot.to(tl.int64) * stride_bs
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for r0 in range(0, rank, BLOCK_R):
+            r = r0 + offs_r
+            buf = tl.load(
+                buf_ptr + rows[:, None] * stride_bm + r[None, :] * stride_br,
+                mask=(offs_m[:, None] < seg_len) & (r[None, :] < rank),
+                other=0.0,
+            )
+            b = tl.load(
+                b_base + r[:, None] * stride_lr + offs_n[None, :] * stride_ln,
+                mask=(r[:, None] < rank) & (offs_n[None, :] < N),
+                other=0.0,
+            )
+            acc += tl.dot(buf.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        y_ptrs = y_ptr + rows[:, None] * stride_ym + (y_offset + offs_n[None, :]) * stride_yn
+        mask = (offs_m[:, None] < seg_len) & (offs_n[None, :] < N)
+        y = tl.load(y_ptrs, mask=mask, other=0.0)
+        tl.store(y_ptrs, (y.to(tl.float32) + scale * acc).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def sgmv_shrink(
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    ranks: torch.Tensor,
+    seg_starts: torch.Tensor,
+    seg_slots: torch.Tensor,
+    out: torch.Tensor,
+    max_seg_len: int,
+) -> None:
+    num_segs = seg_slots.shape[0]
+    if num_segs == 0 or max_seg_len == 0:
+        return
+    block_m, block_r, block_k = 16, 16, 64
+    grid = (num_segs, triton.cdiv(max_seg_len, block_m), triton.cdiv(lora_a.shape[1], block_r))
+    _sgmv_shrink_kernel[grid](
+        x,
+        lora_a,
+        out,
+        seg_starts,
+        seg_slots,
+        ranks,
+        x.shape[1],
+        x.stride(0),
+        x.stride(1),
+        lora_a.stride(0),
+        lora_a.stride(1),
+        lora_a.stride(2),
+        out.stride(0),
+        out.stride(1),
+        BLOCK_M=block_m,
+        BLOCK_R=block_r,
+        BLOCK_K=block_k,
+    )
+
+
+def sgmv_expand(
+    y: torch.Tensor,
+    buf: torch.Tensor,
+    lora_b: torch.Tensor,
+    ranks: torch.Tensor,
+    scalings: torch.Tensor,
+    seg_starts: torch.Tensor,
+    seg_slots: torch.Tensor,
+    y_offset: int,
+    max_seg_len: int,
+) -> None:
+    num_segs = seg_slots.shape[0]
+    if num_segs == 0 or max_seg_len == 0:
+        return
+    n = lora_b.shape[2]
+    block_m, block_n, block_r = 16, 64, 16
+    grid = (num_segs, triton.cdiv(max_seg_len, block_m), triton.cdiv(n, block_n))
+    _sgmv_expand_kernel[grid](
+        buf,
+        lora_b,
+        y,
+        seg_starts,
+        seg_slots,
+        ranks,
+        scalings,
+        n,
+        y_offset,
+        buf.stride(0),
+        buf.stride(1),
+        lora_b.stride(0),
+        lora_b.stride(1),
+        lora_b.stride(2),
+        y.stride(0),
+        y.stride(1),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_R=block_r,
+    )

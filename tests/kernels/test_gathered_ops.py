@@ -1,0 +1,196 @@
+"""SGMV and BGMV, on the Triton path (interpreted on CPU) and the CPU path, against the reference.
+
+Tolerances per dtype, relative to the float64 reference computed from the same rounded inputs:
+float32 1e-4, float16 4e-3, bfloat16 3e-2 (output rounding dominates for the half types).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loraplane.kernels import LoraSlots, SlotLayoutError, add_lora, bgmv_shrink, reference_add_lora, segments_to_rows, sgmv_shrink
+
+TOL = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+BACKENDS = ["cpu", "triton"]
+
+
+def make_slots(
+    ranks: list[int], k: int, n: int, dtype: torch.dtype = torch.float32, max_rank: int = 64, seed: int = 0
+) -> LoraSlots:
+    g = torch.Generator().manual_seed(seed)
+    slots = LoraSlots.empty(len(ranks), max_rank, k, n, dtype=dtype)
+    slots.lora_a.fill_(float("nan"))  # rows past each rank must never be read
+    slots.lora_b.fill_(float("nan"))
+    for s, r in enumerate(ranks):
+        if r:
+            a = torch.randn(r, k, generator=g) / k**0.5
+            b = torch.randn(n, r, generator=g) / r**0.5
+            slots.write(s, a.to(dtype), b.to(dtype), 16.0 / r)
+    return slots
+
+
+def check(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    assert out.dtype == dtype
+    tol = TOL[dtype]
+    scale = float(ref.abs().max()) if ref.numel() else 1.0
+    torch.testing.assert_close(out.to(torch.float64), ref, rtol=tol, atol=tol * max(1.0, scale))
+
+
+def inputs(rows: int, k: int, n_total: int, dtype: torch.dtype, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, k, generator=g).to(dtype), torch.randn(rows, n_total, generator=g).to(dtype)
+
+
+MIXES = {
+    # name: (slot ranks, per-row slot ids)
+    "one adapter for all rows": ([16], [0] * 7),
+    "every row different, ranks 1..64": ([1, 8, 16, 33, 64, 2, 5], [0, 1, 2, 3, 4, 5, 6]),
+    "rows without an adapter": ([8, 64], [-1, 0, -1, 1, 1, -1]),
+    "all rows base only": ([8], [-1, -1, -1]),
+    "empty slot next to full ones": ([0, 4, 64], [1, 2, 1, 2]),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mix", list(MIXES))
+@pytest.mark.parametrize(("k", "n"), [(64, 48), (97, 131)])
+def test_bgmv_matches_reference(backend: str, mix: str, k: int, n: int) -> None:
+    ranks, ids = MIXES[mix]
+    slots = make_slots(ranks, k, n)
+    x, y = inputs(len(ids), k, n + 5, torch.float32)
+    row_slots = torch.tensor(ids, dtype=torch.int32)
+    ref = reference_add_lora(y, x, slots, row_slots, y_offset=3)
+    out = add_lora(y.clone(), x, slots, row_slots=row_slots, y_offset=3, backend=backend)  # type: ignore[arg-type]
+    check(out, ref, torch.float32)
+
+
+SEGMENTS = {
+    "one segment": ([0, 9], [1]),
+    "empty and one-token segments": ([0, 0, 1, 1, 6, 7], [0, 1, 2, -1, 0]),
+    "segment without adapter": ([0, 4, 20, 21], [-1, 2, 0]),
+    "longer than one row block": ([0, 37, 40], [2, 1]),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seg", list(SEGMENTS))
+def test_sgmv_matches_reference(backend: str, seg: str) -> None:
+    starts, seg_ids = SEGMENTS[seg]
+    slots = make_slots([3, 64, 17], 80, 72)
+    x, y = inputs(starts[-1], 80, 72, torch.float32)
+    seg_starts, seg_slots = torch.tensor(starts, dtype=torch.int32), torch.tensor(seg_ids, dtype=torch.int32)
+    ref = reference_add_lora(y, x, slots, segments_to_rows(seg_starts, seg_slots))
+    out = add_lora(y.clone(), x, slots, seg_starts=seg_starts, seg_slots=seg_slots, backend=backend)  # type: ignore[arg-type]
+    check(out, ref, torch.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("op", ["sgmv", "bgmv"])
+def test_half_precision_inputs_accumulate_in_float32(backend: str, dtype: torch.dtype, op: str) -> None:
+    slots = make_slots([8, 32, 64], 128, 96, dtype=dtype)
+    x, y = inputs(10, 128, 96, dtype)
+    seg_starts = torch.tensor([0, 3, 3, 10], dtype=torch.int32)
+    seg_slots = torch.tensor([2, 0, 1], dtype=torch.int32)
+    rows = segments_to_rows(seg_starts, seg_slots).to(torch.int32)
+    ref = reference_add_lora(y, x, slots, rows)
+    if op == "sgmv":
+        out = add_lora(y.clone(), x, slots, seg_starts=seg_starts, seg_slots=seg_slots, backend=backend)  # type: ignore[arg-type]
+    else:
+        out = add_lora(y.clone(), x, slots, row_slots=rows, backend=backend)  # type: ignore[arg-type]
+    check(out, ref, dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fused_qkv_slices_with_different_widths(backend: str) -> None:
+    """q, k and v adapters expand into their own column ranges of one fused output."""
+    k = 64
+    widths = {"q": 64, "k": 16, "v": 16}
+    per_slice = {name: make_slots([8, 16, 4], k, w, seed=i) for i, (name, w) in enumerate(widths.items())}
+    x, y = inputs(6, k, sum(widths.values()), torch.float32)
+    rows = torch.tensor([0, 1, 2, -1, 1, 0], dtype=torch.int32)
+    out, ref, offset = y.clone(), y.to(torch.float64), 0
+    for name, w in widths.items():
+        ref = reference_add_lora(ref, x, per_slice[name], rows, y_offset=offset)
+        add_lora(out, x, per_slice[name], row_slots=rows, y_offset=offset, backend=backend)  # type: ignore[arg-type]
+        offset += w
+    check(out, ref, torch.float32)
+
+
+def test_in_place_add_returns_the_same_tensor() -> None:
+    slots = make_slots([4], 32, 32)
+    x, y = inputs(3, 32, 32, torch.float32)
+    out = add_lora(y, x, slots, row_slots=torch.zeros(3, dtype=torch.int32), backend="cpu")
+    assert out is y
+
+
+def test_a_low_rank_adapter_does_no_high_rank_work() -> None:
+    """Programs past an adapter's rank exit: with NaN in every padding row, a read would show."""
+    slots = make_slots([2], 64, 64, max_rank=64)
+    x, _ = inputs(4, 64, 64, torch.float32)
+    buf = bgmv_shrink(x, slots.lora_a, slots.ranks, torch.zeros(4, dtype=torch.int32), backend="triton")
+    assert torch.isfinite(buf).all() and (buf[:, 2:] == 0).all()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 6), min_size=1, max_size=6),
+    data=st.data(),
+    backend=st.sampled_from(BACKENDS),
+)
+def test_random_segmentations(lengths: list[int], data: st.DataObject, backend: str) -> None:
+    ranks = [1, 7, 16, 0]
+    seg_ids = data.draw(st.lists(st.integers(-1, len(ranks) - 1), min_size=len(lengths), max_size=len(lengths)))
+    slots = make_slots(ranks, 40, 24, max_rank=16)
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + n)
+    x, y = inputs(starts[-1], 40, 24, torch.float32)
+    seg_starts, seg_slots = torch.tensor(starts, dtype=torch.int32), torch.tensor(seg_ids, dtype=torch.int32)
+    ref = reference_add_lora(y, x, slots, segments_to_rows(seg_starts, seg_slots))
+    out = add_lora(y.clone(), x, slots, seg_starts=seg_starts, seg_slots=seg_slots, backend=backend)  # type: ignore[arg-type]
+    check(out, ref, torch.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_inputs_raise_instead_of_answering_wrong(backend: str) -> None:
+    slots = make_slots([8, 8], 32, 16, max_rank=16)
+    x, y = inputs(4, 32, 16, torch.float32)
+    rows = torch.tensor([0, 1, 0, 1], dtype=torch.int32)
+    be = backend  # the checks run before any backend is chosen
+    with pytest.raises(SlotLayoutError, match=r"x has shape \[4, 31\], lora_a expects \[rows, 32\]"):
+        add_lora(y, x[:, :31], slots, row_slots=rows, backend=be)  # type: ignore[arg-type]
+    with pytest.raises(SlotLayoutError, match="adapter index 2 in row_slots is out of range for 2 slots"):
+        add_lora(y, x, slots, row_slots=torch.tensor([0, 2, 0, 0], dtype=torch.int32), backend=be)  # type: ignore[arg-type]
+    with pytest.raises(SlotLayoutError, match="adapter index -2"):
+        add_lora(y, x, slots, row_slots=torch.tensor([0, -2, 0, 0], dtype=torch.int32), backend=be)  # type: ignore[arg-type]
+    with pytest.raises(SlotLayoutError, match="a rank of 17 is above the slot maximum 16"):
+        bgmv_shrink(x, slots.lora_a, torch.tensor([8, 17], dtype=torch.int32), rows, backend=be)  # type: ignore[arg-type]
+    with pytest.raises(SlotLayoutError, match="seg_starts must rise from 0 to the number of rows"):
+        sgmv_shrink(x, slots.lora_a, slots.ranks, torch.tensor([0, 3, 2, 4]), torch.tensor([0, 1, 0]), backend=be)  # type: ignore[arg-type]
+    with pytest.raises(SlotLayoutError, match="too narrow for 16 outputs at offset 4"):
+        add_lora(y, x, slots, row_slots=rows, y_offset=4, backend=be)  # type: ignore[arg-type]
+    with pytest.raises(SlotLayoutError, match="rank 17 is above the slot maximum 16"):
+        slots.write(0, torch.zeros(17, 32), torch.zeros(16, 17), 1.0)
+    assert torch.equal(y, inputs(4, 32, 16, torch.float32)[1])  # nothing was written by the failed calls
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_separate_shrink_and_expand_ops(backend: str) -> None:
+    """The two halves, as the engine calls them when it reuses one shrink buffer across slices."""
+    from loraplane.kernels import bgmv_expand, sgmv_expand
+
+    slots = make_slots([4, 16], 48, 40, max_rank=16)
+    x, y = inputs(5, 48, 40, torch.float32)
+    rows = torch.tensor([1, 0, -1, 1, 1], dtype=torch.int32)
+    ref = reference_add_lora(y, x, slots, rows)
+    buf = bgmv_shrink(x, slots.lora_a, slots.ranks, rows, backend=backend)  # type: ignore[arg-type]
+    check(bgmv_expand(y.clone(), buf, slots.lora_b, slots.ranks, slots.scalings, rows, backend=backend), ref, torch.float32)  # type: ignore[arg-type]
+    seg_starts, seg_slots = torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)
+    ref = reference_add_lora(y, x, slots, segments_to_rows(seg_starts, seg_slots))
+    buf = sgmv_shrink(x, slots.lora_a, slots.ranks, seg_starts, seg_slots, backend=backend)  # type: ignore[arg-type]
+    out = sgmv_expand(y.clone(), buf, slots.lora_b, slots.ranks, slots.scalings, seg_starts, seg_slots, backend=backend)  # type: ignore[arg-type]
+    check(out, ref, torch.float32)
