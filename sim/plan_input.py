@@ -7,7 +7,6 @@ as a table than as YAML.
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Self
 
@@ -15,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from loraplane.adapter_format.base_shape import LLAMA_TARGETS, BaseShape
+from loraplane.sim.table_rows import csv_rows, validate_row
 
 
 class PlanInputError(ValueError):
@@ -88,18 +88,8 @@ class PlanInput(_Strict):
 def _read_csv(path: Path) -> list[FineTune]:
     if not path.is_file():
         raise PlanInputError(f"{path}: no such adapter table")
-    rows: list[FineTune] = []
     with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
-        for row in reader:
-            if None in row:
-                raise PlanInputError(f"{path}:{reader.line_num}: more fields than the header has")
-            try:
-                rows.append(FineTune.model_validate({k: v for k, v in row.items() if v not in (None, "")}))
-            except ValidationError as exc:
-                first = exc.errors()[0]
-                field = ".".join(str(p) for p in first["loc"]) or "row"
-                raise PlanInputError(f"{path}:{reader.line_num}: {field}: {first['msg']}") from None
+        rows = [validate_row(FineTune, row, f"{path}:{line}", PlanInputError) for line, row in csv_rows(path, fh, PlanInputError)]
     if not rows:
         raise PlanInputError(f"{path}: the adapter table is empty")
     return rows

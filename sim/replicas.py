@@ -13,31 +13,18 @@ from dataclasses import dataclass
 
 from loraplane.eviction import Tier, make_policy
 from loraplane.routing import BoundedLoadRing
-from loraplane.sim.tiers import Costs
+from loraplane.sim.tiers import Costs, HitCounts
 from loraplane.sim.trace import Trace
 
 ROUTINGS = ("round-robin", "affinity")
 
 
-@dataclass(frozen=True)
-class ReplicaResult:
+@dataclass(frozen=True, kw_only=True)
+class ReplicaResult(HitCounts):
     routing: str
     num_replicas: int
-    requests: int
-    gpu_hits: int
-    host_hits: int
-    cold_loads: int
-    mean_wait_ms: float
     max_share: float  # busiest replica's share of requests over the even share (1.0 = perfectly even)
     peak_inflight_ratio: float  # worst in-flight load on one replica over the mean (once >= 10 per replica)
-
-    @property
-    def gpu_hit_rate(self) -> float:
-        return self.gpu_hits / self.requests if self.requests else 0.0
-
-    @property
-    def host_hit_rate(self) -> float:
-        return self.host_hits / self.requests if self.requests else 0.0
 
 
 def simulate_replicas(
@@ -89,6 +76,14 @@ def simulate_replicas(
         if total >= 10 * num_replicas:  # ratios of a handful of requests say nothing about balance
             peak_ratio = max(peak_ratio, inflight[replica] * num_replicas / total)
     n = len(trace)
-    wait = (host_hits * costs.host_ms + cold * costs.cold_ms) / n if n else 0.0
-    max_share = max(served.values()) * num_replicas / n if n else 1.0
-    return ReplicaResult(routing, num_replicas, n, gpu_hits, host_hits, cold, wait, max_share, peak_ratio)
+    return ReplicaResult(
+        routing=routing,
+        num_replicas=num_replicas,
+        requests=n,
+        gpu_hits=gpu_hits,
+        host_hits=host_hits,
+        cold_loads=cold,
+        costs=costs,
+        max_share=max(served.values()) * num_replicas / n if n else 1.0,
+        peak_inflight_ratio=peak_ratio,
+    )

@@ -23,11 +23,10 @@ class Costs:
     cold_ms: float = 120.0
 
 
-@dataclass(frozen=True)
-class TierResult:
-    policy: str
-    gpu_slots: int
-    host_slots: int
+@dataclass(frozen=True, kw_only=True)
+class HitCounts:
+    """Where each request's adapter was found: device slot, host cache, or cold storage."""
+
     requests: int
     gpu_hits: int
     host_hits: int
@@ -47,6 +46,13 @@ class TierResult:
         if not self.requests:
             return 0.0
         return (self.host_hits * self.costs.host_ms + self.cold_loads * self.costs.cold_ms) / self.requests
+
+
+@dataclass(frozen=True, kw_only=True)
+class TierResult(HitCounts):
+    policy: str
+    gpu_slots: int
+    host_slots: int
 
 
 def _run_tier(stream: Sequence[Hashable], slots: int, policy: str, pinned: Iterable[Hashable] = ()) -> list[int]:
@@ -78,7 +84,14 @@ def simulate_tiers(
     cold = len(_run_tier(host_stream, host_slots, policy))
     label = f"{policy}+pin{len(pinned)}" if pinned else policy
     return TierResult(
-        label, gpu_slots, host_slots, len(adapters), len(adapters) - len(gpu_misses), len(host_stream) - cold, cold, costs
+        policy=label,
+        gpu_slots=gpu_slots,
+        host_slots=host_slots,
+        requests=len(adapters),
+        gpu_hits=len(adapters) - len(gpu_misses),
+        host_hits=len(host_stream) - cold,
+        cold_loads=cold,
+        costs=costs,
     )
 
 

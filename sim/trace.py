@@ -7,14 +7,15 @@ its figures can be checked against the published table digit for digit.
 
 from __future__ import annotations
 
-import csv
 import json
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
+
+from loraplane.sim.table_rows import csv_rows, validate_row
 
 LCG_MULTIPLIER = 1664525
 LCG_INCREMENT = 1013904223
@@ -149,13 +150,10 @@ def _rows(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
     suffix = path.suffix.lower()
     with path.open(newline="", encoding="utf-8") as fh:
         if suffix == ".csv":
-            reader = csv.DictReader(fh)
-            if reader.fieldnames is None:
+            if not fh.readline().strip():
                 raise TraceFormatError(f"{path}:1: empty file, expected a header 'timestamp,adapter,tenant,tokens'")
-            for row in reader:
-                if None in row:
-                    raise TraceFormatError(f"{path}:{reader.line_num}: more fields than the header has")
-                yield reader.line_num, {k: v for k, v in row.items() if v not in (None, "")}
+            fh.seek(0)
+            yield from csv_rows(path, fh, TraceFormatError)
         elif suffix in (".jsonl", ".ndjson"):
             for lineno, line in enumerate(fh, start=1):
                 if not line.strip():
@@ -176,14 +174,7 @@ def load_trace(path: str | Path) -> Trace:
     path = Path(path)
     if not path.is_file():
         raise TraceFormatError(f"{path}: no such file")
-    records: list[TraceRecord] = []
-    for lineno, row in _rows(path):
-        try:
-            records.append(TraceRecord.model_validate(row))
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(str(p) for p in first["loc"]) or "record"
-            raise TraceFormatError(f"{path}:{lineno}: {field}: {first['msg']}") from None
+    records = [validate_row(TraceRecord, row, f"{path}:{lineno}", TraceFormatError) for lineno, row in _rows(path)]
     if not records:
         raise TraceFormatError(f"{path}: no requests in trace")
     records.sort(key=lambda r: r.timestamp)
