@@ -87,14 +87,3 @@ class LoraSlots:
         self.lora_b[slot, :rank].copy_(b.T)
         self.ranks[slot] = rank
         self.scalings[slot] = scaling
-
-    def check(self) -> None:
-        a, b = self.lora_a, self.lora_b
-        if a.dim() != 3 or b.dim() != 3 or a.shape[:2] != b.shape[:2]:
-            raise SlotLayoutError(
-                f"lora_a {list(a.shape)} and lora_b {list(b.shape)} must be [num_slots, max_rank, features] with equal first dims"
-            )
-        if self.ranks.shape != (self.num_slots,) or self.scalings.shape != (self.num_slots,):
-            raise SlotLayoutError(f"ranks and scalings must have shape [{self.num_slots}]")
-        if self.ranks.numel() and (int(self.ranks.min()) < 0 or int(self.ranks.max()) > self.max_rank):
-            raise SlotLayoutError(f"ranks {self.ranks.tolist()} must lie in 0..{self.max_rank} (the slot maximum)")
