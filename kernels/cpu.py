@@ -12,6 +12,8 @@ converted per call, which is correct but slower.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from numba import njit, prange
@@ -92,6 +94,17 @@ def _i32(t: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(t.detach().to(torch.int32).numpy())
 
 
+def _add_into(y: torch.Tensor, kernel: Callable[..., None], args: tuple[np.ndarray, ...], y_offset: int) -> None:
+    """Run an accumulating kernel on ``y``: in place when it is contiguous float32 (no extra
+    output-sized buffer), else through a float32 copy written back once."""
+    if y.dtype == torch.float32 and y.is_contiguous():
+        kernel(*args, y.numpy(), y_offset)
+        return
+    acc = y.detach().to(torch.float32).contiguous()
+    kernel(*args, acc.numpy(), y_offset)
+    y.copy_(acc)
+
+
 def shrink(x: torch.Tensor, lora_a: torch.Tensor, ranks: torch.Tensor, row_slots: torch.Tensor, out: torch.Tensor) -> None:
     if out.dtype != torch.float32 or not out.is_contiguous():
         raise ValueError("the shrink buffer must be a contiguous float32 tensor")
@@ -107,13 +120,7 @@ def expand(
     row_slots: torch.Tensor,
     y_offset: int,
 ) -> None:
-    args = (_f32(buf), _f32(lora_b), _i32(row_slots), _i32(ranks), _f32(scalings))
-    if y.dtype == torch.float32 and y.is_contiguous():
-        _expand_rows(*args, y.numpy(), y_offset)  # in place: no extra output-sized buffer
-    else:
-        acc = y.detach().to(torch.float32).contiguous()
-        _expand_rows(*args, acc.numpy(), y_offset)
-        y.copy_(acc)
+    _add_into(y, _expand_rows, (_f32(buf), _f32(lora_b), _i32(row_slots), _i32(ranks), _f32(scalings)), y_offset)
 
 
 def add_lora(
@@ -127,9 +134,4 @@ def add_lora(
     y_offset: int,
 ) -> None:
     args = (_f32(x), _f32(lora_a), _f32(lora_b), _i32(row_slots), _i32(ranks), _f32(scalings))
-    if y.dtype == torch.float32 and y.is_contiguous():
-        _add_lora_rows(*args, y.numpy(), y_offset)
-    else:
-        acc = y.detach().to(torch.float32).contiguous()
-        _add_lora_rows(*args, acc.numpy(), y_offset)
-        y.copy_(acc)
+    _add_into(y, _add_lora_rows, args, y_offset)
