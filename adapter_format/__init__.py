@@ -5,7 +5,7 @@ replica sees them, and the engine runs the same checks again at load, so both mu
 neither may drag the other's dependencies in.
 """
 
-from loraplane.adapter_format.base_shape import BaseShape
+from loraplane.adapter_format.base_shape import LLAMA_TARGETS, BaseShape
 from loraplane.adapter_format.digest import file_digest, parse_digest
 from loraplane.adapter_format.errors import AdapterValidationError, ErrorCode
 from loraplane.adapter_format.names import check_adapter_name
@@ -14,6 +14,7 @@ from loraplane.adapter_format.safetensors_header import TensorInfo, read_safeten
 from loraplane.adapter_format.validation import AdapterManifest, ValidationLimits, validate_adapter_dir
 
 __all__ = [
+    "LLAMA_TARGETS",
     "AdapterManifest",
     "AdapterValidationError",
     "BaseShape",

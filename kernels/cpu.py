@@ -86,6 +86,46 @@ def _add_lora_rows(
                 out[n] += c * brow[n]
 
 
+# Segments at least this long (on average) go through BLAS per segment instead of the row loop:
+# a prefill segment is a [len, in] x [in, r] matmul that BLAS runs near peak, while the row loop
+# recomputes each row's dot products without register blocking. Measured on 2 cores (SmolLM2
+# shapes, rank 8-16): rows win below ~4 tokens a segment, BLAS wins clearly from ~16.
+SEGMENT_BLAS_MIN_MEAN_LEN = 8
+
+
+def add_lora_segments(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    ranks: torch.Tensor,
+    scalings: torch.Tensor,
+    seg_starts: list[int],
+    seg_slots: list[int],
+    y_offset: int,
+) -> None:
+    """Per segment: ``y[rows, off:off+N] += scale * (x[rows] @ A[:r].T) @ B[:r]`` through BLAS."""
+    n_dim = lora_b.shape[2]
+    ranks_host = ranks.tolist()
+    scales_host = scalings.tolist()
+    for g, slot in enumerate(seg_slots):
+        if slot < 0 or not ranks_host[slot]:
+            continue
+        lo, hi, r = seg_starts[g], seg_starts[g + 1], ranks_host[slot]
+        xs = x[lo:hi].to(torch.float32)
+        update = (xs @ lora_a[slot, :r].to(torch.float32).T) @ lora_b[slot, :r].to(torch.float32)
+        y[lo:hi, y_offset : y_offset + n_dim] += (update * scales_host[slot]).to(y.dtype)
+
+
+# Below this many rows (a decode batch) the kernels run single-threaded: a parallel region costs
+# tens of microseconds to open, more than a decode batch's work, and its worker threads compete
+# with torch's OpenMP threads for the same cores between the base matmuls.
+PARALLEL_MIN_ROWS = 64
+_shrink_rows_serial = njit(fastmath=True, cache=True)(_shrink_rows.py_func)
+_expand_rows_serial = njit(fastmath=True, cache=True)(_expand_rows.py_func)
+_add_lora_rows_serial = njit(fastmath=True, cache=True)(_add_lora_rows.py_func)
+
+
 def _f32(t: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(t.detach().to(torch.float32).numpy())
 
@@ -108,7 +148,8 @@ def _add_into(y: torch.Tensor, kernel: Callable[..., None], args: tuple[np.ndarr
 def shrink(x: torch.Tensor, lora_a: torch.Tensor, ranks: torch.Tensor, row_slots: torch.Tensor, out: torch.Tensor) -> None:
     if out.dtype != torch.float32 or not out.is_contiguous():
         raise ValueError("the shrink buffer must be a contiguous float32 tensor")
-    _shrink_rows(_f32(x), _f32(lora_a), _i32(row_slots), _i32(ranks), out.numpy())
+    kernel = _shrink_rows if x.shape[0] >= PARALLEL_MIN_ROWS else _shrink_rows_serial
+    kernel(_f32(x), _f32(lora_a), _i32(row_slots), _i32(ranks), out.numpy())
 
 
 def expand(
@@ -120,7 +161,8 @@ def expand(
     row_slots: torch.Tensor,
     y_offset: int,
 ) -> None:
-    _add_into(y, _expand_rows, (_f32(buf), _f32(lora_b), _i32(row_slots), _i32(ranks), _f32(scalings)), y_offset)
+    kernel = _expand_rows if y.shape[0] >= PARALLEL_MIN_ROWS else _expand_rows_serial
+    _add_into(y, kernel, (_f32(buf), _f32(lora_b), _i32(row_slots), _i32(ranks), _f32(scalings)), y_offset)
 
 
 def add_lora(
@@ -134,4 +176,5 @@ def add_lora(
     y_offset: int,
 ) -> None:
     args = (_f32(x), _f32(lora_a), _f32(lora_b), _i32(row_slots), _i32(ranks), _f32(scalings))
-    _add_into(y, _add_lora_rows, args, y_offset)
+    kernel = _add_lora_rows if y.shape[0] >= PARALLEL_MIN_ROWS else _add_lora_rows_serial
+    _add_into(y, kernel, args, y_offset)

@@ -1,0 +1,42 @@
+"""Engine settings, named as vLLM names them wherever vLLM has the same knob."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("LORAPLANE_CACHE", Path.home() / ".cache" / "loraplane"))
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(default="embedded", description="'embedded', a .gguf file, or a Hugging Face checkpoint folder")
+    base_name: str | None = Field(default=None, description="model id adapters declare as base_model_name_or_path")
+    base_revision: str | None = Field(default=None, description="revision adapters must declare, if they declare one")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="auto: bfloat16 where the hardware computes it natively, else float32"
+    )
+    quantization: Literal["fp8"] | None = Field(default=None, description="fp8: float8_e4m3fn base weights, per-channel scales")
+    max_model_len: int | None = Field(default=None, gt=0, description="defaults to min(the model's context, 4096)")
+    block_size: int = Field(default=16, gt=0)
+    num_kv_blocks: int | None = Field(default=None, gt=0, description="overrides kv_cache_memory_mb")
+    kv_cache_memory_mb: int = Field(default=512, gt=0)
+    max_num_batched_tokens: int = Field(default=2048, gt=0)
+    max_num_seqs: int = Field(default=64, gt=0)
+    enable_prefix_caching: bool = True
+    max_loras: int = Field(default=8, ge=1, description="adapters resident at once (device slots)")
+    max_lora_rank: int = Field(default=16, ge=1)
+    lora_modules: dict[str, str] = Field(default_factory=dict, description="adapter name -> PEFT folder, loaded at start")
+    cache_dir: Path = Field(default_factory=default_cache_dir)
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineConfig:
+        if len(self.lora_modules) > self.max_loras:
+            raise ValueError(f"{len(self.lora_modules)} lora_modules do not fit max_loras={self.max_loras}")
+        return self

@@ -1,0 +1,1 @@
+"""Requests, scheduling, KV blocks, sampling and the step loop."""

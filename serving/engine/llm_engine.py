@@ -1,0 +1,247 @@
+"""The engine: one resident base model, many adapters, one continuous batch.
+
+``add_request`` queues a prompt under an adapter (or none); each ``step`` schedules, runs one
+forward pass for every scheduled token of every sequence, samples, and reports what changed.
+``generate`` drives steps until the given prompts finish, for scripts and tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import torch
+
+from loraplane.adapter_format import ValidationLimits
+from loraplane.serving.config import EngineConfig
+from loraplane.serving.engine.block_manager import BlockManager
+from loraplane.serving.engine.model_runner import ModelRunner
+from loraplane.serving.engine.sampler import Sampler
+from loraplane.serving.engine.sampling_params import SamplingParams
+from loraplane.serving.engine.scheduler import Scheduler
+from loraplane.serving.engine.sequence import FinishReason, Sequence, TokenLogprob
+from loraplane.serving.lora.registry import LoraRegistry, ResidentAdapter
+from loraplane.serving.lora.slot_table import SlotTable
+from loraplane.serving.model.attention import KVCache
+from loraplane.serving.model.llama import LlamaModel
+from loraplane.serving.tokenizer import Tokenizer
+from loraplane.serving.weights.base import BaseCheckpoint, resolve_base
+from loraplane.serving.weights.checkpoint import iter_tensors, load_weights
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    """``auto`` picks bfloat16 on CUDA and on CPUs with native bf16 (AVX512-BF16 or AMX), where it
+    halves the weight bytes each step streams; elsewhere bf16 matmuls are emulated and slower."""
+    if name != "auto":
+        return DTYPES[name]
+    if torch.cuda.is_available() or torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+class RequestError(ValueError):
+    """A request the engine refuses before queueing it (the server maps this to a 400)."""
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    request_id: str
+    adapter: str | None
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: FinishReason | None
+    logprobs: list[TokenLogprob]
+    num_cached_tokens: int
+    error: str | None = None
+
+
+def _output(seq: Sequence) -> RequestOutput:
+    return RequestOutput(
+        request_id=seq.request_id,
+        adapter=seq.adapter,
+        prompt_token_ids=seq.prompt_token_ids,
+        token_ids=list(seq.output_token_ids),
+        text=seq.output_text,
+        finished=seq.is_finished,
+        finish_reason=seq.finish_reason,
+        logprobs=list(seq.logprobs),
+        num_cached_tokens=seq.num_cached_tokens,
+        error=seq.error,
+    )
+
+
+def build_model(base: BaseCheckpoint, config: EngineConfig, max_positions: int) -> LlamaModel:
+    model = LlamaModel(base.config, max_positions)
+    load_weights(model, iter_tensors(base.folder))
+    model.to(resolve_dtype(config.dtype))
+    model.rotary.to(torch.float32)
+    if config.quantization == "fp8":
+        for _, proj in model.linear_layers():
+            proj.to_fp8()
+    return model.eval()
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config = config or EngineConfig()
+        self.base = resolve_base(config.model, config.cache_dir, name=config.base_name, revision=config.base_revision)
+        cfg = self.base.config
+        limit = cfg.context_limit()
+        if config.max_model_len and config.max_model_len > limit:
+            raise ValueError(f"max_model_len={config.max_model_len} is above this model's context ({limit} tokens)")
+        self.max_model_len = config.max_model_len or min(limit, 4096)
+        dtype = self.dtype = resolve_dtype(config.dtype)
+        self.model = build_model(self.base, config, self.max_model_len)
+        self.tokenizer = Tokenizer(self.base.folder)
+        per_block = KVCache.bytes_per_block(
+            cfg.num_hidden_layers, config.block_size, cfg.num_key_value_heads, cfg.head_dim, dtype
+        )
+        num_blocks = config.num_kv_blocks or max(1, config.kv_cache_memory_mb * 2**20 // per_block)
+        if num_blocks * config.block_size < self.max_model_len:
+            raise ValueError(
+                f"{num_blocks} KV blocks of {config.block_size} tokens cannot hold one sequence of max_model_len="
+                f"{self.max_model_len}; raise kv_cache_memory_mb or lower max_model_len"
+            )
+        self.cache = KVCache(cfg.num_hidden_layers, num_blocks, config.block_size, cfg.num_key_value_heads, cfg.head_dim, dtype)
+        self.blocks = BlockManager(num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.blocks, max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens
+        )
+        # Adapter weights stay float32 on the CPU whatever the base dtype: the CPU kernels compute
+        # in float32, and converting the slot tables on every call would cost more than the product.
+        self.slots = SlotTable(self.model, config.max_loras, config.max_lora_rank, torch.float32)
+        self.loras = LoraRegistry(
+            self.slots, self.base.shape, ValidationLimits(max_lora_rank=config.max_lora_rank), torch.float32
+        )
+        self.sampler = Sampler()
+        self.runner = ModelRunner(self.model, self.cache, self.slots, self.sampler)
+        self.requests: dict[str, Sequence] = {}
+        self._ids = itertools.count()
+        tokenizer_eos = self.tokenizer.eos_token_id
+        self.eos_ids = set(cfg.eos_token_ids) | ({tokenizer_eos} if tokenizer_eos is not None else set())
+        for name, path in config.lora_modules.items():
+            self.load_lora(name, path)
+
+    # adapters -------------------------------------------------------------------------------
+    def load_lora(self, name: str, path: str, *, expected_digest: str | None = None) -> ResidentAdapter:
+        adapter = self.loras.load(name, path, expected_digest=expected_digest)
+        log.info("loaded adapter %s (rank %d, %s) into slot %d", name, adapter.rank, adapter.digest[:19], adapter.slot)
+        return adapter
+
+    def unload_lora(self, name: str) -> None:
+        self.loras.unload(name)
+
+    # requests -------------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        adapter: str | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        params = params or SamplingParams()
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self.requests:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise RequestError("the prompt is empty")
+        vocab = self.base.config.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise RequestError(f"prompt token ids must be in [0, {vocab})")
+        if len(ids) + params.max_tokens > self.max_model_len:
+            raise RequestError(
+                f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds max_model_len={self.max_model_len}"
+            )
+        seq = Sequence(request_id=request_id, prompt_token_ids=ids, params=params, adapter=adapter)
+        if adapter is not None:
+            resident = self.loras.acquire(adapter)  # raises AdapterNotFound for an unknown name
+            seq.adapter_slot, seq.adapter_key = resident.slot, resident.cache_key
+        self.requests[request_id] = seq
+        self.scheduler.add(seq)
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        seq = self.requests.get(request_id)
+        if seq is not None and not seq.is_finished:
+            self._finish(seq, FinishReason.ABORT)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        seq.finish_reason = reason
+        self.scheduler.finish(seq)
+        self.sampler.forget(seq)
+        if seq.adapter is not None:
+            self.loras.release(seq.adapter)
+        seq.output_text = self._text(seq)
+
+    def _text(self, seq: Sequence) -> str:
+        text = self.tokenizer.decode(seq.output_token_ids)
+        for stop in seq.params.stop:
+            cut = text.find(stop)
+            if cut >= 0:
+                text = text[:cut]
+        return text
+
+    def _check_stop(self, seq: Sequence, token: int) -> FinishReason | None:
+        p = seq.params
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids):
+            return FinishReason.STOP
+        if p.stop and any(s in self.tokenizer.decode(seq.output_token_ids) for s in p.stop):
+            return FinishReason.STOP
+        if len(seq.output_token_ids) >= p.max_tokens or len(seq) >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def step(self) -> list[RequestOutput]:
+        """One scheduling round and one forward pass; outputs of the sequences that advanced."""
+        batch = self.scheduler.schedule()
+        if not batch.items:
+            return []
+        results = self.runner.run(batch.items)
+        outputs = []
+        for seq, n in batch.items:
+            seq.num_computed_tokens += n
+            self.blocks.register_full_blocks(seq)
+            result = results.get(seq.seq_id)
+            if result is None:
+                continue
+            token, logprob = result
+            seq.output_token_ids.append(token)
+            if logprob is not None:
+                seq.logprobs.append(logprob)
+            reason = self._check_stop(seq, token)
+            if reason is not None:
+                self._finish(seq, reason)
+            outputs.append(_output(seq))
+        for seq in [s for s in self.requests.values() if s.is_finished]:
+            del self.requests[seq.request_id]
+        return outputs
+
+    def generate(
+        self,
+        prompts: Seq[str | list[int]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        adapters: list[str | None] | None = None,
+    ) -> list[RequestOutput]:
+        """Run the prompts to completion together (one continuous batch); outputs in input order."""
+        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        adapter_list = adapters or [None] * len(prompts)
+        ids = [self.add_request(p, sp, adapter=a) for p, sp, a in zip(prompts, params_list, adapter_list, strict=True)]
+        done: dict[str, RequestOutput] = {}
+        while len(done) < len(ids):
+            for out in self.step():
+                if out.finished:
+                    done[out.request_id] = out
+        return [done[i] for i in ids]

@@ -1,0 +1,62 @@
+"""Turn each sequence's logits row into its next token (and the log-probabilities it asked for).
+
+Every sequence samples with its own generator when it gives a seed, so its output does not
+depend on which other requests share the batch. Log-probabilities are those of the model's
+distribution after the request's logits processors and before temperature, top-k and top-p
+(vLLM's default), for the chosen token and the ``logprobs`` most likely alternatives.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from loraplane.serving.engine.sequence import Sequence, TokenLogprob
+
+
+class Sampler:
+    def __init__(self, seed: int = 0) -> None:
+        self.default = torch.Generator().manual_seed(seed)
+        self.generators: dict[int, torch.Generator] = {}
+
+    def _generator(self, seq: Sequence) -> torch.Generator:
+        if seq.params.seed is None:
+            return self.default
+        gen = self.generators.get(seq.seq_id)
+        if gen is None:
+            gen = self.generators[seq.seq_id] = torch.Generator().manual_seed(seq.params.seed)
+        return gen
+
+    def forget(self, seq: Sequence) -> None:
+        self.generators.pop(seq.seq_id, None)
+
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[tuple[int, TokenLogprob | None]]:
+        """logits [len(seqs), vocab] float32, one row per sequence."""
+        out = []
+        for row, seq in zip(logits, seqs, strict=True):
+            p = seq.params
+            for proc in p.logits_processors:
+                row = proc(list(seq.output_token_ids), row)
+            token = int(torch.argmax(row)) if p.greedy else self._draw(row, seq)
+            logprob = None
+            if p.logprobs is not None:
+                lp = torch.log_softmax(row, dim=-1)
+                top = torch.topk(lp, p.logprobs) if p.logprobs else None
+                alts = tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top is not None else ()
+                logprob = TokenLogprob(token, float(lp[token]), alts)
+            out.append((token, logprob))
+        return out
+
+    def _draw(self, row: torch.Tensor, seq: Sequence) -> int:
+        p = seq.params
+        scaled = row / p.temperature
+        if p.top_k and p.top_k < scaled.numel():
+            kth = torch.topk(scaled, p.top_k).values[-1]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        if p.top_p < 1.0:
+            ordered, index = torch.sort(scaled, descending=True)
+            cumulative = torch.softmax(ordered, dim=-1).cumsum(-1)
+            # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+            drop = cumulative - torch.softmax(ordered, dim=-1) >= p.top_p
+            scaled = scaled.scatter(0, index[drop], float("-inf"))
+        probs = torch.softmax(scaled, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=self._generator(seq)))

@@ -1,0 +1,91 @@
+"""Continuous batching under a token budget, with preemption by recompute.
+
+Each step the scheduler picks, in order: every running sequence's next tokens (one for a
+decode, a chunk for an unfinished prompt), then waiting sequences while the token budget
+(``max_num_batched_tokens``), the sequence cap (``max_num_seqs``) and free KV blocks allow. So
+prefill and decode share one batch and a long prompt is split across steps rather than stalling
+the decodes. When a running sequence needs a block and none is free, the most recently admitted
+sequence is preempted: its blocks are freed and it goes back to the front of the queue keeping
+its generated tokens, to be recomputed later (often mostly from the prefix cache).
+
+Torch-free: the scheduler only moves sequences and counts blocks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from loraplane.serving.engine.block_manager import BlockManager
+from loraplane.serving.engine.sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledBatch:
+    items: list[tuple[Sequence, int]] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.items)
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.blocks = blocks
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.blocks.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_uncomputed, budget)
+            while not self.blocks.append_slots(seq, n):
+                victim = self.running.pop()
+                self._preempt(victim)
+                batch.preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                batch.items.append((seq, n))
+                budget -= n
+                i += 1
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not batch.preempted:
+            seq = self.waiting[0]
+            if not self.blocks.allocate(seq):
+                break
+            self.waiting.popleft()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            n = min(seq.num_uncomputed, budget)
+            batch.items.append((seq, n))
+            budget -= n
+        return batch
+
+    def finish(self, seq: Sequence) -> None:
+        """Free a finished or aborted sequence's blocks at once, wherever it is."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.free(seq)
+        seq.status = Status.FINISHED

@@ -1,0 +1,1 @@
+"""Adapters inside the engine: PEFT folders read into the kernels' slot layout."""

@@ -1,0 +1,49 @@
+"""Read a PEFT adapter folder into per-layer (A, B) pairs after the shared validation passes.
+
+The rules live in :mod:`loraplane.adapter_format` (the operator runs the same ones); this file
+only maps PEFT's tensor names onto (layer, module) and reads the weights with safetensors.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from loraplane.adapter_format import AdapterManifest, BaseShape, ValidationLimits, validate_adapter_dir
+from loraplane.adapter_format.validation import WEIGHTS_FILE
+
+_NAME = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[\w-]+)?\.weight$")
+
+
+@dataclass(frozen=True)
+class LoadedAdapter:
+    manifest: AdapterManifest
+    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def digest(self) -> str:
+        return self.manifest.digest
+
+
+def load_peft_adapter(
+    folder: str | Path,
+    base: BaseShape,
+    limits: ValidationLimits,
+    *,
+    expected_digest: str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> LoadedAdapter:
+    folder = Path(folder)
+    manifest = validate_adapter_dir(folder, base, limits, expected_digest=expected_digest)
+    raw = load_file(str(folder / WEIGHTS_FILE))
+    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for name, tensor in raw.items():
+        m = _NAME.search(name)
+        assert m, f"validation accepted {name!r}"  # the validator uses the same pattern
+        pairs.setdefault((int(m.group(1)), m.group(2)), {})[m.group(3)] = tensor.to(dtype)
+    weights = {key: (p["A"], p["B"]) for key, p in pairs.items()}
+    return LoadedAdapter(manifest=manifest, weights=weights)

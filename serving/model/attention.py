@@ -1,0 +1,94 @@
+"""Attention over a paged KV cache.
+
+The cache of one layer is ``[num_blocks, block_size, kv_heads, head_dim]`` for keys and again
+for values; a sequence's tokens live in the blocks its block table lists, in order. New keys
+and values are scattered into their slots first, then:
+
+- prefill spans (a prompt or a chunk of one, possibly after a cached prefix) attend causally to
+  their sequence's whole context, one span at a time;
+- decode rows (one new token each) are attended together: their block tables are gathered into
+  one padded batch and a mask hides the padding.
+
+Plain ``scaled_dot_product_attention`` with grouped-query heads does the arithmetic; a GPU
+deployment would swap this module for a paged-attention kernel without touching the rest.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from loraplane.serving.model.context import PrefillSpan, StepContext
+
+
+class KVCache:
+    """Keys and values for every layer: ``[layers, num_blocks, block_size, kv_heads, head_dim]``."""
+
+    def __init__(
+        self, num_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> None:
+        shape = (num_layers, num_blocks, block_size, kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype)
+        self.v = torch.zeros(shape, dtype=dtype)
+        self.block_size = block_size
+
+    @staticmethod
+    def bytes_per_block(num_layers: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * block_size * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+    """SDPA in float32 whatever the model dtype: the CPU's bf16 SDPA is several times slower than
+    its fp32 one at decode shapes, and fp32 softmax is the accurate choice anyway."""
+    dtype = q.dtype
+    out = F.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=mask, is_causal=causal, enable_gqa=True
+    )  # fmt: skip
+    return out.to(dtype)
+
+
+def _prefill(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span: PrefillSpan, k_cache: torch.Tensor, v_cache: torch.Tensor
+) -> torch.Tensor:
+    rows = slice(span.start, span.start + span.num_new)
+    qs = q[rows].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+    if span.context_len == span.num_new:
+        # Nothing cached before this span: its own keys are the whole context.
+        ks, vs = k[rows], v[rows]
+        mask = None
+    else:
+        kv_heads, head_dim = k.shape[1], k.shape[2]
+        ks = k_cache[span.block_ids].reshape(-1, kv_heads, head_dim)[: span.context_len]
+        vs = v_cache[span.block_ids].reshape(-1, kv_heads, head_dim)[: span.context_len]
+        past = span.context_len - span.num_new
+        query_pos = torch.arange(span.num_new).unsqueeze(1) + past
+        mask = torch.arange(span.context_len).unsqueeze(0) <= query_pos
+    out = _attend(qs, ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0), mask, mask is None)
+    return out.squeeze(0).transpose(0, 1)
+
+
+def _decode(q: torch.Tensor, ctx: StepContext, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    assert ctx.decode_rows is not None and ctx.decode_block_tables is not None and ctx.decode_mask is not None
+    tables = ctx.decode_block_tables
+    n = tables.shape[0]
+    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    length = ctx.decode_mask.shape[-1]
+    ks = k_cache[tables].view(n, length, kv_heads, head_dim).transpose(1, 2)
+    vs = v_cache[tables].view(n, length, kv_heads, head_dim).transpose(1, 2)
+    qs = q[ctx.decode_rows].unsqueeze(2)  # [n, H, 1, D]
+    return _attend(qs, ks, vs, ctx.decode_mask, False).squeeze(2)
+
+
+def paged_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: StepContext
+) -> torch.Tensor:
+    """q [T, H, D], k/v [T, KV, D] for this step's tokens; returns [T, H, D]."""
+    kv_heads, head_dim = k.shape[1], k.shape[2]
+    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, ctx.slot_mapping, k)
+    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, ctx.slot_mapping, v)
+    out = torch.empty_like(q)
+    for span in ctx.prefills:
+        out[span.start : span.start + span.num_new] = _prefill(q, k, v, span, k_cache, v_cache)
+    if ctx.decode_rows is not None and ctx.decode_rows.numel():
+        out[ctx.decode_rows] = _decode(q, ctx, k_cache, v_cache)
+    return out

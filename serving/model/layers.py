@@ -1,0 +1,115 @@
+"""Norm, rotary embedding and the base-plus-adapter linear layer.
+
+:class:`LoraLinear` is where the brief's equation lives: one shared base matmul for the whole
+batch, then each slice's gathered low-rank product added in place through the kernels. Fused
+projections (q/k/v, gate/up) keep one slot table per slice so an adapter can target ``q_proj``
+without ``k_proj``. Base weights stay unmerged; adapters are never folded into them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from loraplane.kernels import LoraSlots, add_lora
+from loraplane.serving.model.context import LoraBatch
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn value
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Same order of operations as transformers' LlamaRMSNorm: normalise in fp32, cast, scale.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables for every position up to ``max_positions``, indexed by each token's position."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def __init__(self, inv_freq: list[float], max_positions: int) -> None:
+        super().__init__()
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), torch.tensor(inv_freq, dtype=torch.float32))
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [T, H, D], k [T, KV, D]; the rotate-half layout of Hugging Face checkpoints."""
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LoraLinear(nn.Module):
+    """``y = x W^T (+ b) + scale_a (x A_a^T) B_a^T`` per row, for one or more fused output slices.
+
+    ``slice_names`` are the PEFT target-module names of the slices in output order (for example
+    ``q_proj, k_proj, v_proj``). The weight is either dense or float8_e4m3fn with one scale per
+    output channel (:meth:`to_fp8`), dequantised per call so that only one layer's weight is
+    ever held at full precision.
+    """
+
+    def __init__(self, in_features: int, slice_sizes: list[int], slice_names: list[str], *, bias: bool = False) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.slice_names = tuple(slice_names)
+        self.slice_offsets = tuple(sum(slice_sizes[:i]) for i in range(len(slice_sizes)))
+        self.slice_sizes = tuple(slice_sizes)
+        out = sum(slice_sizes)
+        self.weight = nn.Parameter(torch.zeros(out, in_features), requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(out), requires_grad=False) if bias else None
+        self.weight_scale: torch.Tensor | None = None
+        self.lora: list[LoraSlots | None] = [None] * len(slice_names)
+
+    def to_fp8(self) -> None:
+        w = self.weight.data.float()
+        scale = (w.abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX).to(torch.float32)
+        self.weight = nn.Parameter((w / scale[:, None]).to(torch.float8_e4m3fn), requires_grad=False)
+        self.weight_scale = scale
+
+    def base_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        if self.weight_scale is None:
+            return self.weight
+        return self.weight.to(dtype) * self.weight_scale.to(dtype)[:, None]
+
+    def forward(self, x: torch.Tensor, lora: LoraBatch | None) -> torch.Tensor:
+        y = F.linear(x, self.base_weight(x.dtype), self.bias)
+        if lora is None:
+            return y
+        active = [
+            (offset, slots)
+            for name, offset, slots in zip(self.slice_names, self.slice_offsets, self.lora, strict=True)
+            if slots is not None and name in lora.active_modules
+        ]
+        if not active:
+            return y
+        # The adapter product runs in the slots' precision (float32 on the CPU): x is converted
+        # once for all slices, and a low-precision y receives one rounded sum instead of a
+        # round trip per slice.
+        slot_dtype = active[0][1].lora_a.dtype
+        xs = x if x.dtype == slot_dtype else x.to(slot_dtype)
+        acc = y if y.dtype == slot_dtype else torch.zeros(y.shape, dtype=slot_dtype, device=y.device)
+        for offset, slots in active:
+            if lora.seg_starts is not None:
+                add_lora(acc, xs, slots, seg_starts=lora.seg_starts, seg_slots=lora.seg_slots, y_offset=offset, check=False)
+            else:
+                add_lora(acc, xs, slots, row_slots=lora.row_slots, y_offset=offset, check=False)
+        if acc is not y:
+            y += acc.to(y.dtype)
+        return y

@@ -1,0 +1,107 @@
+"""A Llama-family decoder over a flat batch of tokens from many sequences.
+
+The batch has no padding: ``input_ids`` is every scheduled token of every sequence, one after
+another, and :class:`StepContext` says which rows belong to which sequence, where their keys
+live and which adapter slot each row uses. Logits are computed only for the rows the sampler
+needs (the last token of each sequence that finishes its prompt or decodes this step).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from loraplane.serving.model.attention import KVCache, paged_attention
+from loraplane.serving.model.context import StepContext
+from loraplane.serving.model.layers import LoraLinear, RMSNorm, RotaryEmbedding
+from loraplane.serving.model.llama_config import LlamaConfig
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.qkv_proj = LoraLinear(
+            cfg.hidden_size, [cfg.q_size, cfg.kv_size, cfg.kv_size], ["q_proj", "k_proj", "v_proj"], bias=cfg.attention_bias
+        )
+        self.o_proj = LoraLinear(cfg.q_size, [cfg.hidden_size], ["o_proj"])
+
+    def forward(self, x: torch.Tensor, ctx: StepContext, rotary: RotaryEmbedding, cache: KVCache) -> torch.Tensor:
+        qkv = self.qkv_proj(x, ctx.lora)
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        q = qkv[:, :q_size].view(-1, self.heads, self.head_dim)
+        k = qkv[:, q_size : q_size + kv_size].view(-1, self.kv_heads, self.head_dim)
+        v = qkv[:, q_size + kv_size :].reshape(-1, self.kv_heads, self.head_dim)
+        q, k = rotary(ctx.positions, q, k)
+        out = paged_attention(q, k, v, cache.k[self.layer], cache.v[self.layer], ctx)
+        projected: torch.Tensor = self.o_proj(out.reshape(-1, q_size), ctx.lora)
+        return projected
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.intermediate = cfg.intermediate_size
+        self.gate_up_proj = LoraLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, ["gate_proj", "up_proj"])
+        self.down_proj = LoraLinear(cfg.intermediate_size, [cfg.hidden_size], ["down_proj"])
+
+    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x, ctx.lora)
+        h = F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]
+        down: torch.Tensor = self.down_proj(h, ctx.lora)
+        return down
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, ctx: StepContext, rotary: RotaryEmbedding, cache: KVCache) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), ctx, rotary, cache)
+        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x), ctx)
+        return out
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: LlamaConfig, max_positions: int) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = RotaryEmbedding(cfg.inv_freq(), max_positions)
+        self.lm_head: nn.Parameter | None = (
+            None if cfg.tie_word_embeddings else nn.Parameter(torch.zeros(cfg.vocab_size, cfg.hidden_size), requires_grad=False)
+        )
+
+    def forward(self, input_ids: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
+        """Hidden states [T, hidden] after the final norm."""
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, ctx, self.rotary, cache)
+        hidden: torch.Tensor = self.norm(x)
+        return hidden
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        head = self.embed_tokens.weight if self.lm_head is None else self.lm_head
+        return F.linear(hidden, head).float()
+
+    def linear_layers(self) -> list[tuple[int, LoraLinear]]:
+        """(layer index, projection) for every projection an adapter can target."""
+        out: list[tuple[int, LoraLinear]] = []
+        for i, layer in enumerate(self.layers):
+            assert isinstance(layer, DecoderLayer)
+            out += [
+                (i, layer.self_attn.qkv_proj),
+                (i, layer.self_attn.o_proj),
+                (i, layer.mlp.gate_up_proj),
+                (i, layer.mlp.down_proj),
+            ]
+        return out

@@ -1,0 +1,87 @@
+"""Adapters in the engine: PEFT folders in, clear refusals for anything that does not fit,
+and a refused adapter changes nothing for the ones already serving."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from engine_helpers import engine_greedy, tiny_engine
+from tiny_models import make_peft_adapter
+
+from loraplane.adapter_format import AdapterValidationError, ErrorCode
+from loraplane.serving.engine.llm_engine import RequestError
+from loraplane.serving.engine.sampling_params import SamplingParams
+from loraplane.serving.lora.registry import AdapterBusy, AdapterNotFound
+
+
+@pytest.fixture
+def engine(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path: Path):
+    return tiny_engine(tiny_llama, tmp_path / "cache", {"qv4": tiny_adapters["qv4"]}, max_loras=2, base_revision="r1")
+
+
+def _serves_qv4_unchanged(engine, before) -> None:
+    assert engine_greedy(engine, [([5, 6, 7], "qv4")], 6)[0] == before
+
+
+def test_adapter_for_another_base_is_refused_alone(engine, tiny_llama: Path, tmp_path: Path) -> None:
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    before = engine_greedy(engine, [([5, 6, 7], "qv4")], 6)[0]
+    # A PEFT adapter trained on a 96-wide model that carries our base's name.
+    wide = tmp_path / "wide" / tiny_llama.name
+    LlamaForCausalLM(AutoConfig.from_pretrained(str(tiny_llama), hidden_size=96)).save_pretrained(str(wide))
+    adapter = make_peft_adapter(wide, tmp_path / "wide-adapter", 4, 8, ["q_proj"], False, seed=1)
+    with pytest.raises(AdapterValidationError) as err:
+        engine.load_lora("wide", str(adapter))
+    assert err.value.code is ErrorCode.SHAPE_MISMATCH
+    assert "wide" not in engine.loras.adapters
+    _serves_qv4_unchanged(engine, before)
+
+
+def test_revision_and_pickle_refusals_have_their_own_codes(engine, tiny_adapters, tmp_path: Path) -> None:
+    before = engine_greedy(engine, [([5, 6, 7], "qv4")], 6)[0]
+    cases: dict[str, tuple[Path, ErrorCode]] = {}
+    rev = shutil.copytree(tiny_adapters["all8"], tmp_path / "rev")
+    raw = json.loads((rev / "adapter_config.json").read_text())
+    (rev / "adapter_config.json").write_text(json.dumps({**raw, "revision": "r0"}))
+    cases["rev"] = (rev, ErrorCode.BASE_MISMATCH)
+    pickled = shutil.copytree(tiny_adapters["ku2"], tmp_path / "pickled")
+    (pickled / "adapter_model.bin").write_bytes(b"\x80\x04")
+    cases["pickled"] = (pickled, ErrorCode.PICKLE_REFUSED)
+    for name, (folder, code) in cases.items():
+        with pytest.raises(AdapterValidationError) as err:
+            engine.load_lora(name, str(folder))
+        assert err.value.code is code, name
+    assert set(engine.loras.adapters) == {"qv4"}
+    _serves_qv4_unchanged(engine, before)
+
+
+def test_rank_above_max_lora_rank_is_refused(tiny_llama, tiny_adapters, tmp_path: Path) -> None:
+    engine = tiny_engine(tiny_llama, tmp_path, max_lora_rank=8)
+    with pytest.raises(AdapterValidationError) as err:
+        engine.load_lora("mlp16", str(tiny_adapters["mlp16"]))
+    assert err.value.code is ErrorCode.RANK_OVER_CAP
+
+
+def test_slots_unknown_names_busy_adapters_and_long_prompts(engine, tiny_adapters) -> None:
+    engine.load_lora("all8", str(tiny_adapters["all8"]))
+    with pytest.raises(AdapterBusy, match="max_loras"):
+        engine.load_lora("ku2", str(tiny_adapters["ku2"]))
+    with pytest.raises(AdapterNotFound, match="nope"):
+        engine.add_request([1, 2, 3], adapter="nope")
+    with pytest.raises(ValueError, match=r"path|name|character"):
+        engine.load_lora("../escape", str(tiny_adapters["ku2"]))
+    rid = engine.add_request([1, 2, 3], SamplingParams(max_tokens=4), adapter="all8")
+    with pytest.raises(AdapterBusy, match="running"):
+        engine.load_lora("all8", str(tiny_adapters["qv4"]))
+    engine.abort(rid)
+    engine.unload_lora("all8")
+    engine.load_lora("ku2", str(tiny_adapters["ku2"]))  # the freed slot is reused
+    with pytest.raises(RequestError, match="max_model_len"):
+        engine.add_request([1] * 500, SamplingParams(max_tokens=100))
+    with pytest.raises(RequestError, match="token ids"):
+        engine.add_request([1, 99999])
+    assert not engine.has_unfinished()

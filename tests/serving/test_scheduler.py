@@ -1,0 +1,90 @@
+"""The scheduler and block manager on their own (no model): budgets, ordering, preemption and
+prefix-cache bookkeeping."""
+
+from __future__ import annotations
+
+from loraplane.serving.engine.block_manager import BlockManager
+from loraplane.serving.engine.sampling_params import SamplingParams
+from loraplane.serving.engine.scheduler import Scheduler
+from loraplane.serving.engine.sequence import Sequence, Status
+
+
+def seq(n: int, adapter_key: str | None = None, start: int = 100) -> Sequence:
+    return Sequence(
+        request_id=f"r{start}-{n}",
+        prompt_token_ids=list(range(start, start + n)),
+        params=SamplingParams(),
+        adapter_key=adapter_key,
+    )
+
+
+def advance(batch) -> None:
+    """What the engine does after a forward pass: count computed tokens, sample one for finished prompts."""
+    for s, n in batch.items:
+        s.num_computed_tokens += n
+        if s.num_computed_tokens == len(s):
+            s.output_token_ids.append(7)
+
+
+def test_decodes_first_then_prefills_within_the_token_budget() -> None:
+    sched = Scheduler(BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=10)
+    a, b = seq(6), seq(9, start=200)
+    sched.add(a)
+    sched.add(b)
+    first = sched.schedule()
+    assert [(s, n) for s, n in first.items] == [(a, 6), (b, 4)]  # b's prompt is chunked
+    advance(first)
+    second = sched.schedule()
+    assert [(s, n) for s, n in second.items] == [(a, 1), (b, 5)]
+    assert second.num_tokens <= 10
+
+
+def test_max_num_seqs_holds_requests_back() -> None:
+    sched = Scheduler(BlockManager(64, 4), max_num_seqs=2, max_num_batched_tokens=100)
+    seqs = [seq(3, start=100 * i) for i in range(1, 4)]
+    for s in seqs:
+        sched.add(s)
+    batch = sched.schedule()
+    assert [s for s, _ in batch.items] == seqs[:2]
+    assert seqs[2].status is Status.WAITING
+
+
+def test_preemption_takes_the_newest_and_recomputes_it_later() -> None:
+    blocks = BlockManager(4, 4)  # 16 token slots
+    sched = Scheduler(blocks, max_num_seqs=8, max_num_batched_tokens=100)
+    old, new = seq(8), seq(8, start=300)
+    sched.add(old)
+    sched.add(new)
+    advance(sched.schedule())  # both prompts fill all four blocks
+    batch = sched.schedule()  # old needs a fifth block for its next token
+    assert batch.preempted == [new]
+    assert [s for s, _ in batch.items] == [old]
+    assert new.status is Status.WAITING and new.num_computed_tokens == 0 and new.output_token_ids == [7]
+    assert sched.waiting[0] is new
+    sched.finish(old)
+    again = sched.schedule()
+    assert again.items == [(new, 9)]  # prompt plus its generated token, recomputed
+
+
+def test_prefix_blocks_are_shared_per_adapter_key_and_survive_until_reused() -> None:
+    blocks = BlockManager(8, 4)
+    a = seq(10, adapter_key="tenant-a@sha256:1")
+    assert blocks.allocate(a)
+    a.num_computed_tokens = 10
+    blocks.register_full_blocks(a)
+    blocks.free(a)
+    same = seq(10, adapter_key="tenant-a@sha256:1")
+    assert blocks.allocate(same) and same.num_cached_tokens == 8
+    blocks.free(same)
+    for key in ("tenant-b@sha256:1", "tenant-a@sha256:2", None):
+        other = seq(10, adapter_key=key)
+        assert blocks.allocate(other) and other.num_cached_tokens == 0, key
+        blocks.free(other)
+    assert blocks.num_free == 8
+
+
+def test_allocation_fails_cleanly_when_blocks_run_out() -> None:
+    blocks = BlockManager(2, 4)
+    big = seq(12)
+    assert not blocks.allocate(big)
+    assert big.block_table == [] and blocks.num_free == 2
