@@ -27,7 +27,7 @@ from synthetic_adapters import ATTENTION, write_adapter
 
 from loraplane.adapter_format import LLAMA_TARGETS
 from loraplane.serving.config import EngineConfig
-from loraplane.serving.engine.llm_engine import LLMEngine
+from loraplane.serving.engine.llm_engine import LLMEngine, resolve_dtype
 from loraplane.serving.engine.sampling_params import SamplingParams
 
 
@@ -99,13 +99,16 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="engine and PEFT alike")
+    parser.add_argument(
+        "--dtype", choices=["auto", "float32", "bfloat16"], default="auto", help="engine and PEFT alike; auto as the engine"
+    )
     parser.add_argument("--skip-peft", action="store_true")
     parser.add_argument("--skip-scaling", action="store_true")
     parser.add_argument("--skip-fp8", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
-    dtype = getattr(torch, args.dtype)
+    dtype = resolve_dtype(args.dtype)
+    args.dtype = str(dtype).removeprefix("torch.")
 
     work = Path(tempfile.mkdtemp(prefix="engine-bench-"))
     engine = LLMEngine(EngineConfig(dtype=args.dtype, max_loras=64, max_lora_rank=16, max_num_seqs=64))

@@ -32,11 +32,22 @@ class EngineConfig(BaseModel):
     enable_prefix_caching: bool = True
     max_loras: int = Field(default=8, ge=1, description="adapters resident at once (device slots)")
     max_lora_rank: int = Field(default=16, ge=1)
-    lora_modules: dict[str, str] = Field(default_factory=dict, description="adapter name -> PEFT folder, loaded at start")
+    max_cpu_loras: int | None = Field(default=None, ge=1, description="adapters kept in host memory; default 4 x max_loras")
+    max_loads_in_flight: int = Field(default=2, ge=1, description="adapter loads running at once, off the request path")
+    eviction_policy: Literal["lru", "lfu", "tinylfu"] = "lru"
+    lora_modules: dict[str, str] = Field(
+        default_factory=dict, description="adapter name -> PEFT folder, file:// or s3:// URI; registered and loaded at start"
+    )
+    s3_endpoint: str | None = Field(default=None, description="defaults to AWS_ENDPOINT_URL; credentials from AWS_* variables")
+    metrics_max_adapter_labels: int = Field(default=256, ge=1, description="adapters with their own metric label")
     cache_dir: Path = Field(default_factory=default_cache_dir)
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:
-        if len(self.lora_modules) > self.max_loras:
-            raise ValueError(f"{len(self.lora_modules)} lora_modules do not fit max_loras={self.max_loras}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras ({self.max_loras})")
         return self
+
+    @property
+    def host_slots(self) -> int:
+        return self.max_cpu_loras or 4 * self.max_loras

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -22,8 +23,10 @@ from loraplane.serving.engine.sampler import Sampler
 from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.engine.scheduler import Scheduler
 from loraplane.serving.engine.sequence import FinishReason, Sequence, TokenLogprob
-from loraplane.serving.lora.registry import LoraRegistry, ResidentAdapter
+from loraplane.serving.lora.manager import AdapterBusy, AdapterInfo, AdapterManager, AdapterSpec, Residency
 from loraplane.serving.lora.slot_table import SlotTable
+from loraplane.serving.lora.sources import S3Settings
+from loraplane.serving.metrics import EngineMetrics
 from loraplane.serving.model.attention import KVCache
 from loraplane.serving.model.llama import LlamaModel
 from loraplane.serving.tokenizer import Tokenizer
@@ -113,13 +116,28 @@ class LLMEngine:
         self.cache = KVCache(cfg.num_hidden_layers, num_blocks, config.block_size, cfg.num_key_value_heads, cfg.head_dim, dtype)
         self.blocks = BlockManager(num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(
-            self.blocks, max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens
+            self.blocks,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            ready=self._adapter_ready,
+            on_admit=self._hold_adapter,
+            on_preempt=self._drop_adapter,
         )
         # Adapter weights stay float32 on the CPU whatever the base dtype: the CPU kernels compute
         # in float32, and converting the slot tables on every call would cost more than the product.
         self.slots = SlotTable(self.model, config.max_loras, config.max_lora_rank, torch.float32)
-        self.loras = LoraRegistry(
-            self.slots, self.base.shape, ValidationLimits(max_lora_rank=config.max_lora_rank), torch.float32
+        self.metrics = EngineMetrics(max_adapter_labels=config.metrics_max_adapter_labels)
+        s3 = S3Settings.from_env()
+        self.adapters = AdapterManager(
+            self.slots,
+            self.base.shape,
+            ValidationLimits(max_lora_rank=config.max_lora_rank),
+            cache_dir=config.cache_dir,
+            max_cpu_loras=config.host_slots,
+            max_loads_in_flight=config.max_loads_in_flight,
+            policy=config.eviction_policy,
+            s3=S3Settings(config.s3_endpoint or s3.endpoint, s3.access_key, s3.secret_key, s3.region),
+            metrics=self.metrics,
         )
         self.sampler = Sampler()
         self.runner = ModelRunner(self.model, self.cache, self.slots, self.sampler)
@@ -127,17 +145,61 @@ class LLMEngine:
         self._ids = itertools.count()
         tokenizer_eos = self.tokenizer.eos_token_id
         self.eos_ids = set(cfg.eos_token_ids) | ({tokenizer_eos} if tokenizer_eos is not None else set())
-        for name, path in config.lora_modules.items():
-            self.load_lora(name, path)
+        for name, source in config.lora_modules.items():
+            self.load_lora(name, source)
 
     # adapters -------------------------------------------------------------------------------
-    def load_lora(self, name: str, path: str, *, expected_digest: str | None = None) -> ResidentAdapter:
-        adapter = self.loras.load(name, path, expected_digest=expected_digest)
-        log.info("loaded adapter %s (rank %d, %s) into slot %d", name, adapter.rank, adapter.digest[:19], adapter.slot)
-        return adapter
+    def register_lora(self, spec: AdapterSpec) -> None:
+        """Declare an adapter by name and source; it loads in the background on first use."""
+        self.adapters.register(spec)
+
+    def load_lora(
+        self,
+        name: str,
+        source: str,
+        *,
+        expected_digest: str | None = None,
+        tenant: str | None = None,
+        allow_rank_truncation: bool = False,
+    ) -> AdapterInfo:
+        """Register and load into host memory now, raising the validation error if it fails."""
+        spec = AdapterSpec(name, source, expected_digest, tenant, allow_rank_truncation)
+        self.adapters.register(spec)
+        try:
+            self.adapters.load_now(name)
+        except Exception:
+            self.adapters.unregister(name)
+            raise
+        info = self.adapters.info(name)
+        log.info("loaded adapter %s (rank %s, %s)", name, info.rank, (info.digest or "")[:19])
+        return info
 
     def unload_lora(self, name: str) -> None:
-        self.loras.unload(name)
+        waiting = sum(1 for s in self.scheduler.waiting if s.adapter == name)
+        if waiting:
+            raise AdapterBusy(f"adapter {name!r} has {waiting} queued requests")
+        self.adapters.unregister(name)
+
+    def _adapter_ready(self, seq: Sequence) -> bool:
+        if seq.adapter is None:
+            return True
+        slot = self.adapters.ensure_device(seq.adapter)
+        if slot is None:
+            return False
+        seq.adapter_slot, seq.adapter_key = slot, self.adapters.cache_key(seq.adapter)
+        return True
+
+    def _hold_adapter(self, seq: Sequence) -> None:
+        if seq.adapter is not None and not seq.holds_adapter:
+            self.adapters.acquire(seq.adapter)
+            seq.holds_adapter = True
+            if seq.arrival_tier != Residency.DEVICE and seq.num_computed_tokens == 0 and not seq.output_token_ids:
+                self.metrics.observe_queue_wait(seq.adapter, seq.tenant, time.monotonic() - seq.arrival_time)
+
+    def _drop_adapter(self, seq: Sequence) -> None:
+        if seq.adapter is not None and seq.holds_adapter:
+            self.adapters.release(seq.adapter)
+            seq.holds_adapter = False
 
     # requests -------------------------------------------------------------------------------
     def add_request(
@@ -147,6 +209,7 @@ class LLMEngine:
         *,
         adapter: str | None = None,
         request_id: str | None = None,
+        tenant: str | None = None,
     ) -> str:
         params = params or SamplingParams()
         request_id = request_id or f"req-{next(self._ids)}"
@@ -162,10 +225,15 @@ class LLMEngine:
             raise RequestError(
                 f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds max_model_len={self.max_model_len}"
             )
-        seq = Sequence(request_id=request_id, prompt_token_ids=ids, params=params, adapter=adapter)
+        seq = Sequence(request_id=request_id, prompt_token_ids=ids, params=params, adapter=adapter, tenant=tenant)
+        seq.arrival_time = time.monotonic()
         if adapter is not None:
-            resident = self.loras.acquire(adapter)  # raises AdapterNotFound for an unknown name
-            seq.adapter_slot, seq.adapter_key = resident.slot, resident.cache_key
+            info = self.adapters.info(adapter)  # raises AdapterNotFound for an unknown name
+            seq.tenant = info.tenant or tenant
+            seq.arrival_tier = {Residency.DEVICE: "device", Residency.HOST: "host"}.get(info.residency, "cold")
+            if info.residency is not Residency.DEVICE:
+                self.adapters.prefetch(adapter)  # start the load now, not when the batch has room
+        self.metrics.observe_request(adapter, seq.tenant, len(ids), seq.arrival_tier)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
         return request_id
@@ -182,8 +250,7 @@ class LLMEngine:
         seq.finish_reason = reason
         self.scheduler.finish(seq)
         self.sampler.forget(seq)
-        if seq.adapter is not None:
-            self.loras.release(seq.adapter)
+        self._drop_adapter(seq)
         seq.output_text = self._text(seq)
 
     def _text(self, seq: Sequence) -> str:
@@ -206,11 +273,13 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """One scheduling round and one forward pass; outputs of the sequences that advanced."""
+        outputs = self._fail_loads()
         batch = self.scheduler.schedule()
         if not batch.items:
-            return []
+            if self.adapters.loads_in_flight():
+                self.adapters.wait_for_loads(timeout=0.05)  # nothing to run until a load lands
+            return outputs
         results = self.runner.run(batch.items)
-        outputs = []
         for seq, n in batch.items:
             seq.num_computed_tokens += n
             self.blocks.register_full_blocks(seq)
@@ -219,6 +288,7 @@ class LLMEngine:
                 continue
             token, logprob = result
             seq.output_token_ids.append(token)
+            self.metrics.observe_tokens(seq.adapter, seq.tenant, 1)
             if logprob is not None:
                 seq.logprobs.append(logprob)
             reason = self._check_stop(seq, token)
@@ -228,6 +298,36 @@ class LLMEngine:
         for seq in [s for s in self.requests.values() if s.is_finished]:
             del self.requests[seq.request_id]
         return outputs
+
+    def _fail_loads(self) -> list[RequestOutput]:
+        """Requests waiting for an adapter whose load failed end with its error; nothing else does."""
+        failures = {f.name: f.message for f in self.adapters.poll()}
+        if not failures:
+            return []
+        outputs = []
+        for seq in [s for s in self.scheduler.waiting if s.adapter in failures]:
+            seq.error = failures[seq.adapter]  # type: ignore[index]
+            self._finish(seq, FinishReason.ERROR)
+            del self.requests[seq.request_id]
+            outputs.append(_output(seq))
+        return outputs
+
+    def stats(self) -> dict[str, object]:
+        """Per-adapter and per-tenant counts plus each adapter's tier, as the admin API returns them."""
+        adapters = {}
+        for name in self.adapters.entries:
+            info = self.adapters.info(name)
+            adapters[name] = {
+                **self.metrics.as_json(self.metrics.counts[name]),
+                "tenant": info.tenant,
+                "tier": info.residency.value,
+                "pinned": info.pinned,
+                "running": info.running,
+                "rank": info.rank,
+                "digest": info.digest,
+            }
+        tenants = {t: self.metrics.as_json(c) for t, c in self.metrics.tenants.items()}
+        return {"adapters": adapters, "tenants": tenants, "preemptions": self.scheduler.num_preemptions}
 
     def generate(
         self,

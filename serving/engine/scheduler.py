@@ -14,6 +14,7 @@ Torch-free: the scheduler only moves sequences and counts blocks.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from loraplane.serving.engine.block_manager import BlockManager
@@ -31,8 +32,20 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self,
+        blocks: BlockManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        ready: Callable[[Sequence], bool] = lambda _seq: True,
+        on_admit: Callable[[Sequence], None] = lambda _seq: None,
+        on_preempt: Callable[[Sequence], None] = lambda _seq: None,
+    ) -> None:
+        """``ready`` says whether a waiting sequence can run now (its adapter is in a device
+        slot); sequences that are not ready wait without blocking those behind them."""
         self.blocks = blocks
+        self.ready, self.on_admit, self.on_preempt = ready, on_admit, on_preempt
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -46,6 +59,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def _preempt(self, seq: Sequence) -> None:
+        self.on_preempt(seq)
         self.blocks.free(seq)
         seq.num_computed_tokens = 0
         seq.status = Status.WAITING
@@ -69,16 +83,25 @@ class Scheduler:
                 batch.items.append((seq, n))
                 budget -= n
                 i += 1
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not batch.preempted:
-            seq = self.waiting[0]
+        if batch.preempted:
+            return batch
+        admitted = []
+        for seq in self.waiting:
+            if budget <= 0 or len(self.running) >= self.max_num_seqs:
+                break
+            if not self.ready(seq):
+                continue  # its adapter is on its way; later requests may go ahead
             if not self.blocks.allocate(seq):
                 break
-            self.waiting.popleft()
             seq.status = Status.RUNNING
+            self.on_admit(seq)
             self.running.append(seq)
+            admitted.append(seq)
             n = min(seq.num_uncomputed, budget)
             batch.items.append((seq, n))
             budget -= n
+        for seq in admitted:
+            self.waiting.remove(seq)
         return batch
 
     def finish(self, seq: Sequence) -> None:

@@ -44,6 +44,10 @@ class Sequence:
     adapter: str | None = None
     adapter_slot: int = -1
     adapter_key: str | None = None
+    tenant: str | None = None
+    arrival_time: float = 0.0
+    arrival_tier: str | None = None  # where the adapter was when the request arrived
+    holds_adapter: bool = False  # counted in the adapter's running sequences (protects its slot)
     seq_id: int = field(default_factory=lambda: next(_ids))
     status: Status = Status.WAITING
     output_token_ids: list[int] = field(default_factory=list)

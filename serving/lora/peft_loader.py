@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from loraplane.adapter_format import AdapterManifest, BaseShape, ValidationLimits, validate_adapter_dir
 from loraplane.adapter_format.validation import WEIGHTS_FILE
+from loraplane.serving.lora.rank_cap import truncate_adapter
 
 _NAME = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[\w-]+)?\.weight$")
 
@@ -23,6 +24,12 @@ _NAME = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[\
 class LoadedAdapter:
     manifest: AdapterManifest
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+    rank: int
+    truncation_error: float | None = None  # relative Frobenius error when reduced to the rank cap
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes + b.nbytes for a, b in self.weights.values())
 
     @property
     def digest(self) -> str:
@@ -46,4 +53,7 @@ def load_peft_adapter(
         assert m, f"validation accepted {name!r}"  # the validator uses the same pattern
         pairs.setdefault((int(m.group(1)), m.group(2)), {})[m.group(3)] = tensor.to(dtype)
     weights = {key: (p["A"], p["B"]) for key, p in pairs.items()}
-    return LoadedAdapter(manifest=manifest, weights=weights)
+    if manifest.needs_truncation:
+        weights, error = truncate_adapter(weights, limits.max_lora_rank)
+        return LoadedAdapter(manifest=manifest, weights=weights, rank=limits.max_lora_rank, truncation_error=error)
+    return LoadedAdapter(manifest=manifest, weights=weights, rank=manifest.rank)

@@ -89,7 +89,7 @@ def test_abort_frees_blocks_and_spares_others(tiny_llama, tiny_adapters, request
     assert drop not in outs
     assert outs[keep].token_ids == alone[0][0]
     assert engine.blocks.num_free == engine.blocks.num_blocks
-    assert not engine.loras.in_use
+    assert all(e.running == 0 for e in engine.adapters.entries.values())
 
 
 def test_prefix_cache_is_shared_only_under_the_same_adapter_version(tiny_llama, tiny_adapters, tmp_path) -> None:

@@ -14,7 +14,7 @@ from tiny_models import make_peft_adapter
 from loraplane.adapter_format import AdapterValidationError, ErrorCode
 from loraplane.serving.engine.llm_engine import RequestError
 from loraplane.serving.engine.sampling_params import SamplingParams
-from loraplane.serving.lora.registry import AdapterBusy, AdapterNotFound
+from loraplane.serving.lora.manager import AdapterBusy, AdapterNotFound
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def test_adapter_for_another_base_is_refused_alone(engine, tiny_llama: Path, tmp
     with pytest.raises(AdapterValidationError) as err:
         engine.load_lora("wide", str(adapter))
     assert err.value.code is ErrorCode.SHAPE_MISMATCH
-    assert "wide" not in engine.loras.adapters
+    assert "wide" not in engine.adapters.entries
     _serves_qv4_unchanged(engine, before)
 
 
@@ -55,7 +55,7 @@ def test_revision_and_pickle_refusals_have_their_own_codes(engine, tiny_adapters
         with pytest.raises(AdapterValidationError) as err:
             engine.load_lora(name, str(folder))
         assert err.value.code is code, name
-    assert set(engine.loras.adapters) == {"qv4"}
+    assert set(engine.adapters.entries) == {"qv4"}
     _serves_qv4_unchanged(engine, before)
 
 
@@ -66,20 +66,31 @@ def test_rank_above_max_lora_rank_is_refused(tiny_llama, tiny_adapters, tmp_path
     assert err.value.code is ErrorCode.RANK_OVER_CAP
 
 
-def test_slots_unknown_names_busy_adapters_and_long_prompts(engine, tiny_adapters) -> None:
+def test_more_adapters_than_slots_take_turns(engine, tiny_adapters) -> None:
+    """Two device slots, three adapters: idle ones give their slot up, answers do not change."""
+    alone = {}
+    for name in ("qv4", "all8", "ku2"):
+        if name != "qv4":
+            engine.load_lora(name, str(tiny_adapters[name]))
+        alone[name] = engine_greedy(engine, [([5, 6, 7], name)], 6)[0]
+    mixed = engine_greedy(engine, [([5, 6, 7], n) for n in ("qv4", "all8", "ku2", "qv4")], 6)[0]
+    assert mixed == [alone["qv4"][0], alone["all8"][0], alone["ku2"][0], alone["qv4"][0]]
+    assert sum(1 for e in engine.adapters.entries.values() if e.slot is not None) <= 2
+
+
+def test_unknown_names_busy_adapters_and_long_prompts(engine, tiny_adapters) -> None:
     engine.load_lora("all8", str(tiny_adapters["all8"]))
-    with pytest.raises(AdapterBusy, match="max_loras"):
-        engine.load_lora("ku2", str(tiny_adapters["ku2"]))
     with pytest.raises(AdapterNotFound, match="nope"):
         engine.add_request([1, 2, 3], adapter="nope")
     with pytest.raises(ValueError, match=r"path|name|character"):
         engine.load_lora("../escape", str(tiny_adapters["ku2"]))
     rid = engine.add_request([1, 2, 3], SamplingParams(max_tokens=4), adapter="all8")
+    engine.step()
     with pytest.raises(AdapterBusy, match="running"):
         engine.load_lora("all8", str(tiny_adapters["qv4"]))
     engine.abort(rid)
     engine.unload_lora("all8")
-    engine.load_lora("ku2", str(tiny_adapters["ku2"]))  # the freed slot is reused
+    assert "all8" not in engine.adapters.entries
     with pytest.raises(RequestError, match="max_model_len"):
         engine.add_request([1] * 500, SamplingParams(max_tokens=100))
     with pytest.raises(RequestError, match="token ids"):

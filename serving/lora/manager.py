@@ -1,0 +1,349 @@
+"""Adapter tiers: device slots <- host memory <- node disk cache <- cold storage.
+
+The engine thread asks :meth:`AdapterManager.ensure_device` when it wants to admit a request;
+the answer is a slot index, or ``None`` while the adapter is still on its way. Bringing an
+adapter from cold storage (fetch, validate, read tensors) runs on a small thread pool, off the
+request path, one load per adapter however many requests wait for it. Placing a host-resident
+adapter into a device slot is a memory copy done on the engine thread between forward passes,
+because the forward pass reads the slots.
+
+Both tiers use the eviction policies of ``loraplane sim`` (one implementation for the simulator
+and the engine); pinned adapters and adapters with running sequences are never evicted. The host
+tier always holds every device-resident adapter (as vLLM requires ``max_cpu_loras >= max_loras``),
+so a device eviction never costs a cold load, and a host eviction takes an idle adapter off the
+device as well.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loraplane.adapter_format import AdapterValidationError, BaseShape, ValidationLimits, check_adapter_name
+from loraplane.eviction import Tier, TierFullError, make_policy
+from loraplane.serving.lora.disk_cache import DiskCache
+from loraplane.serving.lora.peft_loader import LoadedAdapter, load_peft_adapter
+from loraplane.serving.lora.slot_table import SlotTable
+from loraplane.serving.lora.sources import S3Settings, open_source
+from loraplane.serving.metrics import EngineMetrics
+
+
+class AdapterNotFound(KeyError):
+    def __str__(self) -> str:
+        return f"adapter {self.args[0]!r} is not registered"
+
+
+class AdapterBusy(RuntimeError):
+    pass
+
+
+class Residency(enum.StrEnum):
+    COLD = "cold"
+    LOADING = "loading"
+    HOST = "host"
+    DEVICE = "device"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """What a registration says: where the adapter lives and what it must hash to."""
+
+    name: str
+    source: str
+    digest: str | None = None
+    tenant: str | None = None
+    allow_rank_truncation: bool = False
+
+
+@dataclass
+class _Entry:
+    spec: AdapterSpec
+    loaded: LoadedAdapter | None = None
+    slot: int | None = None
+    future: Future[tuple[LoadedAdapter, str, float]] | None = None
+    error: str | None = None
+    pinned: bool = False
+    running: int = 0
+
+    @property
+    def residency(self) -> Residency:
+        if self.slot is not None:
+            return Residency.DEVICE
+        if self.loaded is not None:
+            return Residency.HOST
+        if self.future is not None:
+            return Residency.LOADING
+        return Residency.FAILED if self.error else Residency.COLD
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    name: str
+    source: str
+    tenant: str | None
+    residency: Residency
+    pinned: bool
+    running: int
+    digest: str | None
+    rank: int | None
+    slot: int | None
+    truncation_error: float | None
+    error: str | None
+
+
+@dataclass
+class LoadFailure:
+    name: str
+    message: str
+
+
+@dataclass
+class _Pending:
+    failures: list[LoadFailure] = field(default_factory=list)
+
+
+class AdapterManager:
+    def __init__(
+        self,
+        table: SlotTable,
+        base: BaseShape,
+        limits: ValidationLimits,
+        *,
+        cache_dir: Path,
+        max_cpu_loras: int,
+        max_loads_in_flight: int = 2,
+        policy: str = "lru",
+        s3: S3Settings | None = None,
+        metrics: EngineMetrics | None = None,
+    ) -> None:
+        if max_cpu_loras < table.num_slots:
+            raise ValueError(f"max_cpu_loras ({max_cpu_loras}) must be at least max_loras ({table.num_slots})")
+        self.table, self.base, self.limits, self.s3 = table, base, limits, s3
+        self.disk = DiskCache(cache_dir)
+        self.metrics = metrics or EngineMetrics()
+        self.entries: dict[str, _Entry] = {}
+        self.device = Tier(table.num_slots, make_policy(policy), name="device", in_use=self._busy, on_evict=self._off_device)
+        self.host = Tier(max_cpu_loras, make_policy(policy), name="host", in_use=self._busy, on_evict=self._off_host)
+        self.pool = ThreadPoolExecutor(max_workers=max_loads_in_flight, thread_name_prefix="adapter-load")
+        self._lock = threading.Lock()
+
+    # registration ---------------------------------------------------------------------------
+    def register(self, spec: AdapterSpec) -> None:
+        """Declare an adapter (or a new version of one: a new source or digest). Nothing is loaded."""
+        check_adapter_name(spec.name)
+        old = self.entries.get(spec.name)
+        if old is not None:
+            if old.spec == spec:
+                return
+            if old.running:
+                raise AdapterBusy(f"adapter {spec.name!r} has {old.running} running requests; it cannot be replaced now")
+            self._drop(spec.name)
+        self.entries[spec.name] = _Entry(spec, pinned=old.pinned if old else False)
+
+    def unregister(self, name: str) -> None:
+        entry = self._get(name)
+        if entry.running:
+            raise AdapterBusy(f"adapter {name!r} has {entry.running} running requests")
+        self._drop(name)
+        del self.entries[name]
+
+    def _drop(self, name: str) -> None:
+        self.device.remove(name)
+        self._off_device(name)
+        self.host.remove(name)
+        self.entries[name].loaded = None
+
+    def _get(self, name: str) -> _Entry:
+        try:
+            return self.entries[name]
+        except KeyError:
+            raise AdapterNotFound(name) from None
+
+    # tier callbacks -------------------------------------------------------------------------
+    def _busy(self, name: object) -> bool:
+        entry = self.entries.get(str(name))
+        return bool(entry and entry.running)
+
+    def _off_device(self, name: object) -> None:
+        entry = self.entries.get(str(name))
+        if entry is not None and entry.slot is not None:
+            self.table.clear(entry.slot)
+            entry.slot = None
+
+    def _off_host(self, name: object) -> None:
+        """Leaving host memory means leaving the device too: the host tier holds every
+        device-resident adapter, so an idle one evicted from host gives up its slot as well."""
+        entry = self.entries.get(str(name))
+        if entry is not None:
+            entry.loaded = None
+            self.device.remove(str(name))
+            self._off_device(name)
+
+    # loading --------------------------------------------------------------------------------
+    def _load(self, spec: AdapterSpec) -> tuple[LoadedAdapter, str, float]:
+        """Worker thread: cold or disk -> validated tensors in host memory."""
+        start = time.perf_counter()
+        folder = self.disk.get(spec.digest) if spec.digest else None
+        tier = "disk"
+        if folder is None:
+            tier = "cold"
+            staged = self.disk.staging()
+            try:
+                open_source(spec.source, self.s3).fetch(staged)
+                _, folder = self.disk.commit(staged)
+            except BaseException:
+                self.disk.discard(staged)
+                raise
+        limits = ValidationLimits(
+            max_lora_rank=self.limits.max_lora_rank,
+            max_bytes=self.limits.max_bytes,
+            allow_rank_truncation=spec.allow_rank_truncation,
+            supported_modules=self.limits.supported_modules,
+        )
+        loaded = load_peft_adapter(folder, self.base, limits, expected_digest=spec.digest)
+        return loaded, tier, time.perf_counter() - start
+
+    def start_load(self, name: str) -> None:
+        entry = self._get(name)
+        if entry.loaded is None and entry.future is None:
+            entry.error = None
+            entry.future = self.pool.submit(self._load, entry.spec)
+
+    def loads_in_flight(self) -> int:
+        return sum(1 for e in self.entries.values() if e.future is not None)
+
+    def wait_for_loads(self, timeout: float) -> None:
+        futures = [e.future for e in self.entries.values() if e.future is not None]
+        if futures:
+            wait_futures(futures, timeout=timeout, return_when="FIRST_COMPLETED")
+
+    def poll(self) -> list[LoadFailure]:
+        """Engine thread: move finished loads into the host tier; report the failed ones."""
+        failures = []
+        for name, entry in self.entries.items():
+            future = entry.future
+            if future is None or not future.done():
+                continue
+            entry.future = None
+            try:
+                loaded, tier, seconds = future.result()
+            except AdapterValidationError as err:
+                entry.error = f"{err.code}: {err}"
+            except Exception as err:  # a network or disk failure: report it, retry on the next request
+                entry.error = f"{type(err).__name__}: {err}"
+            else:
+                self.metrics.observe_load(name, entry.spec.tenant, tier, seconds)
+                try:
+                    self.host.insert(name)
+                except TierFullError as err:
+                    entry.error = str(err)
+                else:
+                    entry.loaded = loaded
+                    if entry.pinned:
+                        self.host.pin(name)
+                    continue
+            failures.append(LoadFailure(name, f"adapter {name!r} failed to load: {entry.error}"))
+        return failures
+
+    def load_now(self, name: str) -> LoadedAdapter:
+        """Load synchronously (startup and explicit loads); raises the load's own error."""
+        entry = self._get(name)
+        if entry.loaded is None:
+            loaded, tier, seconds = self._load(entry.spec)
+            self.metrics.observe_load(name, entry.spec.tenant, tier, seconds)
+            self.host.insert(name)
+            entry.loaded = loaded
+            if entry.pinned:
+                self.host.pin(name)
+        assert entry.loaded is not None
+        return entry.loaded
+
+    # device placement -----------------------------------------------------------------------
+    def ensure_device(self, name: str) -> int | None:
+        """The adapter's slot, placing it from host memory if needed; None while it is not ready
+        (a load is started) or no slot can be freed (every slot pinned or running)."""
+        entry = self._get(name)
+        if entry.slot is not None:
+            self.device.touch(name)
+            self.host.touch(name)
+            return entry.slot
+        if entry.loaded is None:
+            self.start_load(name)
+            return None
+        start = time.perf_counter()
+        try:
+            self.device.insert(name)
+        except TierFullError:
+            return None
+        used = {e.slot for e in self.entries.values() if e.slot is not None}
+        slot = next(s for s in range(self.table.num_slots) if s not in used)
+        self.table.write(slot, entry.loaded.weights, entry.loaded.manifest.scaling)
+        entry.slot = slot
+        self.host.touch(name)
+        if entry.pinned:
+            self.device.pin(name)
+        self.metrics.observe_load(name, entry.spec.tenant, "host", time.perf_counter() - start)
+        return slot
+
+    def residency(self, name: str) -> Residency:
+        return self._get(name).residency
+
+    def cache_key(self, name: str) -> str:
+        entry = self._get(name)
+        assert entry.loaded is not None
+        return f"{name}@{entry.loaded.digest}"
+
+    def acquire(self, name: str) -> None:
+        self._get(name).running += 1
+
+    def release(self, name: str) -> None:
+        entry = self.entries.get(name)
+        if entry is not None:
+            entry.running -= 1
+
+    # pinning and prefetch -------------------------------------------------------------------
+    def pin(self, name: str) -> None:
+        """Keep the adapter resident in both tiers; loads it now if it is cold."""
+        entry = self._get(name)
+        entry.pinned = True
+        if name in self.host:
+            self.host.pin(name)
+        if name in self.device:
+            self.device.pin(name)
+        if entry.loaded is None:
+            self.start_load(name)
+
+    def unpin(self, name: str) -> None:
+        entry = self._get(name)
+        entry.pinned = False
+        self.host.unpin(name)
+        self.device.unpin(name)
+
+    def prefetch(self, name: str) -> None:
+        """Start bringing the adapter into host memory; the device slot follows on first use."""
+        self.start_load(name)
+
+    def info(self, name: str) -> AdapterInfo:
+        e = self._get(name)
+        return AdapterInfo(
+            name=name,
+            source=e.spec.source,
+            tenant=e.spec.tenant,
+            residency=e.residency,
+            pinned=e.pinned,
+            running=e.running,
+            digest=e.loaded.digest if e.loaded else e.spec.digest,
+            rank=e.loaded.rank if e.loaded else None,
+            slot=e.slot,
+            truncation_error=e.loaded.truncation_error if e.loaded else None,
+            error=e.error,
+        )
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,112 @@
+"""The cold tier: where adapter folders live before any node has them.
+
+``file:///abs/path`` (or a plain path) is a local folder, the embedded default; ``s3://bucket/prefix``
+is object storage through the ``minio`` client, with the endpoint and credentials from the
+engine config or the usual environment variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``). A source only copies the two PEFT files into a
+folder; validation happens once they are local.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+from loraplane.adapter_format import AdapterValidationError, ErrorCode
+from loraplane.adapter_format.validation import CONFIG_FILE, WEIGHTS_FILE
+
+ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
+
+
+class AdapterSource(Protocol):
+    @property
+    def uri(self) -> str: ...
+
+    def fetch(self, into: Path) -> None:
+        """Copy the adapter's files into the empty folder ``into``; raise on any failure."""
+        ...
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    endpoint: str | None = None
+    access_key: str | None = None
+    secret_key: str | None = None
+    region: str | None = None
+
+    @classmethod
+    def from_env(cls) -> S3Settings:
+        return cls(
+            endpoint=os.environ.get("AWS_ENDPOINT_URL"),
+            access_key=os.environ.get("AWS_ACCESS_KEY_ID"),
+            secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
+            region=os.environ.get("AWS_REGION"),
+        )
+
+
+@dataclass(frozen=True)
+class FileSource:
+    uri: str
+    folder: Path
+
+    def fetch(self, into: Path) -> None:
+        for name in ADAPTER_FILES:
+            if not (self.folder / name).is_file():
+                raise AdapterValidationError(ErrorCode.MISSING_FILE, f"{name} is missing from {self.uri}")
+            shutil.copyfile(self.folder / name, into / name)
+        # Pickle files are refused by validation, so carry them along for it to see.
+        for extra in self.folder.iterdir():
+            if extra.is_file() and extra.name not in ADAPTER_FILES and extra.suffix in (".bin", ".pt", ".pth", ".pkl", ".ckpt"):
+                shutil.copyfile(extra, into / extra.name)
+
+
+@dataclass(frozen=True)
+class S3Source:
+    uri: str
+    bucket: str
+    prefix: str
+    settings: S3Settings
+
+    def _client(self) -> Any:
+        from minio import Minio
+
+        endpoint = self.settings.endpoint or "https://s3.amazonaws.com"
+        parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
+        return Minio(
+            parsed.netloc,
+            access_key=self.settings.access_key,
+            secret_key=self.settings.secret_key,
+            region=self.settings.region,
+            secure=parsed.scheme == "https",
+        )
+
+    def fetch(self, into: Path) -> None:
+        from minio.error import S3Error
+
+        client = self._client()
+        listed = {o.object_name.rsplit("/", 1)[-1] for o in client.list_objects(self.bucket, prefix=self.prefix + "/")}
+        pickles = sorted(n for n in listed if n.endswith((".bin", ".pt", ".pth", ".pkl", ".ckpt")))
+        if pickles:
+            raise AdapterValidationError(ErrorCode.PICKLE_REFUSED, f"{self.uri} holds pickle files {pickles}; use safetensors")
+        for name in ADAPTER_FILES:
+            try:
+                client.fget_object(self.bucket, f"{self.prefix}/{name}", str(into / name))
+            except S3Error as err:
+                if err.code in ("NoSuchKey", "NoSuchBucket"):
+                    raise AdapterValidationError(ErrorCode.MISSING_FILE, f"{name} is missing from {self.uri}") from err
+                raise
+
+
+def open_source(uri: str, s3: S3Settings | None = None) -> AdapterSource:
+    parsed = urlparse(uri)
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise ValueError(f"{uri!r}: an s3:// source needs a bucket, as in s3://bucket/prefix")
+        return S3Source(uri, parsed.netloc, parsed.path.strip("/"), s3 or S3Settings.from_env())
+    if parsed.scheme in ("file", ""):
+        return FileSource(uri, Path(parsed.path if parsed.scheme else uri).expanduser())
+    raise ValueError(f"{uri!r}: adapter sources are s3://bucket/prefix, file:///path or a local path")

@@ -1,0 +1,198 @@
+"""Adapter tiers on the real engine: S3 (moto server through minio) -> disk cache -> host -> device.
+
+Covers cold loads, host and device hits, eviction order, pinning, a failed load that fails only
+its own requests, validation failures arriving from S3, the disk cache surviving a restart, and
+a cold load that does not hold up the decode steps of requests already running.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+from engine_helpers import engine_greedy, tiny_engine
+from s3_server import ACCESS, SECRET, moto_server, upload_folder
+
+from loraplane.adapter_format import ErrorCode, file_digest
+from loraplane.serving.engine.sampling_params import SamplingParams
+from loraplane.serving.engine.sequence import FinishReason
+from loraplane.serving.lora.manager import AdapterSpec, Residency
+
+PROMPT = [5, 6, 7, 8]
+
+
+@pytest.fixture(scope="module")
+def s3(tiny_adapters: dict[str, Path]):
+    with moto_server() as endpoint:
+        uris = {name: upload_folder(endpoint, "adapters", f"tenant-a/{name}", folder) for name, folder in tiny_adapters.items()}
+        yield endpoint, uris
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch, s3) -> None:
+    endpoint, _ = s3
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory) -> dict[str, list[int]]:
+    """Each adapter's greedy answer, loaded from its local folder."""
+    engine = tiny_engine(tiny_llama, tmp_path_factory.mktemp("ref"), tiny_adapters)
+    return {name: engine_greedy(engine, [(PROMPT, name)], 6)[0][0] for name in tiny_adapters}
+
+
+def run(engine, adapter: str | None, max_tokens: int = 6):
+    return engine.generate([PROMPT], SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True), [adapter])[0]
+
+
+def test_cold_host_and_device_hits(env, s3, tiny_llama, reference, tmp_path) -> None:
+    _, uris = s3
+    engine = tiny_engine(tiny_llama, tmp_path, max_loras=1, max_cpu_loras=2)
+    for name in ("qv4", "all8"):
+        engine.register_lora(AdapterSpec(name, uris[name], tenant="tenant-a"))
+    assert engine.adapters.residency("qv4") is Residency.COLD
+    assert run(engine, "qv4").token_ids == reference["qv4"]  # cold: fetched from S3, validated, placed
+    assert run(engine, "qv4").token_ids == reference["qv4"]  # device hit
+    assert run(engine, "all8").token_ids == reference["all8"]  # cold; evicts qv4 from the only slot
+    assert engine.adapters.residency("qv4") is Residency.HOST
+    assert run(engine, "qv4").token_ids == reference["qv4"]  # host hit
+    stats = engine.stats()["adapters"]
+    assert (stats["qv4"]["cold_loads"], stats["qv4"]["device_hits"], stats["qv4"]["host_hits"]) == (1, 1, 1)
+    assert stats["qv4"]["load_seconds"]["cold"]["count"] == 1
+    assert stats["qv4"]["queue_wait_seconds"]["count"] == 2  # the cold and the host arrival waited
+    assert engine.stats()["tenants"]["tenant-a"]["requests"] == 4
+
+
+def test_eviction_order_follows_the_policy_and_spares_pinned(env, s3, tiny_llama, tmp_path) -> None:
+    _, uris = s3
+    engine = tiny_engine(tiny_llama, tmp_path, max_loras=2, max_cpu_loras=2)
+    for name in ("qv4", "all8", "ku2"):
+        engine.register_lora(AdapterSpec(name, uris[name]))
+    run(engine, "qv4")
+    run(engine, "all8")
+    run(engine, "qv4")  # all8 is now least recently used
+    run(engine, "ku2")
+    assert engine.adapters.residency("all8") is Residency.COLD  # out of both tiers (LRU)
+    assert engine.adapters.residency("qv4") is Residency.DEVICE
+    engine.adapters.pin("ku2")
+    run(engine, "all8")  # needs a slot: qv4 goes, pinned ku2 stays although older
+    assert engine.adapters.residency("ku2") is Residency.DEVICE
+    assert engine.adapters.residency("qv4") is Residency.COLD
+    engine.adapters.unpin("ku2")
+    run(engine, "qv4")
+    assert engine.adapters.residency("ku2") is Residency.COLD
+
+
+def test_a_failed_load_fails_only_its_own_requests(env, s3, tiny_llama, reference, tmp_path) -> None:
+    _, uris = s3
+    engine = tiny_engine(tiny_llama, tmp_path, max_loras=2)
+    engine.register_lora(AdapterSpec("qv4", uris["qv4"]))
+    engine.register_lora(AdapterSpec("ghost", "s3://adapters/tenant-a/does-not-exist"))
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    outs = engine.generate([PROMPT, PROMPT, PROMPT, PROMPT], params, ["ghost", "qv4", None, "ghost"])
+    assert [o.finish_reason for o in outs] == [FinishReason.ERROR, FinishReason.LENGTH, FinishReason.LENGTH, FinishReason.ERROR]
+    assert "ghost" in outs[0].error and "missing" in outs[0].error
+    assert outs[1].token_ids == reference["qv4"]
+    assert engine.adapters.residency("ghost") is Residency.FAILED
+
+
+def _corrupt(folder: Path, out: Path, how: str) -> Path:
+    shutil.copytree(folder, out)
+    weights = out / "adapter_model.safetensors"
+    if how == "nan":
+        raw = bytearray(weights.read_bytes())
+        header = struct.unpack("<Q", raw[:8])[0]
+        raw[8 + header : 8 + header + 4] = struct.pack("<f", float("nan"))
+        weights.write_bytes(bytes(raw))
+    elif how == "base":
+        config = json.loads((out / "adapter_config.json").read_text())
+        (out / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "meta-llama/Llama-3-8B"}))
+    elif how == "rank":
+        config = json.loads((out / "adapter_config.json").read_text())
+        (out / "adapter_config.json").write_text(json.dumps({**config, "r": 6}))
+    elif how == "pickle":
+        (out / "adapter_model.bin").write_bytes(b"\x80\x04")
+    return out
+
+
+@pytest.mark.parametrize(
+    ("how", "code"),
+    [("nan", ErrorCode.CORRUPT_SAFETENSORS), ("base", ErrorCode.BASE_MISMATCH), ("rank", ErrorCode.SHAPE_MISMATCH),
+     ("pickle", ErrorCode.PICKLE_REFUSED), ("digest", ErrorCode.DIGEST_MISMATCH)],
+)  # fmt: skip
+def test_invalid_adapters_from_s3_fail_alone(env, s3, tiny_llama, tiny_adapters, reference, tmp_path, how, code) -> None:
+    endpoint, uris = s3
+    bad = _corrupt(tiny_adapters["all8"], tmp_path / "bad", how)
+    uri = upload_folder(endpoint, "adapters", f"broken/{how}", bad)
+    engine = tiny_engine(tiny_llama, tmp_path / "cache", max_loras=2)
+    digest = "sha256:" + "0" * 64 if how == "digest" else None
+    engine.register_lora(AdapterSpec("bad", uri, digest=digest))
+    engine.register_lora(AdapterSpec("qv4", uris["qv4"]))
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    bad_out, good_out = engine.generate([PROMPT, PROMPT], params, ["bad", "qv4"])
+    assert bad_out.finish_reason is FinishReason.ERROR and str(code) in bad_out.error
+    assert good_out.token_ids == reference["qv4"]
+
+
+def test_disk_cache_survives_a_restart(env, s3, tiny_llama, tiny_adapters, reference, tmp_path) -> None:
+    _, uris = s3
+    digest = file_digest(tiny_adapters["mlp16"] / "adapter_model.safetensors")
+    first = tiny_engine(tiny_llama, tmp_path, max_loras=1)
+    first.register_lora(AdapterSpec("mlp16", uris["mlp16"], digest=digest))
+    assert run(first, "mlp16").token_ids == reference["mlp16"]
+    # A new process with the same cache dir: the source is unreachable, the digest is cached.
+    second = tiny_engine(tiny_llama, tmp_path, max_loras=1)
+    second.register_lora(AdapterSpec("mlp16", "s3://nowhere/at-all", digest=digest))
+    assert run(second, "mlp16").token_ids == reference["mlp16"]
+    assert second.stats()["adapters"]["mlp16"]["load_seconds"].keys() >= {"disk"}
+
+
+def test_a_cold_load_does_not_delay_running_decodes(tiny_llama, tiny_adapters, tmp_path, monkeypatch) -> None:
+    """Counted in steps: while an adapter loads, every step still gives each running request a token."""
+    import threading
+
+    from loraplane.serving.lora import sources
+
+    gate = threading.Event()
+    real_fetch = sources.FileSource.fetch
+
+    def slow_fetch(self, into):  # the load cannot finish until the test opens the gate
+        gate.wait(timeout=30)
+        real_fetch(self, into)
+
+    monkeypatch.setattr(sources.FileSource, "fetch", slow_fetch)
+    engine = tiny_engine(tiny_llama, tmp_path, max_loras=2)
+    engine.register_lora(AdapterSpec("cold", str(tiny_adapters["all8"])))
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    running = [engine.add_request([9, 10, 11 + i], params) for i in range(3)]
+    engine.step()  # the three are prefilled and running
+    cold = engine.add_request(PROMPT, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), adapter="cold")
+    produced = {r: 1 for r in running}
+    for _ in range(10):
+        for out in engine.step():
+            assert out.request_id != cold
+            produced[out.request_id] = len(out.token_ids)
+    assert all(n == 11 for n in produced.values()), produced  # one token per step, no stall
+    assert engine.adapters.residency("cold") is Residency.LOADING
+    gate.set()
+    done = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            done[out.request_id] = out
+    assert done[cold].finish_reason is FinishReason.LENGTH
+
+
+def test_concurrent_requests_share_one_load(env, s3, tiny_llama, reference, tmp_path) -> None:
+    _, uris = s3
+    engine = tiny_engine(tiny_llama, tmp_path, max_loras=2)
+    engine.register_lora(AdapterSpec("ku2", uris["ku2"]))
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    outs = engine.generate([PROMPT] * 5, params, ["ku2"] * 5)
+    assert all(o.token_ids == reference["ku2"] for o in outs)
+    assert engine.stats()["adapters"]["ku2"]["load_seconds"]["cold"]["count"] == 1
