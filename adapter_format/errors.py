@@ -19,6 +19,7 @@ class ErrorCode(StrEnum):
     SHAPE_MISMATCH = "ShapeMismatch"
     NO_MATCHING_TENSORS = "NoMatchingTensors"
     TOO_LARGE = "TooLarge"
+    GOLDEN_DRIFT = "GoldenOutputDrift"
 
 
 class AdapterValidationError(ValueError):

@@ -8,6 +8,7 @@ for the baseline and our validator checks them like any customer adapter.
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import torch
@@ -16,10 +17,26 @@ from safetensors.torch import save_file
 from loraplane.adapter_format import LLAMA_TARGETS, BaseShape
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+PEFT_DEFAULT = ("q_proj", "v_proj")
+
+
+def seed_ranks(n: int, seed: int = 0) -> list[int]:
+    """The issue's rank mix: 80% rank 8, 18% rank 16, 2% rank 64, shuffled reproducibly."""
+    ranks = [64] * round(0.02 * n) + [16] * round(0.18 * n)
+    ranks += [8] * (n - len(ranks))
+    random.Random(seed).shuffle(ranks)
+    return ranks
 
 
 def write_adapter(
-    folder: Path, base: BaseShape, rank: int, targets: tuple[str, ...] = LLAMA_TARGETS, *, seed: int, std: float = 0.01
+    folder: Path,
+    base: BaseShape,
+    rank: int,
+    targets: tuple[str, ...] = LLAMA_TARGETS,
+    *,
+    seed: int,
+    std: float = 0.01,
+    dtype: torch.dtype = torch.float32,
 ) -> Path:
     g = torch.Generator().manual_seed(seed)
     tensors = {}
@@ -28,8 +45,8 @@ def write_adapter(
             d_in, d_out = base.module_dims(module)
             part = "self_attn" if module in ATTENTION else "mlp"
             prefix = f"base_model.model.model.layers.{layer}.{part}.{module}"
-            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, d_in, generator=g) * std
-            tensors[f"{prefix}.lora_B.weight"] = torch.randn(d_out, rank, generator=g) * std
+            tensors[f"{prefix}.lora_A.weight"] = (torch.randn(rank, d_in, generator=g) * std).to(dtype)
+            tensors[f"{prefix}.lora_B.weight"] = (torch.randn(d_out, rank, generator=g) * std).to(dtype)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
     config = {

@@ -12,10 +12,12 @@ import logging
 import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from loraplane.adapter_format import ValidationLimits
+from loraplane.adapter_format import AdapterValidationError, ValidationLimits
+from loraplane.adapter_format.golden import DriftLimits, DriftReport, load_golden
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.block_manager import BlockManager
 from loraplane.serving.engine.model_runner import ModelRunner
@@ -173,6 +175,23 @@ class LLMEngine:
         info = self.adapters.info(name)
         log.info("loaded adapter %s (rank %s, %s)", name, info.rank, (info.digest or "")[:19])
         return info
+
+    def verify_golden(self, name: str, limits: DriftLimits | None = None) -> DriftReport | None:
+        """Replay the adapter's golden outputs (if it ships any) on this base; unregister it and
+        raise ``GoldenOutputDrift`` when the drift is above ``limits``."""
+        from loraplane.serving.lora.golden_replay import replay_golden
+
+        folder = self.adapters.info(name).folder or Path(self.adapters.load_now(name).folder)
+        golden = load_golden(folder)
+        if golden is None:
+            return None
+        report = replay_golden(self, name, golden)
+        try:
+            report.check(limits or DriftLimits())
+        except AdapterValidationError:
+            self.adapters.unregister(name)
+            raise
+        return report
 
     def unload_lora(self, name: str) -> None:
         waiting = sum(1 for s in self.scheduler.waiting if s.adapter == name)

@@ -95,6 +95,7 @@ class AdapterInfo:
     slot: int | None
     truncation_error: float | None
     error: str | None
+    folder: Path | None
 
 
 @dataclass
@@ -189,14 +190,14 @@ class AdapterManager:
     def _load(self, spec: AdapterSpec) -> tuple[LoadedAdapter, str, float]:
         """Worker thread: cold or disk -> validated tensors in host memory."""
         start = time.perf_counter()
-        folder = self.disk.get(spec.digest) if spec.digest else None
+        folder = self.disk.get(spec.source, spec.digest) if spec.digest else None
         tier = "disk"
         if folder is None:
             tier = "cold"
             staged = self.disk.staging()
             try:
                 open_source(spec.source, self.s3).fetch(staged)
-                _, folder = self.disk.commit(staged)
+                _, folder = self.disk.commit(staged, spec.source)
             except BaseException:
                 self.disk.discard(staged)
                 raise
@@ -343,6 +344,7 @@ class AdapterManager:
             slot=e.slot,
             truncation_error=e.loaded.truncation_error if e.loaded else None,
             error=e.error,
+            folder=e.loaded.folder if e.loaded else None,
         )
 
     def close(self) -> None:

@@ -25,6 +25,7 @@ class LoadedAdapter:
     manifest: AdapterManifest
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
     rank: int
+    folder: Path
     truncation_error: float | None = None  # relative Frobenius error when reduced to the rank cap
 
     @property
@@ -55,5 +56,5 @@ def load_peft_adapter(
     weights = {key: (p["A"], p["B"]) for key, p in pairs.items()}
     if manifest.needs_truncation:
         weights, error = truncate_adapter(weights, limits.max_lora_rank)
-        return LoadedAdapter(manifest=manifest, weights=weights, rank=limits.max_lora_rank, truncation_error=error)
-    return LoadedAdapter(manifest=manifest, weights=weights, rank=manifest.rank)
+        return LoadedAdapter(manifest, weights, limits.max_lora_rank, folder, truncation_error=error)
+    return LoadedAdapter(manifest, weights, manifest.rank, folder)

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from loraplane.adapter_format import AdapterValidationError, ErrorCode
+from loraplane.adapter_format.golden import GOLDEN_FILE
 from loraplane.adapter_format.validation import CONFIG_FILE, WEIGHTS_FILE
 
 ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
@@ -58,6 +59,8 @@ class FileSource:
             if not (self.folder / name).is_file():
                 raise AdapterValidationError(ErrorCode.MISSING_FILE, f"{name} is missing from {self.uri}")
             shutil.copyfile(self.folder / name, into / name)
+        if (self.folder / GOLDEN_FILE).is_file():
+            shutil.copyfile(self.folder / GOLDEN_FILE, into / GOLDEN_FILE)
         # Pickle files are refused by validation, so carry them along for it to see.
         for extra in self.folder.iterdir():
             if extra.is_file() and extra.name not in ADAPTER_FILES and extra.suffix in (".bin", ".pt", ".pth", ".pkl", ".ckpt"):
@@ -99,6 +102,8 @@ class S3Source:
                 if err.code in ("NoSuchKey", "NoSuchBucket"):
                     raise AdapterValidationError(ErrorCode.MISSING_FILE, f"{name} is missing from {self.uri}") from err
                 raise
+        if GOLDEN_FILE in listed:
+            client.fget_object(self.bucket, f"{self.prefix}/{GOLDEN_FILE}", str(into / GOLDEN_FILE))
 
 
 def open_source(uri: str, s3: S3Settings | None = None) -> AdapterSource:

@@ -140,15 +140,21 @@ def test_invalid_adapters_from_s3_fail_alone(env, s3, tiny_llama, tiny_adapters,
     assert good_out.token_ids == reference["qv4"]
 
 
-def test_disk_cache_survives_a_restart(env, s3, tiny_llama, tiny_adapters, reference, tmp_path) -> None:
+def test_disk_cache_survives_a_restart(env, s3, tiny_llama, tiny_adapters, reference, tmp_path, monkeypatch) -> None:
     _, uris = s3
     digest = file_digest(tiny_adapters["mlp16"] / "adapter_model.safetensors")
     first = tiny_engine(tiny_llama, tmp_path, max_loras=1)
     first.register_lora(AdapterSpec("mlp16", uris["mlp16"], digest=digest))
     assert run(first, "mlp16").token_ids == reference["mlp16"]
-    # A new process with the same cache dir: the source is unreachable, the digest is cached.
+    # A new process with the same cache dir and registration: no fetch at all.
+    from loraplane.serving.lora import sources
+
+    def no_network(self, into):
+        raise AssertionError("fetched from S3 although the disk cache holds this digest")
+
+    monkeypatch.setattr(sources.S3Source, "fetch", no_network)
     second = tiny_engine(tiny_llama, tmp_path, max_loras=1)
-    second.register_lora(AdapterSpec("mlp16", "s3://nowhere/at-all", digest=digest))
+    second.register_lora(AdapterSpec("mlp16", uris["mlp16"], digest=digest))
     assert run(second, "mlp16").token_ids == reference["mlp16"]
     assert second.stats()["adapters"]["mlp16"]["load_seconds"].keys() >= {"disk"}
 
@@ -186,6 +192,21 @@ def test_a_cold_load_does_not_delay_running_decodes(tiny_llama, tiny_adapters, t
         for out in engine.step():
             done[out.request_id] = out
     assert done[cold].finish_reason is FinishReason.LENGTH
+
+
+def test_same_weights_with_another_config_is_another_adapter(tiny_llama, tiny_adapters, tmp_path) -> None:
+    """The disk cache keys on the whole content: equal weights under another lora_alpha must not
+    reuse the first adapter's folder (and its scaling)."""
+    louder = shutil.copytree(tiny_adapters["qv4"], tmp_path / "louder")
+    config = json.loads((louder / "adapter_config.json").read_text())
+    (louder / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": 4 * config["lora_alpha"]}))
+    engine = tiny_engine(tiny_llama, tmp_path / "cache", max_loras=2)
+    engine.register_lora(AdapterSpec("qv4", str(tiny_adapters["qv4"])))
+    engine.register_lora(AdapterSpec("louder", str(louder)))
+    run(engine, "qv4")
+    run(engine, "louder")
+    assert engine.adapters.info("qv4").folder != engine.adapters.info("louder").folder
+    assert engine.adapters._get("louder").loaded.manifest.scaling == 4 * engine.adapters._get("qv4").loaded.manifest.scaling
 
 
 def test_concurrent_requests_share_one_load(env, s3, tiny_llama, reference, tmp_path) -> None:

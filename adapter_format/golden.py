@@ -1,0 +1,75 @@
+"""Golden outputs: a few prompts an adapter ships with the answers it gave on its training base.
+
+The file ``golden_outputs.json`` sits next to the weights. Token ids rather than text keep it
+independent of tokenizer versions. Replaying it on the serving base (for instance an FP8 copy
+of the training base) measures drift that the name and revision checks cannot see: how often
+the serving base, forced along the golden continuation, would pick the same next token, and how
+far its next-token distribution is from the recorded top log-probabilities (KL over their
+support). The replay itself needs the engine; the format and the verdict live here, torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from loraplane.adapter_format.errors import AdapterValidationError, ErrorCode
+
+GOLDEN_FILE = "golden_outputs.json"
+
+
+class GoldenCase(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_token_ids: list[int] = Field(min_length=1)
+    greedy_token_ids: list[int] = Field(min_length=1)
+    top_logprobs: list[dict[int, float]] | None = Field(
+        default=None, description="per generated step, the training base's top log-probabilities by token id"
+    )
+
+
+class GoldenOutputs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cases: list[GoldenCase] = Field(min_length=1)
+
+
+class DriftLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_token_agreement: float = Field(default=0.9, ge=0, le=1)
+    max_mean_kl: float = Field(default=0.1, ge=0)
+
+
+class DriftReport(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    cases: int
+    steps: int
+    token_agreement: float
+    mean_kl: float | None
+
+    def check(self, limits: DriftLimits) -> None:
+        if self.token_agreement < limits.min_token_agreement:
+            raise AdapterValidationError(
+                ErrorCode.GOLDEN_DRIFT,
+                f"golden outputs agree on {100 * self.token_agreement:.1f}% of tokens on this base, "
+                f"below {100 * limits.min_token_agreement:.0f}%",
+            )
+        if self.mean_kl is not None and self.mean_kl > limits.max_mean_kl:
+            raise AdapterValidationError(
+                ErrorCode.GOLDEN_DRIFT,
+                f"mean KL to the golden log-probabilities is {self.mean_kl:.3f}, above {limits.max_mean_kl}",
+            )
+
+
+def load_golden(folder: Path) -> GoldenOutputs | None:
+    path = folder / GOLDEN_FILE
+    if not path.is_file():
+        return None
+    try:
+        return GoldenOutputs.model_validate(json.loads(path.read_text()))
+    except (json.JSONDecodeError, ValidationError) as err:
+        raise AdapterValidationError(ErrorCode.BAD_CONFIG, f"{GOLDEN_FILE}: {err}") from err

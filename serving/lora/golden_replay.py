@@ -1,0 +1,58 @@
+"""Replay an adapter's golden outputs on the serving base and measure the drift.
+
+Teacher forcing through a logits processor: at every step the processor records the raw logits
+and then forces the golden token, so one early disagreement does not derail the rest of the
+comparison. Agreement is the share of steps whose argmax is the golden token; KL compares the
+recorded top log-probabilities with the serving base's, both renormalised over the recorded
+tokens.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from loraplane.adapter_format.golden import DriftReport, GoldenOutputs
+from loraplane.serving.engine.llm_engine import LLMEngine
+from loraplane.serving.engine.sampling_params import SamplingParams
+
+
+class ForcedPath:
+    def __init__(self, golden: list[int]) -> None:
+        self.golden = golden
+        self.rows: list[torch.Tensor] = []
+
+    def __call__(self, tokens: list[int], logits: torch.Tensor) -> torch.Tensor:
+        self.rows.append(logits.detach().clone())
+        forced = torch.full_like(logits, float("-inf"))
+        forced[self.golden[len(tokens)]] = 0.0
+        return forced
+
+
+def _kl(reference: dict[int, float], logits: torch.Tensor) -> float:
+    ids = list(reference)
+    p = torch.softmax(torch.tensor([reference[i] for i in ids], dtype=torch.float64), dim=0)
+    q = torch.softmax(torch.log_softmax(logits.double(), dim=-1)[ids], dim=0)
+    return float((p * (p.clamp_min(1e-300).log() - q.clamp_min(1e-300).log())).sum())
+
+
+def replay_golden(engine: LLMEngine, adapter: str | None, golden: GoldenOutputs) -> DriftReport:
+    paths = [ForcedPath(case.greedy_token_ids) for case in golden.cases]
+    params = [
+        SamplingParams(max_tokens=len(case.greedy_token_ids), temperature=0, ignore_eos=True, logits_processors=[path])
+        for case, path in zip(golden.cases, paths, strict=True)
+    ]
+    engine.generate([case.prompt_token_ids for case in golden.cases], params, [adapter] * len(golden.cases))
+    steps = agree = 0
+    kls: list[float] = []
+    for case, path in zip(golden.cases, paths, strict=True):
+        for step, row in enumerate(path.rows):
+            steps += 1
+            agree += int(torch.argmax(row)) == case.greedy_token_ids[step]
+            if case.top_logprobs is not None and step < len(case.top_logprobs):
+                kls.append(_kl(case.top_logprobs[step], row))
+    mean_kl = sum(kls) / len(kls) if kls else None
+    if mean_kl is not None and not math.isfinite(mean_kl):
+        mean_kl = float("inf")
+    return DriftReport(cases=len(golden.cases), steps=steps, token_agreement=agree / max(steps, 1), mean_kl=mean_kl)

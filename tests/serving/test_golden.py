@@ -1,0 +1,67 @@
+"""Golden outputs: an adapter replays the answers it gave on its training base; drift fails it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from engine_helpers import tiny_engine
+from tiny_models import make_tiny_llama
+
+from loraplane.adapter_format import AdapterValidationError, ErrorCode
+from loraplane.adapter_format.golden import GOLDEN_FILE, DriftLimits
+from loraplane.serving.engine.sampling_params import SamplingParams
+
+PROMPTS = [[5, 6, 7, 8], [40, 41, 42], [100, 3, 99, 12, 7]]
+
+
+def _record_golden(engine, adapter: str, folder: Path) -> None:
+    """What a training pipeline would ship: greedy answers and top-5 log-probabilities."""
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=5)
+    outs = engine.generate(PROMPTS, params, [adapter] * len(PROMPTS))
+    cases = [
+        {
+            "prompt_token_ids": p,
+            "greedy_token_ids": o.token_ids,
+            "top_logprobs": [{str(t): lp for t, lp in step.top} for step in o.logprobs],
+        }
+        for p, o in zip(PROMPTS, outs, strict=True)
+    ]
+    (folder / GOLDEN_FILE).write_text(json.dumps({"cases": cases}))
+
+
+def test_golden_outputs_pass_on_their_own_base_and_fail_when_they_drift(tiny_llama, tiny_adapters, tmp_path) -> None:
+    trainer = tiny_engine(tiny_llama, tmp_path / "train", tiny_adapters)
+    good = shutil.copytree(tiny_adapters["all8"], tmp_path / "good")
+    _record_golden(trainer, "all8", good)
+    # The same adapter's answers recorded on another base (another revision of the weights).
+    other_base = make_tiny_llama(tmp_path / "other-base", seed=5)
+    other = tiny_engine(other_base, tmp_path / "other", {"all8": tiny_adapters["all8"]}, base_name=tiny_llama.name)
+    drifted = shutil.copytree(tiny_adapters["all8"], tmp_path / "drifted")
+    _record_golden(other, "all8", drifted)
+
+    server = tiny_engine(tiny_llama, tmp_path / "serve")
+    server.load_lora("good", str(good))
+    report = server.verify_golden("good")
+    assert report is not None and report.steps == 30
+    assert report.token_agreement == 1.0 and report.mean_kl is not None and report.mean_kl < 1e-6
+
+    server.load_lora("drifted", str(drifted))
+    with pytest.raises(AdapterValidationError) as err:
+        server.verify_golden("drifted", DriftLimits(min_token_agreement=0.9))
+    assert err.value.code is ErrorCode.GOLDEN_DRIFT
+    assert "drifted" not in server.adapters.entries
+    assert server.verify_golden("good") is not None  # the other adapter is untouched
+
+
+def test_a_lower_precision_base_reports_its_drift(tiny_llama, tiny_adapters, tmp_path) -> None:
+    trainer = tiny_engine(tiny_llama, tmp_path / "train", tiny_adapters)
+    folder = shutil.copytree(tiny_adapters["all8"], tmp_path / "all8")
+    _record_golden(trainer, "all8", folder)
+    bf16 = tiny_engine(tiny_llama, tmp_path / "bf16", dtype="bfloat16")
+    bf16.load_lora("all8", str(folder))
+    report = bf16.verify_golden("all8", DriftLimits(min_token_agreement=0.5, max_mean_kl=1.0))
+    assert report is not None
+    assert report.mean_kl is not None and 0 < report.mean_kl < 1.0
