@@ -54,6 +54,9 @@ def load_peft_adapter(
         assert m, f"validation accepted {name!r}"  # the validator uses the same pattern
         pairs.setdefault((int(m.group(1)), m.group(2)), {})[m.group(3)] = tensor.to(dtype)
     weights = {key: (p["A"], p["B"]) for key, p in pairs.items()}
+    if torch.cuda.is_available():
+        # The host tier in page-locked memory: host -> device copies then run asynchronously at full bus speed.
+        weights = {key: (a.pin_memory(), b.pin_memory()) for key, (a, b) in weights.items()}
     if manifest.needs_truncation:
         weights, error = truncate_adapter(weights, limits.max_lora_rank)
         return LoadedAdapter(manifest, weights, limits.max_lora_rank, folder, truncation_error=error)

@@ -17,6 +17,16 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
     "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
 )
+# The tiny decoder's shape, shared by every test that builds one (any family, any layer count).
+TINY_SHAPE: dict[str, int] = {
+    "vocab_size": 320,
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",
     "a platform team serves many fine-tunes of one base model",
@@ -41,17 +51,11 @@ def make_tiny_llama(folder: Path, *, seed: int = 0, tie: bool = False, rope_scal
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=160,
+        **TINY_SHAPE,
         num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=512,
         rms_norm_eps=1e-5,
         tie_word_embeddings=tie,
-        bos_token_id=1,
-        eos_token_id=2,
         rope_scaling=rope_scaling,
     )
     model = LlamaForCausalLM(config).eval()

@@ -12,22 +12,12 @@ import pytest
 import torch
 from engine_helpers import engine_greedy, tiny_engine
 from peft_reference import hf_greedy
-from tiny_models import save_tokenizer
+from tiny_models import TINY_SHAPE, save_tokenizer
 
 from loraplane.serving.model.llama_config import ConfigError
 from loraplane.serving.weights.checkpoint import CheckpointError
 
-COMMON = dict(
-    vocab_size=320,
-    hidden_size=64,
-    intermediate_size=160,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    bos_token_id=1,
-    eos_token_id=2,
-)
+COMMON = dict(**TINY_SHAPE, num_hidden_layers=2, max_position_embeddings=256)
 
 
 def _save(model: torch.nn.Module, folder: Path, **save_kwargs: object) -> Path:
