@@ -13,6 +13,7 @@ converted per call, which is correct but slower.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -86,6 +87,39 @@ def _add_lora_rows(
                 out[n] += c * brow[n]
 
 
+@njit(parallel=True, fastmath=True, cache=True)
+def _add_lora_rows_paged(
+    x: np.ndarray,
+    pool: np.ndarray,
+    a_off: np.ndarray,
+    b_off: np.ndarray,
+    row_slots: np.ndarray,
+    ranks: np.ndarray,
+    scalings: np.ndarray,
+    y: np.ndarray,
+    y_offset: int,
+    n_dim: int,
+) -> None:
+    """``_add_lora_rows`` reading each A row and B^T row at its offset in the shared page pool."""
+    num_rows, k_dim = x.shape
+    for t in prange(num_rows):
+        slot = row_slots[t]
+        if slot < 0:
+            continue
+        scale = scalings[slot]
+        xrow = x[t]
+        out = y[t, y_offset : y_offset + n_dim]
+        for r in range(ranks[slot]):
+            arow = pool[a_off[slot, r] : a_off[slot, r] + k_dim]
+            acc = np.float32(0.0)
+            for k in range(k_dim):
+                acc += xrow[k] * arow[k]
+            c = acc * scale
+            brow = pool[b_off[slot, r] : b_off[slot, r] + n_dim]
+            for n in range(n_dim):
+                out[n] += c * brow[n]
+
+
 # Segments at least this long (on average) go through BLAS per segment instead of the row loop:
 # a prefill segment is a [len, in] x [in, r] matmul that BLAS runs near peak, while the row loop
 # recomputes each row's dot products without register blocking. Measured on 2 cores (SmolLM2
@@ -124,6 +158,7 @@ PARALLEL_MIN_ROWS = 64
 _shrink_rows_serial = njit(fastmath=True, cache=True)(_shrink_rows.py_func)
 _expand_rows_serial = njit(fastmath=True, cache=True)(_expand_rows.py_func)
 _add_lora_rows_serial = njit(fastmath=True, cache=True)(_add_lora_rows.py_func)
+_add_lora_rows_paged_serial = njit(fastmath=True, cache=True)(_add_lora_rows_paged.py_func)
 
 
 def _f32(t: torch.Tensor) -> np.ndarray:
@@ -178,3 +213,20 @@ def add_lora(
     args = (_f32(x), _f32(lora_a), _f32(lora_b), _i32(row_slots), _i32(ranks), _f32(scalings))
     kernel = _add_lora_rows if y.shape[0] >= PARALLEL_MIN_ROWS else _add_lora_rows_serial
     _add_into(y, kernel, args, y_offset)
+
+
+def add_lora_paged(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    pool: torch.Tensor,
+    a_offsets: torch.Tensor,
+    b_offsets: torch.Tensor,
+    ranks: torch.Tensor,
+    scalings: torch.Tensor,
+    row_slots: torch.Tensor,
+    y_offset: int,
+    n_dim: int,
+) -> None:
+    kernel: Any = _add_lora_rows_paged if y.shape[0] >= PARALLEL_MIN_ROWS else _add_lora_rows_paged_serial
+    args = (_f32(x), pool.numpy(), a_offsets.numpy(), b_offsets.numpy(), _i32(row_slots), _i32(ranks), _f32(scalings))
+    _add_into(y, lambda *a: kernel(*a, n_dim), args, y_offset)  # _add_into appends (y, y_offset); n_dim goes last

@@ -14,6 +14,7 @@ import torch
 
 from loraplane.kernels import cpu
 from loraplane.kernels.layout import LoraSlots, SlotLayoutError
+from loraplane.kernels.paged_layout import PagedLoraSlots
 from loraplane.kernels.reference import segments_to_rows
 
 Backend = Literal["auto", "triton", "cpu"]
@@ -205,10 +206,49 @@ def bgmv_expand(
     return y
 
 
+def _add_lora_paged(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    slots: PagedLoraSlots,
+    row_slots: torch.Tensor | None,
+    seg_starts: torch.Tensor | None,
+    seg_slots: torch.Tensor | None,
+    y_offset: int,
+    backend: Backend,
+    check: bool,
+) -> torch.Tensor:
+    """The paged layout (offsets into a shared pool). One pass per row; segments become rows."""
+    if x.dim() != 2 or x.shape[1] != slots.in_features:
+        raise SlotLayoutError(f"x has shape {list(x.shape)}, the slots expect [rows, {slots.in_features}]")
+    if y.dim() != 2 or y_offset < 0 or y.shape[1] < y_offset + slots.out_features:
+        raise SlotLayoutError(f"y has shape {list(y.shape)}, too narrow for {slots.out_features} outputs at offset {y_offset}")
+    if row_slots is None:
+        assert seg_starts is not None and seg_slots is not None
+        _check_segments(seg_starts, seg_slots, x.shape[0], slots.num_slots)
+        row_slots = segments_to_rows(seg_starts, seg_slots)
+    elif check:
+        _check_rows(row_slots, x.shape[0], slots.num_slots)
+    if check and slots.num_slots and int(slots.ranks.max()) > slots.max_rank:
+        raise SlotLayoutError(f"a rank of {int(slots.ranks.max())} is above the table's maximum {slots.max_rank}")
+    if _resolve(backend, x) == "triton":
+        from loraplane.kernels.paged_bgmv import paged_add_lora
+
+        paged_add_lora(
+            y, x, slots.pool, slots.a_offsets, slots.b_offsets, slots.ranks, slots.scalings, row_slots, y_offset,
+            slots.out_features,
+        )  # fmt: skip
+        return y
+    cpu.add_lora_paged(
+        y, x, slots.pool, slots.a_offsets, slots.b_offsets, slots.ranks, slots.scalings, row_slots, y_offset,
+        slots.out_features,
+    )  # fmt: skip
+    return y
+
+
 def add_lora(
     y: torch.Tensor,
     x: torch.Tensor,
-    slots: LoraSlots,
+    slots: LoraSlots | PagedLoraSlots,
     *,
     row_slots: torch.Tensor | None = None,
     seg_starts: torch.Tensor | None = None,
@@ -224,6 +264,8 @@ def add_lora(
     """
     if (row_slots is None) == (seg_starts is None or seg_slots is None):
         raise ValueError("give either row_slots (BGMV) or seg_starts and seg_slots (SGMV)")
+    if isinstance(slots, PagedLoraSlots):
+        return _add_lora_paged(y, x, slots, row_slots, seg_starts, seg_slots, y_offset, backend, check)
     if _resolve(backend, x) == "cpu":
         _check_x(x, slots.lora_a)
         _check_y(y, slots.lora_b, y_offset)

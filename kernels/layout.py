@@ -60,6 +60,10 @@ class LoraSlots:
         return int(self.lora_a.shape[0])
 
     @property
+    def dtype(self) -> torch.dtype:
+        return self.lora_a.dtype
+
+    @property
     def max_rank(self) -> int:
         return int(self.lora_a.shape[1])
 

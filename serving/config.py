@@ -35,6 +35,11 @@ class EngineConfig(BaseModel):
     max_cpu_loras: int | None = Field(default=None, ge=1, description="adapters kept in host memory; default 4 x max_loras")
     max_loads_in_flight: int = Field(default=2, ge=1, description="adapter loads running at once, off the request path")
     eviction_policy: Literal["lru", "lfu", "tinylfu"] = "lru"
+    lora_memory: Literal["static", "unified"] = Field(
+        default="static",
+        description="static: max_loras slots each reserving max_lora_rank (vLLM); unified: adapters take pages of the "
+        "KV pool sized to their rank (S-LoRA), max_loras only bounds how many are resident",
+    )
     lora_modules: dict[str, str] = Field(
         default_factory=dict, description="adapter name -> PEFT folder, file:// or s3:// URI; registered and loaded at start"
     )

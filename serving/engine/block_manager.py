@@ -15,6 +15,7 @@ without a model.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from loraplane.serving.engine.sequence import Sequence
@@ -47,6 +48,10 @@ class BlockManager:
         self.hashes: dict[int, list[int]] = {}  # seq id -> key hashes of its full, registered blocks
         self.prefix_hits = 0
         self.prefix_queries = 0
+        # Unified paging: adapters borrow pages from the same free list, and when KV runs short
+        # the engine may give some back by evicting idle adapters (``reclaim(n)`` frees up to n).
+        self.reclaim: Callable[[int], None] | None = None
+        self.adapter_pages = 0
 
     @property
     def num_free(self) -> int:
@@ -99,7 +104,7 @@ class BlockManager:
         hits = self._prefix_hits(seq)
         fresh = self.blocks_needed(len(seq)) - len(hits)
         reclaimed = sum(1 for b in hits if b.ref_count == 0)
-        if fresh + reclaimed > self.num_free:
+        if not self._room(fresh + reclaimed):
             return False
         for block in hits:
             if block.ref_count == 0:
@@ -116,10 +121,28 @@ class BlockManager:
     def append_slots(self, seq: Sequence, num_new: int) -> bool:
         """Make room for ``num_new`` more computed tokens; False (and no change) when out of blocks."""
         needed = self.blocks_needed(seq.num_computed_tokens + num_new) - len(seq.block_table)
-        if needed > self.num_free:
+        if not self._room(needed):
             return False
         seq.block_table.extend(self._take().block_id for _ in range(max(needed, 0)))
         return True
+
+    def _room(self, needed: int) -> bool:
+        if needed > self.num_free and self.reclaim is not None:
+            self.reclaim(needed - self.num_free)
+        return needed <= self.num_free
+
+    def take_pages(self, n: int) -> list[int] | None:
+        """``n`` pages for an adapter's weights, or None (and nothing taken) if they are not free."""
+        if n > self.num_free:
+            return None
+        self.adapter_pages += n
+        return [self._take().block_id for _ in range(n)]
+
+    def return_pages(self, pages: list[int]) -> None:
+        for block_id in pages:
+            self.blocks[block_id].ref_count = 0
+            self.free_blocks[block_id] = None
+        self.adapter_pages -= len(pages)
 
     def register_full_blocks(self, seq: Sequence) -> None:
         """Give every newly completed block of computed tokens its key, so later sequences can share it."""

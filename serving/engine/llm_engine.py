@@ -26,11 +26,12 @@ from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.engine.scheduler import Scheduler
 from loraplane.serving.engine.sequence import FinishReason, Sequence, TokenLogprob
 from loraplane.serving.lora.manager import AdapterBusy, AdapterInfo, AdapterManager, AdapterSpec, Residency
-from loraplane.serving.lora.slot_table import SlotTable
+from loraplane.serving.lora.slot_table import PagedSlotTable, SlotTable
 from loraplane.serving.lora.sources import S3Settings
 from loraplane.serving.metrics import EngineMetrics
 from loraplane.serving.model.attention import KVCache
 from loraplane.serving.model.llama import LlamaModel
+from loraplane.serving.model.page_pool import PagePool
 from loraplane.serving.tokenizer import Tokenizer
 from loraplane.serving.weights.base import BaseCheckpoint, resolve_base
 from loraplane.serving.weights.checkpoint import iter_tensors, load_weights
@@ -115,7 +116,11 @@ class LLMEngine:
                 f"{num_blocks} KV blocks of {config.block_size} tokens cannot hold one sequence of max_model_len="
                 f"{self.max_model_len}; raise kv_cache_memory_mb or lower max_model_len"
             )
-        self.cache = KVCache(cfg.num_hidden_layers, num_blocks, config.block_size, cfg.num_key_value_heads, cfg.head_dim, dtype)
+        unified = config.lora_memory == "unified"
+        self.pool = PagePool(num_blocks, per_block) if unified else None
+        self.cache = KVCache(
+            cfg.num_hidden_layers, num_blocks, config.block_size, cfg.num_key_value_heads, cfg.head_dim, dtype, pool=self.pool
+        )
         self.blocks = BlockManager(num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.blocks,
@@ -127,7 +132,11 @@ class LLMEngine:
         )
         # Adapter weights stay float32 on the CPU whatever the base dtype: the CPU kernels compute
         # in float32, and converting the slot tables on every call would cost more than the product.
-        self.slots = SlotTable(self.model, config.max_loras, config.max_lora_rank, torch.float32)
+        self.slots = (
+            PagedSlotTable(self.model, config.max_loras, config.max_lora_rank, self.pool.flat_f32(), self.pool.page_floats)
+            if self.pool is not None
+            else SlotTable(self.model, config.max_loras, config.max_lora_rank, torch.float32)
+        )
         self.metrics = EngineMetrics(max_adapter_labels=config.metrics_max_adapter_labels)
         s3 = S3Settings.from_env()
         self.adapters = AdapterManager(
@@ -140,6 +149,7 @@ class LLMEngine:
             policy=config.eviction_policy,
             s3=S3Settings(config.s3_endpoint or s3.endpoint, s3.access_key, s3.secret_key, s3.region),
             metrics=self.metrics,
+            pages=self.blocks if unified else None,
         )
         self.sampler = Sampler()
         self.runner = ModelRunner(self.model, self.cache, self.slots, self.sampler)

@@ -85,9 +85,11 @@ class ModelRunner:
                 "decode_context_lens": lens,
                 "decode_mask": mask.view(len(decode_rows), 1, 1, width * bs),
             }
+        slots = torch.tensor(slot_mapping, dtype=torch.long)
         ctx = StepContext(
             positions=torch.tensor(positions, dtype=torch.long),
-            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long),
+            slot_blocks=slots // bs,
+            slot_offsets=slots % bs,
             prefills=tuple(prefills),
             lora=self._lora_batch(row_slots),
             **decode_kwargs,  # type: ignore[arg-type]

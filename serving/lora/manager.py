@@ -17,7 +17,6 @@ device as well.
 from __future__ import annotations
 
 import enum
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -26,9 +25,10 @@ from pathlib import Path
 
 from loraplane.adapter_format import AdapterValidationError, BaseShape, ValidationLimits, check_adapter_name
 from loraplane.eviction import Tier, TierFullError, make_policy
+from loraplane.serving.engine.block_manager import BlockManager
 from loraplane.serving.lora.disk_cache import DiskCache
 from loraplane.serving.lora.peft_loader import LoadedAdapter, load_peft_adapter
-from loraplane.serving.lora.slot_table import SlotTable
+from loraplane.serving.lora.slot_table import PagedSlotTable, SlotTable
 from loraplane.serving.lora.sources import S3Settings, open_source
 from loraplane.serving.metrics import EngineMetrics
 
@@ -70,6 +70,7 @@ class _Entry:
     error: str | None = None
     pinned: bool = False
     running: int = 0
+    pages: list[int] = field(default_factory=list)  # unified paging: pool pages holding its rows
 
     @property
     def residency(self) -> Residency:
@@ -122,7 +123,10 @@ class AdapterManager:
         policy: str = "lru",
         s3: S3Settings | None = None,
         metrics: EngineMetrics | None = None,
+        pages: BlockManager | None = None,
     ) -> None:
+        """With ``pages`` (and a :class:`PagedSlotTable`), adapters live in the KV block pool:
+        each takes the pages its rank needs, and KV pressure evicts idle adapters."""
         if max_cpu_loras < table.num_slots:
             raise ValueError(f"max_cpu_loras ({max_cpu_loras}) must be at least max_loras ({table.num_slots})")
         self.table, self.base, self.limits, self.s3 = table, base, limits, s3
@@ -132,7 +136,11 @@ class AdapterManager:
         self.device = Tier(table.num_slots, make_policy(policy), name="device", in_use=self._busy, on_evict=self._off_device)
         self.host = Tier(max_cpu_loras, make_policy(policy), name="host", in_use=self._busy, on_evict=self._off_host)
         self.pool = ThreadPoolExecutor(max_workers=max_loads_in_flight, thread_name_prefix="adapter-load")
-        self._lock = threading.Lock()
+        self.pages = pages
+        if pages is not None:
+            if not isinstance(table, PagedSlotTable):
+                raise TypeError("unified paging needs a PagedSlotTable")
+            pages.reclaim = self._reclaim
 
     # registration ---------------------------------------------------------------------------
     def register(self, spec: AdapterSpec) -> None:
@@ -176,6 +184,25 @@ class AdapterManager:
         if entry is not None and entry.slot is not None:
             self.table.clear(entry.slot)
             entry.slot = None
+            if entry.pages and self.pages is not None:
+                self.pages.return_pages(entry.pages)
+                entry.pages = []
+
+    def _evict_idle(self) -> bool:
+        """Take the policy's choice among idle, unpinned device adapters off the device."""
+        victim = self.device.policy.victim(lambda k: k in self.device.pinned or self._busy(k))
+        if victim is None:
+            return False
+        self.device.remove(victim)
+        self._off_device(victim)
+        return True
+
+    def _reclaim(self, needed: int) -> None:
+        """KV is short of ``needed`` pages: idle adapters give theirs back, in eviction order."""
+        assert self.pages is not None
+        target = self.pages.num_free + needed
+        while self.pages.num_free < target and self._evict_idle():
+            pass
 
     def _off_host(self, name: object) -> None:
         """Leaving host memory means leaving the device too: the host tier holds every
@@ -278,13 +305,28 @@ class AdapterManager:
             self.start_load(name)
             return None
         start = time.perf_counter()
+        pages: list[int] | None = None
+        if self.pages is not None:
+            assert isinstance(self.table, PagedSlotTable)
+            need = self.table.pages_needed(entry.loaded.weights)
+            while self.pages.num_free < need and self._evict_idle():
+                pass
+            if self.pages.num_free < need:
+                return None  # KV and busy adapters hold the pool; retry after sequences finish
         try:
             self.device.insert(name)
         except TierFullError:
             return None
         used = {e.slot for e in self.entries.values() if e.slot is not None}
         slot = next(s for s in range(self.table.num_slots) if s not in used)
-        self.table.write(slot, entry.loaded.weights, entry.loaded.manifest.scaling)
+        if self.pages is not None:
+            assert isinstance(self.table, PagedSlotTable)
+            pages = self.pages.take_pages(self.table.pages_needed(entry.loaded.weights))
+            assert pages is not None
+            self.table.write_paged(slot, entry.loaded.weights, entry.loaded.manifest.scaling, pages)
+            entry.pages = pages
+        else:
+            self.table.write(slot, entry.loaded.weights, entry.loaded.manifest.scaling)
         entry.slot = slot
         self.host.touch(name)
         if entry.pinned:

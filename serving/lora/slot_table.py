@@ -1,9 +1,15 @@
-"""Every target module's :class:`LoraSlots`, attached to the model's projections.
+"""Every target module's slot table, attached to the model's projections.
 
-One table holds ``max_loras`` slots at ``max_lora_rank`` for each (layer, target module). The
-projections read their slices' slots during the forward pass; writing an adapter into slot ``s``
-updates every layer at once. The table also remembers, per module, which slots hold a non-zero
-rank, so a batch whose adapters do not touch ``gate_proj`` skips its kernels altogether.
+One table holds ``max_loras`` slots for each (layer, target module). The projections read their
+slices' slots during the forward pass; writing an adapter into slot ``s`` updates every layer at
+once. The table also remembers, per module, which slots hold a non-zero rank, so a batch whose
+adapters do not touch ``gate_proj`` skips its kernels altogether.
+
+Two layouts, one interface (vLLM-style static slots for comparison, S-LoRA-style unified paging):
+
+- :class:`SlotTable`: dense slots, every slot reserving ``max_lora_rank`` rows of every module;
+- :class:`PagedSlotTable`: row offsets into the engine's page pool, which the KV cache shares;
+  an adapter takes exactly the pages its rank needs (see :meth:`PagedSlotTable.pages_needed`).
 """
 
 from __future__ import annotations
@@ -11,27 +17,35 @@ from __future__ import annotations
 import torch
 
 from loraplane.adapter_format import LLAMA_TARGETS
-from loraplane.kernels import LoraSlots
+from loraplane.kernels import LoraSlots, PagedLoraSlots
+from loraplane.serving.model.layers import LoraLinear
 from loraplane.serving.model.llama import LlamaModel
+
+Weights = dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
 
 
 class SlotTable:
-    def __init__(self, model: LlamaModel, num_slots: int, max_rank: int, dtype: torch.dtype) -> None:
-        self.num_slots, self.max_rank = num_slots, max_rank
-        self.slots: dict[tuple[int, str], LoraSlots] = {}
+    def __init__(self, model: LlamaModel, num_slots: int, max_rank: int, dtype: torch.dtype = torch.float32) -> None:
+        self.num_slots, self.max_rank, self.dtype = num_slots, max_rank, dtype
+        self.slots: dict[tuple[int, str], LoraSlots | PagedLoraSlots] = {}
         for layer, proj in model.linear_layers():
             for i, name in enumerate(proj.slice_names):
-                slots = LoraSlots.empty(num_slots, max_rank, proj.in_features, proj.slice_sizes[i], dtype=dtype)
+                slots = self._make(proj, i)
                 proj.lora[i] = slots
                 self.slots[(layer, name)] = slots
         self.num_layers = model.config.num_hidden_layers
         self.occupied: dict[str, set[int]] = {m: set() for m in LLAMA_TARGETS}
 
-    def write(self, slot: int, weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]], scaling: float) -> None:
+    def _make(self, proj: LoraLinear, i: int) -> LoraSlots | PagedLoraSlots:
+        return LoraSlots.empty(self.num_slots, self.max_rank, proj.in_features, proj.slice_sizes[i], dtype=self.dtype)
+
+    def write(self, slot: int, weights: Weights, scaling: float) -> None:
         """``weights[(layer, module)] = (A [r, in], B [out, r])``; modules the adapter leaves out get rank 0."""
         self.clear(slot)
         for key, (a, b) in weights.items():
-            self.slots[key].write(slot, a, b, scaling)
+            dense = self.slots[key]
+            assert isinstance(dense, LoraSlots)
+            dense.write(slot, a, b, scaling)
             self.occupied[key[1]].add(slot)
 
     def clear(self, slot: int) -> None:
@@ -44,5 +58,50 @@ class SlotTable:
     def active_modules(self, batch_slots: set[int]) -> frozenset[str]:
         return frozenset(m for m, used in self.occupied.items() if used & batch_slots)
 
-    def bytes_used(self) -> int:
-        return sum(s.lora_a.nbytes + s.lora_b.nbytes for s in self.slots.values())
+
+class PagedSlotTable(SlotTable):
+    """Slots whose rows live in pages of the shared pool (``pool_f32`` is the pool viewed flat)."""
+
+    def __init__(self, model: LlamaModel, num_slots: int, max_rank: int, pool_f32: torch.Tensor, page_floats: int) -> None:
+        self.pool, self.page_floats = pool_f32, page_floats
+        super().__init__(model, num_slots, max_rank)
+
+    def _make(self, proj: LoraLinear, i: int) -> PagedLoraSlots:
+        return PagedLoraSlots.empty(self.pool, self.num_slots, self.max_rank, proj.in_features, proj.slice_sizes[i])
+
+    def _rows(self, weights: Weights) -> list[int]:
+        """Row widths in packing order: per (layer, module), A's rows then B^T's."""
+        widths = []
+        for key in sorted(weights):
+            a, b = weights[key]
+            widths += [a.shape[1]] * a.shape[0] + [b.shape[0]] * a.shape[0]
+        return widths
+
+    def _pack(self, widths: list[int], pages: list[int] | None) -> tuple[int, list[int]]:
+        """Place rows page by page, never splitting a row; (pages used, flat offsets)."""
+        used, fill, offsets = 0, self.page_floats, []
+        for w in widths:
+            if w > self.page_floats:
+                raise ValueError(f"a {w}-wide adapter row does not fit a page of {self.page_floats} floats")
+            if fill + w > self.page_floats:
+                used, fill = used + 1, 0
+            if pages is not None:
+                offsets.append(pages[used - 1] * self.page_floats + fill)
+            fill += w
+        return used, offsets
+
+    def pages_needed(self, weights: Weights) -> int:
+        return self._pack(self._rows(weights), None)[0]
+
+    def write_paged(self, slot: int, weights: Weights, scaling: float, pages: list[int]) -> None:
+        self.clear(slot)
+        _, offsets = self._pack(self._rows(weights), pages)
+        cursor = 0
+        for key in sorted(weights):
+            a, b = weights[key]
+            r = a.shape[0]
+            table = self.slots[key]
+            assert isinstance(table, PagedLoraSlots)
+            table.write(slot, a, b, scaling, offsets[cursor : cursor + r], offsets[cursor + r : cursor + 2 * r])
+            cursor += 2 * r
+            self.occupied[key[1]].add(slot)

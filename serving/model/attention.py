@@ -19,17 +19,28 @@ import torch
 from torch.nn import functional as F
 
 from loraplane.serving.model.context import PrefillSpan, StepContext
+from loraplane.serving.model.page_pool import PagePool
 
 
 class KVCache:
     """Keys and values for every layer: ``[layers, num_blocks, block_size, kv_heads, head_dim]``."""
 
     def __init__(
-        self, num_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        pool: PagePool | None = None,
     ) -> None:
-        shape = (num_layers, num_blocks, block_size, kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype)
-        self.v = torch.zeros(shape, dtype=dtype)
+        """Its own tensors, or views of a shared page pool (one page per block) for unified paging."""
+        if pool is None:
+            shape = (num_layers, num_blocks, block_size, kv_heads, head_dim)
+            self.k, self.v = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+        else:
+            self.k, self.v = pool.kv_views(num_layers, block_size, kv_heads, head_dim, dtype)
         self.block_size = block_size
 
     @staticmethod
@@ -83,9 +94,9 @@ def paged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: StepContext
 ) -> torch.Tensor:
     """q [T, H, D], k/v [T, KV, D] for this step's tokens; returns [T, H, D]."""
-    kv_heads, head_dim = k.shape[1], k.shape[2]
-    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, ctx.slot_mapping, k)
-    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, ctx.slot_mapping, v)
+    # (block, offset) indexing rather than a flat view: the cache may be a strided view of the page pool.
+    k_cache[ctx.slot_blocks, ctx.slot_offsets] = k
+    v_cache[ctx.slot_blocks, ctx.slot_offsets] = v
     out = torch.empty_like(q)
     for span in ctx.prefills:
         out[span.start : span.start + span.num_new] = _prefill(q, k, v, span, k_cache, v_cache)

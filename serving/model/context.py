@@ -43,7 +43,8 @@ class LoraBatch:
 @dataclass(frozen=True)
 class StepContext:
     positions: torch.Tensor
-    slot_mapping: torch.Tensor
+    slot_blocks: torch.Tensor  # KV block of each new token
+    slot_offsets: torch.Tensor  # its position inside the block
     prefills: tuple[PrefillSpan, ...] = ()
     decode_rows: torch.Tensor | None = None
     decode_block_tables: torch.Tensor | None = None

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from loraplane.kernels import LoraSlots, add_lora
+from loraplane.kernels import LoraSlots, PagedLoraSlots, add_lora
 from loraplane.serving.model.context import LoraBatch
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn value
@@ -75,7 +75,7 @@ class LoraLinear(nn.Module):
         self.weight = nn.Parameter(torch.zeros(out, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.zeros(out), requires_grad=False) if bias else None
         self.weight_scale: torch.Tensor | None = None
-        self.lora: list[LoraSlots | None] = [None] * len(slice_names)
+        self.lora: list[LoraSlots | PagedLoraSlots | None] = [None] * len(slice_names)
 
     def to_fp8(self) -> None:
         w = self.weight.data.float()
@@ -102,7 +102,7 @@ class LoraLinear(nn.Module):
         # The adapter product runs in the slots' precision (float32 on the CPU): x is converted
         # once for all slices, and a low-precision y receives one rounded sum instead of a
         # round trip per slice.
-        slot_dtype = active[0][1].lora_a.dtype
+        slot_dtype = active[0][1].dtype
         xs = x if x.dtype == slot_dtype else x.to(slot_dtype)
         acc = y if y.dtype == slot_dtype else torch.zeros(y.shape, dtype=slot_dtype, device=y.device)
         for offset, slots in active:
