@@ -43,7 +43,14 @@ class EngineConfig(BaseModel):
     lora_modules: dict[str, str] = Field(
         default_factory=dict, description="adapter name -> PEFT folder, file:// or s3:// URI; registered and loaded at start"
     )
-    s3_endpoint: str | None = Field(default=None, description="defaults to AWS_ENDPOINT_URL; credentials from AWS_* variables")
+    s3_endpoint: str | None = Field(default=None, description="defaults to AWS_ENDPOINT_URL")
+    s3_access_key: str | None = Field(default=None, description="defaults to AWS_ACCESS_KEY_ID")
+    s3_secret_key: str | None = Field(default=None, description="defaults to AWS_SECRET_ACCESS_KEY", repr=False)
+    s3_region: str | None = Field(default=None, description="defaults to AWS_REGION")
+    golden_min_token_agreement: float = Field(
+        default=0.9, ge=0, le=1, description="an adapter's golden outputs must agree this often on this base"
+    )
+    golden_max_mean_kl: float = Field(default=0.1, ge=0, description="and stay this close to its recorded log-probabilities")
     metrics_max_adapter_labels: int = Field(default=256, ge=1, description="adapters with their own metric label")
     cache_dir: Path = Field(default_factory=default_cache_dir)
 

@@ -9,9 +9,13 @@ since they are read on demand rather than stored by a time-series database for e
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 OTHER = "__other__"
 NONE = "__base__"
@@ -123,3 +127,33 @@ class EngineMetrics:
             "load_seconds": {tier: {"count": n, "sum": s} for tier, (n, s) in c.load_seconds.items()},
             "queue_wait_seconds": {"count": c.queue_wait[0], "sum": c.queue_wait[1]},
         }
+
+
+class AdapterStateCollector(Collector):
+    """Each adapter's tier and pin at scrape time, read from the engine rather than mirrored into
+    gauges on every change. Adapters beyond the label cap are summed per tier under ``__other__``."""
+
+    TIERS = ("device", "host", "loading", "cold", "failed")
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        metrics: EngineMetrics = self.engine.metrics
+        resident = GaugeMetricFamily(
+            "loraplane_adapter_tier", "Adapters by the tier they are in now (1 per adapter)", labels=["adapter", "tenant", "tier"]
+        )
+        pinned = GaugeMetricFamily("loraplane_adapter_pinned", "Pinned adapters (1 per adapter)", labels=["adapter", "tenant"])
+        tiers: dict[tuple[str, str, str], int] = defaultdict(int)
+        pins: dict[tuple[str, str], int] = defaultdict(int)
+        for name in list(self.engine.adapters.entries):
+            info = self.engine.adapters.info(name)
+            labels = (metrics.adapter_label(name), metrics.tenant_label(info.tenant))
+            tiers[(*labels, info.residency.value)] += 1
+            pins[labels] += int(info.pinned)
+        for tier_key, n in tiers.items():
+            resident.add_metric(list(tier_key), n)
+        for pin_key, n in pins.items():
+            pinned.add_metric(list(pin_key), n)
+        yield resident
+        yield pinned

@@ -28,7 +28,7 @@ from loraplane.serving.engine.sequence import FinishReason, Sequence, TokenLogpr
 from loraplane.serving.lora.manager import AdapterBusy, AdapterInfo, AdapterManager, AdapterSpec, Residency
 from loraplane.serving.lora.slot_table import PagedSlotTable, SlotTable
 from loraplane.serving.lora.sources import S3Settings
-from loraplane.serving.metrics import EngineMetrics
+from loraplane.serving.metrics import AdapterStateCollector, EngineMetrics
 from loraplane.serving.model.attention import KVCache
 from loraplane.serving.model.llama import LlamaModel
 from loraplane.serving.model.page_pool import PagePool
@@ -138,6 +138,7 @@ class LLMEngine:
             else SlotTable(self.model, config.max_loras, config.max_lora_rank, torch.float32)
         )
         self.metrics = EngineMetrics(max_adapter_labels=config.metrics_max_adapter_labels)
+        self.metrics.registry.register(AdapterStateCollector(self))
         s3 = S3Settings.from_env()
         self.adapters = AdapterManager(
             self.slots,
@@ -147,7 +148,12 @@ class LLMEngine:
             max_cpu_loras=config.host_slots,
             max_loads_in_flight=config.max_loads_in_flight,
             policy=config.eviction_policy,
-            s3=S3Settings(config.s3_endpoint or s3.endpoint, s3.access_key, s3.secret_key, s3.region),
+            s3=S3Settings(
+                config.s3_endpoint or s3.endpoint,
+                config.s3_access_key or s3.access_key,
+                config.s3_secret_key or s3.secret_key,
+                config.s3_region or s3.region,
+            ),
             metrics=self.metrics,
             pages=self.blocks if unified else None,
         )
@@ -182,6 +188,7 @@ class LLMEngine:
         except Exception:
             self.adapters.unregister(name)
             raise
+        self.verify_golden(name)  # adapters that ship golden outputs replay them before serving
         info = self.adapters.info(name)
         log.info("loaded adapter %s (rank %s, %s)", name, info.rank, (info.digest or "")[:19])
         return info
@@ -196,12 +203,26 @@ class LLMEngine:
         if golden is None:
             return None
         report = replay_golden(self, name, golden)
+        default = DriftLimits(
+            min_token_agreement=self.config.golden_min_token_agreement, max_mean_kl=self.config.golden_max_mean_kl
+        )
         try:
-            report.check(limits or DriftLimits())
+            report.check(limits or default)
         except AdapterValidationError:
             self.adapters.unregister(name)
             raise
         return report
+
+    def pin_lora(self, name: str) -> None:
+        """Keep the adapter resident (loading it now if cold); it is never evicted until unpinned."""
+        self.adapters.pin(name)
+
+    def unpin_lora(self, name: str) -> None:
+        self.adapters.unpin(name)
+
+    def prefetch_lora(self, name: str) -> None:
+        """Start bringing the adapter into host memory, off the request path."""
+        self.adapters.prefetch(name)
 
     def unload_lora(self, name: str) -> None:
         waiting = sum(1 for s in self.scheduler.waiting if s.adapter == name)

@@ -217,3 +217,18 @@ def test_concurrent_requests_share_one_load(env, s3, tiny_llama, reference, tmp_
     outs = engine.generate([PROMPT] * 5, params, ["ku2"] * 5)
     assert all(o.token_ids == reference["ku2"] for o in outs)
     assert engine.stats()["adapters"]["ku2"]["load_seconds"]["cold"]["count"] == 1
+
+
+def test_prometheus_shows_each_adapters_tier_and_pin(tiny_llama, tiny_adapters, tmp_path) -> None:
+    from prometheus_client import generate_latest
+
+    engine = tiny_engine(tiny_llama, tmp_path, max_loras=1)
+    engine.register_lora(AdapterSpec("qv4", str(tiny_adapters["qv4"]), tenant="tenant-a"))
+    engine.register_lora(AdapterSpec("ku2", str(tiny_adapters["ku2"]), tenant="tenant-b"))
+    run(engine, "qv4")
+    engine.pin_lora("qv4")
+    text = generate_latest(engine.metrics.registry).decode()
+    assert 'loraplane_adapter_tier{adapter="qv4",tenant="tenant-a",tier="device"} 1.0' in text
+    assert 'loraplane_adapter_tier{adapter="ku2",tenant="tenant-b",tier="cold"} 1.0' in text
+    assert 'loraplane_adapter_pinned{adapter="qv4",tenant="tenant-a"} 1.0' in text
+    assert 'loraplane_requests_total{adapter="qv4",tenant="tenant-a"} 1.0' in text

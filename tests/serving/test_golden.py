@@ -13,6 +13,7 @@ from tiny_models import make_tiny_llama
 from loraplane.adapter_format import AdapterValidationError, ErrorCode
 from loraplane.adapter_format.golden import GOLDEN_FILE, DriftLimits
 from loraplane.serving.engine.sampling_params import SamplingParams
+from loraplane.serving.lora.manager import AdapterSpec
 
 PROMPTS = [[5, 6, 7, 8], [40, 41, 42], [100, 3, 99, 12, 7]]
 
@@ -48,7 +49,9 @@ def test_golden_outputs_pass_on_their_own_base_and_fail_when_they_drift(tiny_lla
     assert report is not None and report.steps == 30
     assert report.token_agreement == 1.0 and report.mean_kl is not None and report.mean_kl < 1e-6
 
-    server.load_lora("drifted", str(drifted))
+    lenient = DriftLimits(min_token_agreement=0.0, max_mean_kl=1e9)
+    server.adapters.register(AdapterSpec("drifted", str(drifted)))
+    assert server.verify_golden("drifted", lenient) is not None  # measured, accepted under lenient limits
     with pytest.raises(AdapterValidationError) as err:
         server.verify_golden("drifted", DriftLimits(min_token_agreement=0.9))
     assert err.value.code is ErrorCode.GOLDEN_DRIFT
@@ -60,8 +63,23 @@ def test_a_lower_precision_base_reports_its_drift(tiny_llama, tiny_adapters, tmp
     trainer = tiny_engine(tiny_llama, tmp_path / "train", tiny_adapters)
     folder = shutil.copytree(tiny_adapters["all8"], tmp_path / "all8")
     _record_golden(trainer, "all8", folder)
-    bf16 = tiny_engine(tiny_llama, tmp_path / "bf16", dtype="bfloat16")
+    bf16 = tiny_engine(tiny_llama, tmp_path / "bf16", dtype="bfloat16", golden_min_token_agreement=0.5, golden_max_mean_kl=1.0)
     bf16.load_lora("all8", str(folder))
     report = bf16.verify_golden("all8", DriftLimits(min_token_agreement=0.5, max_mean_kl=1.0))
     assert report is not None
     assert report.mean_kl is not None and 0 < report.mean_kl < 1.0
+
+
+def test_load_replays_golden_outputs_with_the_configured_threshold(tiny_llama, tiny_adapters, tmp_path) -> None:
+    trainer = tiny_engine(tiny_llama, tmp_path / "train", tiny_adapters)
+    other_base = make_tiny_llama(tmp_path / "other-base", seed=5)
+    other = tiny_engine(other_base, tmp_path / "other", {"all8": tiny_adapters["all8"]}, base_name=tiny_llama.name)
+    drifted = shutil.copytree(tiny_adapters["all8"], tmp_path / "drifted")
+    _record_golden(other, "all8", drifted)
+    strict = tiny_engine(tiny_llama, tmp_path / "strict")
+    with pytest.raises(AdapterValidationError) as err:
+        strict.load_lora("drifted", str(drifted))  # replayed at load, refused
+    assert err.value.code is ErrorCode.GOLDEN_DRIFT and "drifted" not in strict.adapters.entries
+    lenient = tiny_engine(tiny_llama, tmp_path / "lenient", golden_min_token_agreement=0.0, golden_max_mean_kl=1e9)
+    assert lenient.load_lora("drifted", str(drifted)).name == "drifted"
+    del trainer
