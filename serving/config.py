@@ -32,6 +32,7 @@ class EngineConfig(BaseModel):
     enable_prefix_caching: bool = True
     max_loras: int = Field(default=8, ge=1, description="adapters resident at once (device slots)")
     max_lora_rank: int = Field(default=16, ge=1)
+    max_adapter_bytes: int = Field(default=2 * 2**30, gt=0, description="largest adapter weights file accepted")
     max_cpu_loras: int | None = Field(default=None, ge=1, description="adapters kept in host memory; default 4 x max_loras")
     max_loads_in_flight: int = Field(default=2, ge=1, description="adapter loads running at once, off the request path")
     eviction_policy: Literal["lru", "lfu", "tinylfu"] = "lru"

@@ -143,7 +143,7 @@ class LLMEngine:
         self.adapters = AdapterManager(
             self.slots,
             self.base.shape,
-            ValidationLimits(max_lora_rank=config.max_lora_rank),
+            ValidationLimits(max_lora_rank=config.max_lora_rank, max_bytes=config.max_adapter_bytes),
             cache_dir=config.cache_dir,
             max_cpu_loras=config.host_slots,
             max_loads_in_flight=config.max_loads_in_flight,

@@ -118,19 +118,40 @@ def _corrupt(folder: Path, out: Path, how: str) -> Path:
         (out / "adapter_config.json").write_text(json.dumps({**config, "r": 6}))
     elif how == "pickle":
         (out / "adapter_model.bin").write_bytes(b"\x80\x04")
+    elif how == "missing":
+        weights.unlink()
+    elif how == "config":
+        (out / "adapter_config.json").write_text("{not json")
+    elif how in ("target", "layer", "half", "empty"):
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(str(weights))
+        if how == "target":
+            tensors = {k.replace("q_proj", "lm_head"): v for k, v in tensors.items()}
+        elif how == "layer":
+            tensors = {k.replace("layers.0.", "layers.99."): v for k, v in tensors.items()}
+        elif how == "half":
+            tensors = {k: v for k, v in tensors.items() if "lora_B" not in k or "layers.1." not in k}
+        else:
+            tensors = {}
+        save_file(tensors, str(weights))
     return out
 
 
 @pytest.mark.parametrize(
     ("how", "code"),
     [("nan", ErrorCode.CORRUPT_SAFETENSORS), ("base", ErrorCode.BASE_MISMATCH), ("rank", ErrorCode.SHAPE_MISMATCH),
-     ("pickle", ErrorCode.PICKLE_REFUSED), ("digest", ErrorCode.DIGEST_MISMATCH)],
+     ("pickle", ErrorCode.PICKLE_REFUSED), ("digest", ErrorCode.DIGEST_MISMATCH), ("missing", ErrorCode.MISSING_FILE),
+     ("config", ErrorCode.BAD_CONFIG), ("target", ErrorCode.UNSUPPORTED_TARGET), ("layer", ErrorCode.SHAPE_MISMATCH),
+     ("half", ErrorCode.SHAPE_MISMATCH), ("empty", ErrorCode.NO_MATCHING_TENSORS), ("large", ErrorCode.TOO_LARGE)],
 )  # fmt: skip
 def test_invalid_adapters_from_s3_fail_alone(env, s3, tiny_llama, tiny_adapters, reference, tmp_path, how, code) -> None:
     endpoint, uris = s3
     bad = _corrupt(tiny_adapters["all8"], tmp_path / "bad", how)
     uri = upload_folder(endpoint, "adapters", f"broken/{how}", bad)
-    engine = tiny_engine(tiny_llama, tmp_path / "cache", max_loras=2)
+    # "large": a limit the small qv4 adapter meets and the rank-8 all-module one does not.
+    limit = (tiny_adapters["qv4"] / "adapter_model.safetensors").stat().st_size if how == "large" else 2**30
+    engine = tiny_engine(tiny_llama, tmp_path / "cache", max_loras=2, max_adapter_bytes=limit)
     digest = "sha256:" + "0" * 64 if how == "digest" else None
     engine.register_lora(AdapterSpec("bad", uri, digest=digest))
     engine.register_lora(AdapterSpec("qv4", uris["qv4"]))
