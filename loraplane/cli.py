@@ -237,5 +237,63 @@ def generate(
     click.echo(f"[{len(out.token_ids)} tokens, finish: {out.finish_reason}]", err=True)
 
 
+@main.command()
+@click.option("--model", default="embedded", help="'embedded' (SmolLM2-135M-Instruct), a .gguf file or a checkpoint folder.")
+@click.option("--host", default="127.0.0.1")
+@click.option("--port", default=8000, type=click.IntRange(1, 65535))
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="YAML file of engine settings (the flags' names with underscores); flags override it.",
+)
+@click.option("--lora-modules", multiple=True, metavar="NAME=SOURCE", help="Adapter to load at start (folder, file:// or s3://).")
+@click.option("--max-loras", type=click.IntRange(min=1), help="Adapters resident in device slots at once.")
+@click.option("--max-lora-rank", type=click.IntRange(min=1))
+@click.option("--max-cpu-loras", type=click.IntRange(min=1), help="Adapters kept in host memory.")
+@click.option("--max-num-seqs", type=click.IntRange(min=1))
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=1))
+@click.option("--max-model-len", type=click.IntRange(min=1))
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
+@click.option("--quantization", type=click.Choice(["fp8"]))
+@click.option("--lora-memory", type=click.Choice(["static", "unified"]))
+@click.option("--eviction-policy", type=click.Choice(["lru", "lfu", "tinylfu"]))
+@click.option("--admin-token", envvar="LORAPLANE_ADMIN_TOKEN", help="Bearer token the admin calls require.")
+def serve(
+    model: str,
+    host: str,
+    port: int,
+    config_path: Path | None,
+    lora_modules: tuple[str, ...],
+    admin_token: str | None,
+    **flags: object,
+) -> None:
+    """Serve the OpenAI-compatible API (completions, chat, models) plus adapter admin calls."""
+    import uvicorn
+    import yaml
+    from pydantic import ValidationError
+
+    from loraplane.serving.api.app import create_app
+    from loraplane.serving.config import EngineConfig
+    from loraplane.serving.engine.llm_engine import LLMEngine
+
+    settings: dict[str, object] = yaml.safe_load(config_path.read_text()) or {} if config_path else {}
+    settings["model"] = model if model != "embedded" or "model" not in settings else settings["model"]
+    settings.update({k: v for k, v in flags.items() if v is not None})
+    modules = dict(settings.get("lora_modules") or {})  # type: ignore[call-overload]
+    for item in lora_modules:
+        name, sep, source = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not NAME=SOURCE", param_hint="--lora-modules")
+        modules[name] = source
+    settings["lora_modules"] = modules
+    try:
+        config = EngineConfig.model_validate(settings)
+    except ValidationError as err:
+        raise click.ClickException(str(err)) from None
+    app = create_app(lambda: LLMEngine(config), admin_token=admin_token)
+    uvicorn.run(app, host=host, port=port, log_level="info")
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

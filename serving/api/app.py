@@ -1,0 +1,362 @@
+"""The FastAPI application: OpenAI-compatible completions and chat, model listing, vLLM's LoRA
+load/unload calls, admin calls for the adapter tiers, Prometheus metrics and health checks.
+
+The engine loads in the background at startup; ``/health`` answers at once (liveness) and
+``/ready`` only once the base model is in memory (readiness), so Kubernetes neither kills a pod
+that is still converting its base nor routes requests to it early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from loraplane.adapter_format import AdapterValidationError
+from loraplane.serving.api.async_engine import AsyncEngine
+from loraplane.serving.api.errors import APIError, api_error_handler, validation_error_handler
+from loraplane.serving.api.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    LoadLoraRequest,
+    ModelCard,
+    ModelList,
+    UnloadLoraRequest,
+    Usage,
+    new_id,
+    now,
+)
+from loraplane.serving.engine.llm_engine import LLMEngine, RequestError, RequestOutput
+from loraplane.serving.engine.sampling_params import SamplingError, SamplingParams
+from loraplane.serving.engine.sequence import FinishReason
+from loraplane.serving.lora.manager import AdapterBusy, AdapterNotFound, AdapterSpec
+
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+class ServerState:
+    def __init__(self, make_engine: Callable[[], LLMEngine], admin_token: str | None) -> None:
+        self.make_engine, self.admin_token = make_engine, admin_token
+        self.engine: AsyncEngine | None = None
+        self.load_error: str | None = None
+
+    def start(self) -> None:
+        def load() -> None:
+            try:
+                self.engine = AsyncEngine(self.make_engine())
+            except Exception as err:  # reported by /ready and every API call
+                self.load_error = f"{type(err).__name__}: {err}"
+
+        threading.Thread(target=load, name="engine-load", daemon=True).start()
+
+    def ready(self) -> AsyncEngine:
+        if self.engine is None:
+            detail = f"the engine failed to start: {self.load_error}" if self.load_error else "the base model is still loading"
+            raise APIError(503, detail, type_="server_error", code="not_ready")
+        return self.engine
+
+
+def _engine(request: Request) -> AsyncEngine:
+    state: ServerState = request.app.state.server
+    return state.ready()
+
+
+def _admin(request: Request) -> AsyncEngine:
+    state: ServerState = request.app.state.server
+    if state.admin_token and request.headers.get("authorization") != f"Bearer {state.admin_token}":
+        raise APIError(401, "admin calls need the admin token", type_="authentication_error", code="invalid_api_key")
+    return state.ready()
+
+
+# Module level, not inside create_app: FastAPI resolves these annotations in the module's namespace.
+Engine = Annotated[AsyncEngine, Depends(_engine)]
+Admin = Annotated[AsyncEngine, Depends(_admin)]
+
+
+def create_app(make_engine: Callable[[], LLMEngine], *, admin_token: str | None = None) -> FastAPI:
+    state = ServerState(make_engine, admin_token)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        state.start()
+        yield
+        if state.engine is not None:
+            await asyncio.to_thread(state.engine.shutdown)
+
+    app = FastAPI(title="loraplane", lifespan=lifespan)
+    app.add_exception_handler(APIError, api_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.state.server = state
+
+    # health -----------------------------------------------------------------------------------
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> dict[str, str]:
+        state.ready()
+        return {"status": "ready"}
+
+    @app.get("/metrics")
+    async def metrics(engine: Engine) -> Response:
+        return Response(generate_latest(engine.engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # models -----------------------------------------------------------------------------------
+    @app.get("/v1/models")
+    async def models(engine: Engine) -> ModelList:
+        base = engine.engine.base.shape.name
+        cards = [ModelCard(id=base)]
+        cards += [ModelCard(id=name, parent=base) for name in sorted(engine.engine.adapters.entries)]
+        return ModelList(data=cards)
+
+    def resolve_model(engine: AsyncEngine, model: str) -> str | None:
+        if model == engine.engine.base.shape.name:
+            return None
+        if model in engine.engine.adapters.entries:
+            return model
+        raise APIError(404, f"The model `{model}` does not exist.", code="model_not_found", param="model")
+
+    # generation -------------------------------------------------------------------------------
+    def sampling(req: CompletionRequest | ChatCompletionRequest, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        try:
+            return SamplingParams(
+                max_tokens=max_tokens,
+                temperature=req.temperature,
+                top_p=req.top_p,
+                top_k=req.top_k,
+                seed=req.seed,
+                stop=req.stop_list(),
+                logprobs=logprobs,
+            )
+        except SamplingError as err:
+            raise APIError(400, str(err)) from None
+
+    async def first_output(stream: AsyncIterator[RequestOutput]) -> tuple[RequestOutput | None, AsyncIterator[RequestOutput]]:
+        """Start the request so that refusals (unknown adapter, too long) become 4xx before any
+        streaming response has been committed."""
+        try:
+            first = await stream.__anext__()
+        except StopAsyncIteration:
+            return None, stream
+        except (RequestError, SamplingError) as err:
+            raise APIError(400, str(err)) from None
+        except AdapterNotFound as err:
+            raise APIError(404, str(err), code="model_not_found", param="model") from None
+        return first, stream
+
+    def failed(out: RequestOutput) -> None:
+        if out.finish_reason is FinishReason.ERROR:
+            raise APIError(503, out.error or "the request failed", type_="server_error", code="adapter_load_failed")
+
+    async def run(
+        engine: AsyncEngine, prompt: str | list[int], params: SamplingParams, adapter: str | None, request: Request
+    ) -> tuple[RequestOutput | None, AsyncIterator[RequestOutput]]:
+        stream = engine.generate(prompt, params, adapter, new_id("req"))
+        return await first_output(stream)
+
+    def finish_reason(out: RequestOutput) -> str | None:
+        if out.finish_reason is None:
+            return None
+        return "length" if out.finish_reason is FinishReason.LENGTH else "stop"
+
+    def usage(out: RequestOutput) -> Usage:
+        return Usage(
+            prompt_tokens=len(out.prompt_token_ids),
+            completion_tokens=len(out.token_ids),
+            total_tokens=len(out.prompt_token_ids) + len(out.token_ids),
+        )
+
+    def tokens_left(engine: AsyncEngine, prompt_len: int) -> int:
+        return max(1, engine.engine.max_model_len - prompt_len)
+
+    async def sse(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+        async for event in events:
+            yield f"data: {json.dumps(event)}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request, engine: Engine) -> Any:
+        adapter = resolve_model(engine, req.model)
+        prompt = req.prompt
+        if isinstance(prompt, str) and not prompt:
+            raise APIError(400, "prompt must not be empty", param="prompt")
+        params = sampling(req, req.max_tokens or DEFAULT_COMPLETION_TOKENS, req.logprobs)
+        first, stream = await run(engine, prompt, params, adapter, request)
+        rid, created = new_id("cmpl"), now()
+
+        def choice(out: RequestOutput, text: str) -> dict[str, Any]:
+            logprobs = None
+            if req.logprobs is not None:
+                tok = engine.engine.tokenizer
+                logprobs = {
+                    "tokens": [tok.token_text(lp.token_id) for lp in out.logprobs],
+                    "token_logprobs": [lp.logprob for lp in out.logprobs],
+                    "top_logprobs": [{tok.token_text(t): v for t, v in lp.top} for lp in out.logprobs],
+                }
+            return {"index": 0, "text": text, "finish_reason": finish_reason(out), "logprobs": logprobs}
+
+        if not req.stream:
+            out = first
+            async for item in stream:
+                out = item
+            assert out is not None
+            failed(out)
+            body = {"id": rid, "object": "text_completion", "created": created, "model": req.model,
+                    "choices": [choice(out, out.text)], "usage": usage(out).model_dump()}  # fmt: skip
+            return JSONResponse(body)
+
+        async def events() -> AsyncIterator[dict[str, Any]]:
+            sent = ""
+            out = first
+            pending = [first] if first is not None else []
+            async for item in _chain(pending, stream):
+                out = item
+                text = engine.engine.tokenizer.decode(item.token_ids) if not item.finished else item.text
+                delta, sent = text[len(sent) :], text if text.startswith(sent) else sent
+                if delta or item.finished:
+                    part = {"index": 0, "text": delta, "finish_reason": finish_reason(item), "logprobs": None}
+                    yield {"id": rid, "object": "text_completion", "created": created, "model": req.model, "choices": [part]}
+            if out is not None and req.stream_options and req.stream_options.include_usage:
+                yield {"id": rid, "object": "text_completion", "created": created, "model": req.model, "choices": [],
+                       "usage": usage(out).model_dump()}  # fmt: skip
+
+        return StreamingResponse(sse(events()), media_type="text/event-stream")
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatCompletionRequest, request: Request, engine: Engine) -> Any:
+        adapter = resolve_model(engine, req.model)
+        try:
+            prompt = engine.engine.tokenizer.chat([m.model_dump() for m in req.messages])
+        except ValueError as err:
+            raise APIError(400, str(err), param="messages") from None
+        limit = req.max_completion_tokens or req.max_tokens or tokens_left(engine, len(prompt))
+        params = sampling(req, limit, (req.top_logprobs or 0) if req.logprobs else None)
+        first, stream = await run(engine, prompt, params, adapter, request)
+        rid, created = new_id("chatcmpl"), now()
+
+        def logprobs_of(out: RequestOutput) -> dict[str, Any] | None:
+            if not req.logprobs:
+                return None
+            tok = engine.engine.tokenizer
+            return {"content": [
+                {"token": tok.token_text(lp.token_id), "logprob": lp.logprob, "bytes": None,
+                 "top_logprobs": [{"token": tok.token_text(t), "logprob": v, "bytes": None} for t, v in lp.top]}
+                for lp in out.logprobs
+            ]}  # fmt: skip
+
+        if not req.stream:
+            out = first
+            async for item in stream:
+                out = item
+            assert out is not None
+            failed(out)
+            body = {"id": rid, "object": "chat.completion", "created": created, "model": req.model,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text},
+                                 "finish_reason": finish_reason(out), "logprobs": logprobs_of(out)}],
+                    "usage": usage(out).model_dump()}  # fmt: skip
+            return JSONResponse(body)
+
+        async def events() -> AsyncIterator[dict[str, Any]]:
+            base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model}
+            yield {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+            sent = ""
+            out = first
+            pending = [first] if first is not None else []
+            async for item in _chain(pending, stream):
+                out = item
+                text = engine.engine.tokenizer.decode(item.token_ids) if not item.finished else item.text
+                delta, sent = text[len(sent) :], text if text.startswith(sent) else sent
+                if delta or item.finished:
+                    choice = {"index": 0, "delta": {"content": delta} if delta else {}, "finish_reason": finish_reason(item)}
+                    yield {**base, "choices": [choice]}
+            if out is not None and req.stream_options and req.stream_options.include_usage:
+                yield {**base, "choices": [], "usage": usage(out).model_dump()}
+
+        return StreamingResponse(sse(events()), media_type="text/event-stream")
+
+    # adapters (vLLM's calls and our admin API; both need the admin token when one is set) -------
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora(req: LoadLoraRequest, engine: Admin) -> PlainTextResponse:
+        try:
+            await engine.call(
+                lambda: engine.engine.load_lora(
+                    req.lora_name, req.lora_path, expected_digest=req.digest, tenant=req.tenant,
+                    allow_rank_truncation=req.allow_rank_truncation,
+                )
+            )  # fmt: skip
+        except AdapterValidationError as err:
+            raise APIError(400, str(err), code=err.code.value, param="lora_path") from None
+        except (AdapterBusy, ValueError) as err:
+            raise APIError(409 if isinstance(err, AdapterBusy) else 400, str(err)) from None
+        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora(req: UnloadLoraRequest, engine: Admin) -> PlainTextResponse:
+        try:
+            await engine.call(lambda: engine.engine.unload_lora(req.lora_name))
+        except AdapterNotFound as err:
+            raise APIError(404, str(err), code="model_not_found") from None
+        except AdapterBusy as err:
+            raise APIError(409, str(err)) from None
+        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
+
+    @app.post("/admin/adapters")
+    async def register(req: LoadLoraRequest, engine: Admin) -> dict[str, Any]:
+        """Declare an adapter without loading it; it loads on first use or on prefetch."""
+        spec = AdapterSpec(req.lora_name, req.lora_path, req.digest, req.tenant, req.allow_rank_truncation)
+        try:
+            await engine.call(lambda: engine.engine.register_lora(spec))
+        except (AdapterBusy, ValueError) as err:
+            raise APIError(409 if isinstance(err, AdapterBusy) else 400, str(err)) from None
+        return await adapter_state(req.lora_name, engine)
+
+    @app.get("/admin/adapters/{name}")
+    async def adapter_state(name: str, engine: Admin) -> dict[str, Any]:
+        def read() -> dict[str, Any]:
+            stats = engine.engine.stats()["adapters"]
+            assert isinstance(stats, dict)
+            if name not in stats:
+                raise AdapterNotFound(name)
+            return {"name": name, **stats[name]}
+
+        try:
+            return await engine.call(read)
+        except AdapterNotFound as err:
+            raise APIError(404, str(err), code="model_not_found") from None
+
+    @app.get("/admin/stats")
+    async def stats(engine: Admin) -> dict[str, object]:
+        return await engine.call(engine.engine.stats)
+
+    for action in ("pin", "unpin", "prefetch"):
+
+        def make(action: str) -> Callable[..., Any]:
+            async def handler(name: str, engine: Admin) -> dict[str, Any]:
+                method = getattr(engine.engine, f"{action}_lora")
+                try:
+                    await engine.call(lambda: method(name))
+                except AdapterNotFound as err:
+                    raise APIError(404, str(err), code="model_not_found") from None
+                return await adapter_state(name, engine)
+
+            return handler
+
+        app.post(f"/admin/adapters/{{name}}/{action}")(make(action))
+
+    return app
+
+
+async def _chain(first: list[RequestOutput], rest: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+    for item in first:
+        yield item
+    async for item in rest:
+        yield item

@@ -1,0 +1,41 @@
+"""OpenAI's error body (``{"error": {"message", "type", "param", "code"}}``) and the status codes
+that go with each failure, so the official clients raise the exception users expect."""
+
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
+
+
+def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict[str, object]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+async def api_error_handler(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, APIError)
+    return JSONResponse(error_body(exc.message, exc.type, exc.code, exc.param), status_code=exc.status)
+
+
+async def validation_error_handler(_request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI answers 422; OpenAI answers 400 with the first problem spelled out."""
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    message = f"{param}: {first['msg']}" if param else str(first["msg"])
+    return JSONResponse(error_body(message, "invalid_request_error", "invalid_request", param), status_code=400)

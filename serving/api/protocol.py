@@ -1,0 +1,102 @@
+"""Request and response bodies of the OpenAI API (the subset the engine serves), as pydantic models.
+
+Unknown fields are refused with a 400 rather than ignored: a client that sends ``best_of`` or
+``n=3`` expecting them to work should hear that they do not. The models are the single source
+of truth for the OpenAPI schema FastAPI publishes.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_TOKENS_LIMIT = 1 << 20
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _Sampling(_Strict):
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
+    temperature: float = Field(default=1.0, ge=0, le=2)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=0, description="vLLM extension; 0 is off")
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Literal[1] = 1
+    user: str | None = None
+
+    def stop_list(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] = Field(description="text, or token ids")
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: Literal[False] = False
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=now)
+    owned_by: str = "loraplane"
+    parent: str | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class LoadLoraRequest(_Strict):
+    """vLLM's ``/v1/load_lora_adapter`` body, plus the registration fields of our tiers."""
+
+    lora_name: str
+    lora_path: str = Field(description="local folder, file:// or s3:// URI")
+    digest: str | None = None
+    tenant: str | None = None
+    allow_rank_truncation: bool = False
+
+
+class UnloadLoraRequest(_Strict):
+    lora_name: str

@@ -1,0 +1,152 @@
+"""The server against the official ``openai`` client on loopback: chat and completions, streamed
+and not, model listing, OpenAI-shaped errors, and vLLM's LoRA load/unload calls."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from engine_helpers import tiny_engine
+
+from loraplane.serving.api.app import create_app
+
+ADMIN = "admin-secret"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory) -> Iterator[str]:
+    cache = tmp_path_factory.mktemp("api-cache")
+    adapters = {"qv4": tiny_adapters["qv4"], "all8": tiny_adapters["all8"]}
+    app = create_app(lambda: tiny_engine(tiny_llama, cache, adapters, max_model_len=256), admin_token=ADMIN)
+    port = _free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/ready").status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "server did not become ready"
+        time.sleep(0.1)
+    yield url
+    srv.should_exit = True
+    thread.join(timeout=30)
+
+
+@pytest.fixture
+def client(server: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+
+
+def test_models_lists_base_and_adapters(client: openai.OpenAI, tiny_llama: Path) -> None:
+    ids = [m.id for m in client.models.list().data]
+    assert ids[0] == tiny_llama.name and set(ids[1:]) == {"qv4", "all8"}
+
+
+def test_completion_plain_and_streamed_agree(client: openai.OpenAI) -> None:
+    plain = client.completions.create(model="qv4", prompt="the quick brown fox", max_tokens=8, temperature=0)
+    assert plain.usage.completion_tokens == len(plain.choices[0].text) or plain.usage.completion_tokens <= 8
+    assert plain.choices[0].finish_reason in ("length", "stop")
+    chunks = list(client.completions.create(model="qv4", prompt="the quick brown fox", max_tokens=8, temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == plain.choices[0].text
+    bare = client.completions.create(
+        model=client.models.list().data[0].id, prompt="the quick brown fox", max_tokens=8, temperature=0
+    )
+    assert bare.usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+def test_chat_plain_and_streamed_with_usage(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "a platform team serves many fine-tunes"}]
+    plain = client.chat.completions.create(model="all8", messages=messages, max_tokens=10, temperature=0)
+    assert plain.choices[0].message.role == "assistant"
+    assert plain.usage.total_tokens == plain.usage.prompt_tokens + plain.usage.completion_tokens
+    stream = client.chat.completions.create(
+        model="all8", messages=messages, max_tokens=10, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain.choices[0].message.content
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+
+
+def test_chat_logprobs(client: openai.OpenAI) -> None:
+    out = client.chat.completions.create(
+        model="qv4", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0, logprobs=True, top_logprobs=2
+    )
+    content = out.choices[0].logprobs.content
+    assert len(content) == out.usage.completion_tokens and all(len(c.top_logprobs) == 2 for c in content)
+    assert all(c.logprob <= 0 for c in content)
+
+
+def test_unknown_adapter_is_a_404_in_openai_shape(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as err:
+        client.completions.create(model="no-such-adapter", prompt="hi", max_tokens=2)
+    assert err.value.body["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "qv4", "prompt": "hi", "max_tokens": -1},
+        {"model": "qv4", "prompt": "hi", "max_tokens": 10**9},
+        {"model": "qv4", "prompt": "hi", "temperature": "hot"},
+        {"model": "qv4", "prompt": "hi", "best_of": 3},
+        {"model": "qv4", "prompt": "hi " * 400, "max_tokens": 8},
+        {"model": "qv4", "prompt": "", "max_tokens": 8},
+        {"model": "qv4"},
+    ],
+)
+def test_bad_requests_are_400s_and_the_server_lives_on(server: str, client: openai.OpenAI, body: dict) -> None:
+    r = httpx.post(f"{server}/v1/completions", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error" and r.json()["error"]["message"]
+    assert client.completions.create(model="qv4", prompt="hi", max_tokens=2).choices
+
+
+def test_malformed_json_and_bad_utf8_are_400s(server: str) -> None:
+    for raw in (b"{not json", b'{"model": "qv4", "prompt": "\xff\xfe"}'):
+        r = httpx.post(f"{server}/v1/completions", content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 400, r.text
+
+
+def test_load_and_unload_lora_need_the_admin_token(server: str, client: openai.OpenAI, tiny_adapters: dict[str, Path]) -> None:
+    body = {"lora_name": "ku2", "lora_path": str(tiny_adapters["ku2"])}
+    assert httpx.post(f"{server}/v1/load_lora_adapter", json=body).status_code == 401
+    auth = {"authorization": f"Bearer {ADMIN}"}
+    r = httpx.post(f"{server}/v1/load_lora_adapter", json=body, headers=auth)
+    assert r.status_code == 200 and "ku2" in r.text
+    assert client.completions.create(model="ku2", prompt="hi", max_tokens=2).choices
+    state = httpx.get(f"{server}/admin/adapters/ku2", headers=auth).json()
+    assert state["requests"] == 1 and state["tier"] == "device"
+    pinned = httpx.post(f"{server}/admin/adapters/ku2/pin", headers=auth).json()
+    assert pinned["pinned"] is True
+    httpx.post(f"{server}/admin/adapters/ku2/unpin", headers=auth)
+    bad = httpx.post(f"{server}/v1/load_lora_adapter", json={"lora_name": "bad", "lora_path": "/nonexistent"}, headers=auth)
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "MissingFile"
+    assert httpx.post(f"{server}/v1/unload_lora_adapter", json={"lora_name": "ku2"}, headers=auth).status_code == 200
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="ku2", prompt="hi", max_tokens=2)
+
+
+def test_metrics_and_health(server: str) -> None:
+    assert httpx.get(f"{server}/health").json() == {"status": "ok"}
+    text = httpx.get(f"{server}/metrics").text
+    assert "loraplane_requests_total" in text and "loraplane_adapter_tier" in text
