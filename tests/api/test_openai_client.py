@@ -18,6 +18,7 @@ from engine_helpers import tiny_engine
 from loraplane.serving.api.app import create_app
 
 ADMIN = "admin-secret"
+APPS: dict[str, object] = {}
 
 
 def _free_port() -> int:
@@ -46,6 +47,7 @@ def server(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory) -
             pass
         assert time.monotonic() < deadline, "server did not become ready"
         time.sleep(0.1)
+    APPS[url] = app
     yield url
     srv.should_exit = True
     thread.join(timeout=30)
@@ -150,3 +152,19 @@ def test_metrics_and_health(server: str) -> None:
     assert httpx.get(f"{server}/health").json() == {"status": "ok"}
     text = httpx.get(f"{server}/metrics").text
     assert "loraplane_requests_total" in text and "loraplane_adapter_tier" in text
+
+
+def test_a_client_that_disconnects_frees_its_sequence(server: str) -> None:
+    engine = APPS[server].state.server.engine.engine  # type: ignore[attr-defined]
+    body = {"model": "qv4", "prompt": "the quick brown fox", "max_tokens": 240, "stream": True, "temperature": 0}
+    before = engine.metrics.counts["qv4"].completion_tokens
+    with httpx.stream("POST", f"{server}/v1/completions", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                break  # one token received, then hang up
+    deadline = time.monotonic() + 10
+    while engine.has_unfinished() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not engine.has_unfinished()
+    assert engine.blocks.num_free == engine.blocks.num_blocks
+    assert engine.metrics.counts["qv4"].completion_tokens - before < 200, "the request ran on after the client left"
