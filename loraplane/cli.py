@@ -259,6 +259,14 @@ def generate(
 @click.option("--lora-memory", type=click.Choice(["static", "unified"]))
 @click.option("--eviction-policy", type=click.Choice(["lru", "lfu", "tinylfu"]))
 @click.option("--admin-token", envvar="LORAPLANE_ADMIN_TOKEN", help="Bearer token the admin calls require.")
+@click.option(
+    "--tenants",
+    "tenants_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="YAML/JSON of tenants, their API keys and quotas (e.g. a mounted Secret); without it the API is open.",
+)
+@click.option("--usage-log", type=click.Path(dir_okay=False, path_type=Path), help="Append-only JSONL of per-request usage.")
+@click.option("--max-pending-requests", default=256, type=click.IntRange(min=1), help="Beyond this, answer 503 (shed load).")
 def serve(
     model: str,
     host: str,
@@ -266,6 +274,9 @@ def serve(
     config_path: Path | None,
     lora_modules: tuple[str, ...],
     admin_token: str | None,
+    tenants_path: Path | None,
+    usage_log: Path | None,
+    max_pending_requests: int,
     **flags: object,
 ) -> None:
     """Serve the OpenAI-compatible API (completions, chat, models) plus adapter admin calls."""
@@ -274,6 +285,7 @@ def serve(
     from pydantic import ValidationError
 
     from loraplane.serving.api.app import create_app
+    from loraplane.serving.api.tenants import Tenants, load_tenants
     from loraplane.serving.config import EngineConfig
     from loraplane.serving.engine.llm_engine import LLMEngine
 
@@ -291,7 +303,13 @@ def serve(
         config = EngineConfig.model_validate(settings)
     except ValidationError as err:
         raise click.ClickException(str(err)) from None
-    app = create_app(lambda: LLMEngine(config), admin_token=admin_token)
+    try:
+        tenants = Tenants(load_tenants(tenants_path) if tenants_path else None, usage_log=usage_log)
+    except (ValidationError, yaml.YAMLError) as err:
+        raise click.ClickException(f"{tenants_path}: {err}") from None
+    app = create_app(
+        lambda: LLMEngine(config), admin_token=admin_token, tenants=tenants, max_pending_requests=max_pending_requests
+    )
     uvicorn.run(app, host=host, port=port, log_level="info")
 
 

@@ -34,6 +34,7 @@ from loraplane.serving.api.protocol import (
     new_id,
     now,
 )
+from loraplane.serving.api.tenants import TenantConfig, Tenants
 from loraplane.serving.engine.llm_engine import LLMEngine, RequestError, RequestOutput
 from loraplane.serving.engine.sampling_params import SamplingError, SamplingParams
 from loraplane.serving.engine.sequence import FinishReason
@@ -47,6 +48,7 @@ class ServerState:
         self.make_engine, self.admin_token = make_engine, admin_token
         self.engine: AsyncEngine | None = None
         self.load_error: str | None = None
+        self.pending = 0  # accepted requests not yet finished
 
     def start(self) -> None:
         def load() -> None:
@@ -76,13 +78,28 @@ def _admin(request: Request) -> AsyncEngine:
     return state.ready()
 
 
+def _caller(request: Request) -> TenantConfig | None:
+    tenants: Tenants = request.app.state.tenants
+    return tenants.authenticate(request.headers.get("authorization"))
+
+
 # Module level, not inside create_app: FastAPI resolves these annotations in the module's namespace.
 Engine = Annotated[AsyncEngine, Depends(_engine)]
 Admin = Annotated[AsyncEngine, Depends(_admin)]
+Caller = Annotated[TenantConfig | None, Depends(_caller)]
 
 
-def create_app(make_engine: Callable[[], LLMEngine], *, admin_token: str | None = None) -> FastAPI:
+def create_app(
+    make_engine: Callable[[], LLMEngine],
+    *,
+    admin_token: str | None = None,
+    tenants: Tenants | None = None,
+    max_pending_requests: int = 256,
+) -> FastAPI:
+    """``max_pending_requests`` bounds the requests queued or running in the engine; beyond it the
+    server sheds load with 503 and ``Retry-After`` instead of queueing without bound."""
     state = ServerState(make_engine, admin_token)
+    tenants = tenants or Tenants(None)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -95,6 +112,7 @@ def create_app(make_engine: Callable[[], LLMEngine], *, admin_token: str | None 
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.state.server = state
+    app.state.tenants = tenants
 
     # health -----------------------------------------------------------------------------------
     @app.get("/health")
@@ -111,17 +129,24 @@ def create_app(make_engine: Callable[[], LLMEngine], *, admin_token: str | None 
         return Response(generate_latest(engine.engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     # models -----------------------------------------------------------------------------------
+    def visible(engine: AsyncEngine, tenant: TenantConfig | None) -> list[str]:
+        entries = engine.engine.adapters.entries
+        return sorted(n for n, e in list(entries.items()) if Tenants.may_use(tenant, e.spec.tenant))
+
     @app.get("/v1/models")
-    async def models(engine: Engine) -> ModelList:
+    async def models(engine: Engine, tenant: Caller) -> ModelList:
         base = engine.engine.base.shape.name
-        cards = [ModelCard(id=base)]
-        cards += [ModelCard(id=name, parent=base) for name in sorted(engine.engine.adapters.entries)]
+        cards = [ModelCard(id=base)] if tenant is None or tenant.allow_base else []
+        cards += [ModelCard(id=name, parent=base) for name in visible(engine, tenant)]
         return ModelList(data=cards)
 
-    def resolve_model(engine: AsyncEngine, model: str) -> str | None:
-        if model == engine.engine.base.shape.name:
+    def resolve_model(engine: AsyncEngine, model: str, tenant: TenantConfig | None) -> str | None:
+        """The adapter to use (None for the base). Another tenant's adapter, or the base for a
+        tenant without base access, answers exactly as a missing model."""
+        if model == engine.engine.base.shape.name and (tenant is None or tenant.allow_base):
             return None
-        if model in engine.engine.adapters.entries:
+        entry = engine.engine.adapters.entries.get(model)
+        if entry is not None and Tenants.may_use(tenant, entry.spec.tenant):
             return model
         raise APIError(404, f"The model `{model}` does not exist.", code="model_not_found", param="model")
 
@@ -136,6 +161,7 @@ def create_app(make_engine: Callable[[], LLMEngine], *, admin_token: str | None 
                 seed=req.seed,
                 stop=req.stop_list(),
                 logprobs=logprobs,
+                ignore_eos=req.ignore_eos,
             )
         except SamplingError as err:
             raise APIError(400, str(err)) from None
@@ -158,10 +184,34 @@ def create_app(make_engine: Callable[[], LLMEngine], *, admin_token: str | None 
             raise APIError(503, out.error or "the request failed", type_="server_error", code="adapter_load_failed")
 
     async def run(
-        engine: AsyncEngine, prompt: str | list[int], params: SamplingParams, adapter: str | None, request: Request
+        engine: AsyncEngine, prompt: str | list[int], params: SamplingParams, adapter: str | None, tenant: TenantConfig | None
     ) -> tuple[RequestOutput | None, AsyncIterator[RequestOutput]]:
-        stream = engine.generate(prompt, params, adapter, new_id("req"))
-        return await first_output(stream)
+        # Counted here on the event loop (not read from the engine thread), so a burst of
+        # handlers cannot all pass the check before any of them reaches the engine.
+        if state.pending >= max_pending_requests:
+            raise APIError(
+                503, "the server is at capacity; retry shortly", type_="server_error", code="overloaded", retry_after=1
+            )
+        tenants.admit(tenant)
+        state.pending += 1
+        try:
+            stream = engine.generate(prompt, params, adapter, new_id("req"), tenant=tenant.name if tenant else None)
+            return await first_output(stream)
+        except BaseException:
+            state.pending -= 1
+            tenants.finish(tenant, {"adapter": adapter, "prompt_tokens": 0, "completion_tokens": 0, "finish_reason": "rejected"})
+            raise
+
+    def settle(tenant: TenantConfig | None, adapter: str | None, out: RequestOutput | None, reason: str | None = None) -> None:
+        """Release the tenant's slot and write the usage record, once per accepted request."""
+        record: dict[str, object] = {"adapter": adapter, "prompt_tokens": 0, "completion_tokens": 0}
+        if out is not None:
+            record.update(
+                request_id=out.request_id, prompt_tokens=len(out.prompt_token_ids), completion_tokens=len(out.token_ids)
+            )
+        record["finish_reason"] = reason or (out.finish_reason.value if out is not None and out.finish_reason else "abort")
+        state.pending -= 1
+        tenants.finish(tenant, record)
 
     def finish_reason(out: RequestOutput) -> str | None:
         if out.finish_reason is None:
@@ -184,13 +234,13 @@ def create_app(make_engine: Callable[[], LLMEngine], *, admin_token: str | None 
         yield b"data: [DONE]\n\n"
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest, request: Request, engine: Engine) -> Any:
-        adapter = resolve_model(engine, req.model)
+    async def completions(req: CompletionRequest, engine: Engine, tenant: Caller) -> Any:
+        adapter = resolve_model(engine, req.model, tenant)
         prompt = req.prompt
         if isinstance(prompt, str) and not prompt:
             raise APIError(400, "prompt must not be empty", param="prompt")
         params = sampling(req, req.max_tokens or DEFAULT_COMPLETION_TOKENS, req.logprobs)
-        first, stream = await run(engine, prompt, params, adapter, request)
+        first, stream = await run(engine, prompt, params, adapter, tenant)
         rid, created = new_id("cmpl"), now()
 
         def choice(out: RequestOutput, text: str) -> dict[str, Any]:
@@ -206,8 +256,11 @@ def create_app(make_engine: Callable[[], LLMEngine], *, admin_token: str | None 
 
         if not req.stream:
             out = first
-            async for item in stream:
-                out = item
+            try:
+                async for item in stream:
+                    out = item
+            finally:
+                settle(tenant, adapter, out)
             assert out is not None
             failed(out)
             body = {"id": rid, "object": "text_completion", "created": created, "model": req.model,
@@ -218,7 +271,7 @@ def create_app(make_engine: Callable[[], LLMEngine], *, admin_token: str | None 
             sent = ""
             out = first
             pending = [first] if first is not None else []
-            async for item in _chain(pending, stream):
+            async for item in _settled(_chain(pending, stream), lambda last: settle(tenant, adapter, last)):
                 out = item
                 text = engine.engine.tokenizer.decode(item.token_ids) if not item.finished else item.text
                 delta, sent = text[len(sent) :], text if text.startswith(sent) else sent
@@ -232,15 +285,15 @@ def create_app(make_engine: Callable[[], LLMEngine], *, admin_token: str | None 
         return StreamingResponse(sse(events()), media_type="text/event-stream")
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatCompletionRequest, request: Request, engine: Engine) -> Any:
-        adapter = resolve_model(engine, req.model)
+    async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller) -> Any:
+        adapter = resolve_model(engine, req.model, tenant)
         try:
             prompt = engine.engine.tokenizer.chat([m.model_dump() for m in req.messages])
         except ValueError as err:
             raise APIError(400, str(err), param="messages") from None
         limit = req.max_completion_tokens or req.max_tokens or tokens_left(engine, len(prompt))
         params = sampling(req, limit, (req.top_logprobs or 0) if req.logprobs else None)
-        first, stream = await run(engine, prompt, params, adapter, request)
+        first, stream = await run(engine, prompt, params, adapter, tenant)
         rid, created = new_id("chatcmpl"), now()
 
         def logprobs_of(out: RequestOutput) -> dict[str, Any] | None:
@@ -255,8 +308,11 @@ def create_app(make_engine: Callable[[], LLMEngine], *, admin_token: str | None 
 
         if not req.stream:
             out = first
-            async for item in stream:
-                out = item
+            try:
+                async for item in stream:
+                    out = item
+            finally:
+                settle(tenant, adapter, out)
             assert out is not None
             failed(out)
             body = {"id": rid, "object": "chat.completion", "created": created, "model": req.model,
@@ -271,7 +327,7 @@ def create_app(make_engine: Callable[[], LLMEngine], *, admin_token: str | None 
             sent = ""
             out = first
             pending = [first] if first is not None else []
-            async for item in _chain(pending, stream):
+            async for item in _settled(_chain(pending, stream), lambda last: settle(tenant, adapter, last)):
                 out = item
                 text = engine.engine.tokenizer.decode(item.token_ids) if not item.finished else item.text
                 delta, sent = text[len(sent) :], text if text.startswith(sent) else sent
@@ -360,3 +416,17 @@ async def _chain(first: list[RequestOutput], rest: AsyncIterator[RequestOutput])
         yield item
     async for item in rest:
         yield item
+
+
+async def _settled(
+    outputs: AsyncIterator[RequestOutput], done: Callable[[RequestOutput | None], None]
+) -> AsyncIterator[RequestOutput]:
+    """Pass outputs through and call ``done`` with the last one however the stream ends
+    (finished, failed, or the client hung up)."""
+    last: RequestOutput | None = None
+    try:
+        async for item in outputs:
+            last = item
+            yield item
+    finally:
+        done(last)

@@ -17,9 +17,11 @@ class APIError(Exception):
         type_: str = "invalid_request_error",
         code: str | None = None,
         param: str | None = None,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
+        self.retry_after = retry_after
 
 
 def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict[str, object]:
@@ -28,7 +30,8 @@ def error_body(message: str, type_: str, code: str | None = None, param: str | N
 
 async def api_error_handler(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, APIError)
-    return JSONResponse(error_body(exc.message, exc.type, exc.code, exc.param), status_code=exc.status)
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+    return JSONResponse(error_body(exc.message, exc.type, exc.code, exc.param), status_code=exc.status, headers=headers)
 
 
 async def validation_error_handler(_request: Request, exc: Exception) -> JSONResponse:

@@ -30,6 +30,7 @@ class _Sampling(_Strict):
     temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = Field(default=0, ge=0, description="vLLM extension; 0 is off")
+    ignore_eos: bool = Field(default=False, description="vLLM extension: generate max_tokens whatever the model says")
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False

@@ -1,0 +1,111 @@
+"""API keys, tenants, quotas and the usage log.
+
+Keys map to tenants through a file (YAML or JSON, e.g. a mounted Secret). With no file the server
+is open: one anonymous tenant sees everything. With one, every API call needs a key; a tenant
+sees and calls only its own adapters, adapters registered without a tenant (shared ones), and the
+base if ``allow_base``. Another tenant's adapter answers exactly as a missing one does, so its
+existence does not leak.
+
+Quotas answer 429 with ``Retry-After``: concurrent requests per tenant, and tokens per minute
+(prompt plus completion tokens of the requests finished in the last 60 seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from loraplane.serving.api.errors import APIError
+
+
+class TenantConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    api_keys: list[str] = Field(min_length=1)
+    allow_base: bool = True
+    max_concurrent: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+
+
+class TenantsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tenants: list[TenantConfig]
+
+
+def load_tenants(path: Path) -> list[TenantConfig]:
+    raw = yaml.safe_load(path.read_text())  # JSON is YAML too
+    return TenantsFile.model_validate(raw).tenants
+
+
+class _Usage:
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.window: deque[tuple[float, int]] = deque()
+
+    def tokens(self, now: float) -> int:
+        while self.window and now - self.window[0][0] > 60:
+            self.window.popleft()
+        return sum(n for _, n in self.window)
+
+
+class Tenants:
+    def __init__(self, tenants: list[TenantConfig] | None, usage_log: Path | None = None) -> None:
+        self.open = not tenants
+        self.by_key = {key: t for t in tenants or [] for key in t.api_keys}
+        self.usage: dict[str, _Usage] = {}
+        self.lock = threading.Lock()
+        self.usage_log = usage_log
+
+    def authenticate(self, authorization: str | None) -> TenantConfig | None:
+        """The caller's tenant (None on an open server); 401 for a missing or unknown key."""
+        if self.open:
+            return None
+        key = (authorization or "").removeprefix("Bearer ").strip()
+        tenant = self.by_key.get(key)
+        if tenant is None:
+            raise APIError(401, "Incorrect API key provided.", type_="invalid_request_error", code="invalid_api_key")
+        return tenant
+
+    @staticmethod
+    def may_use(tenant: TenantConfig | None, owner: str | None) -> bool:
+        return tenant is None or owner is None or owner == tenant.name
+
+    def admit(self, tenant: TenantConfig | None) -> None:
+        """Count a request against its tenant's quotas, or answer 429."""
+        if tenant is None:
+            return
+        now = time.monotonic()
+        with self.lock:
+            u = self.usage.setdefault(tenant.name, _Usage())
+            if tenant.max_concurrent is not None and u.in_flight >= tenant.max_concurrent:
+                raise APIError(
+                    429, f"tenant {tenant.name!r} already has {u.in_flight} requests in flight",
+                    type_="rate_limit_error", code="concurrency_limit", retry_after=1,
+                )  # fmt: skip
+            if tenant.tokens_per_minute is not None and u.tokens(now) >= tenant.tokens_per_minute:
+                wait = 60 - (now - u.window[0][0]) if u.window else 1
+                raise APIError(
+                    429, f"tenant {tenant.name!r} used its {tenant.tokens_per_minute} tokens per minute",
+                    type_="rate_limit_error", code="rate_limit_exceeded", retry_after=max(1, int(wait) + 1),
+                )  # fmt: skip
+            u.in_flight += 1
+
+    def finish(self, tenant: TenantConfig | None, record: dict[str, object]) -> None:
+        """Release the request's concurrency slot, count its tokens, append it to the usage log."""
+        tokens = int(record.get("prompt_tokens", 0) or 0) + int(record.get("completion_tokens", 0) or 0)  # type: ignore[call-overload]
+        with self.lock:
+            if tenant is not None:
+                u = self.usage.setdefault(tenant.name, _Usage())
+                u.in_flight -= 1
+                u.window.append((time.monotonic(), tokens))
+            if self.usage_log is not None:
+                with self.usage_log.open("a") as f:
+                    f.write(json.dumps({"time": time.time(), "tenant": tenant.name if tenant else None, **record}) + "\n")

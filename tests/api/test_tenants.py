@@ -1,0 +1,166 @@
+"""Tenants on the server: keys, isolation that does not leak, quotas answering 429, usage records,
+and load shedding under overload."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from engine_helpers import tiny_engine
+
+from loraplane.serving.api.app import create_app
+from loraplane.serving.api.tenants import Tenants, load_tenants
+from loraplane.serving.lora.manager import AdapterSpec
+
+APPS: dict[str, object] = {}
+TENANTS = {
+    "tenants": [
+        {"name": "acme", "api_keys": ["key-acme"]},
+        {"name": "globex", "api_keys": ["key-globex"], "allow_base": False, "max_concurrent": 1},
+        {"name": "tiny", "api_keys": ["key-tiny"], "tokens_per_minute": 30},
+    ]
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory) -> Iterator[tuple[str, Path]]:
+    root = tmp_path_factory.mktemp("tenants")
+    (root / "tenants.json").write_text(json.dumps(TENANTS))
+    usage = root / "usage.jsonl"
+
+    def make():  # type: ignore[no-untyped-def]
+        engine = tiny_engine(tiny_llama, root / "cache", max_model_len=256)
+        engine.register_lora(AdapterSpec("acme-bot", str(tiny_adapters["qv4"]), tenant="acme"))
+        engine.register_lora(AdapterSpec("globex-bot", str(tiny_adapters["all8"]), tenant="globex"))
+        engine.register_lora(AdapterSpec("tiny-bot", str(tiny_adapters["ku2"]), tenant="tiny"))
+        return engine
+
+    app = create_app(make, tenants=Tenants(load_tenants(root / "tenants.json"), usage_log=usage), max_pending_requests=3)
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while not (httpx.get(f"{url}/ready").status_code == 200 if _up(url) else False):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    APPS[url] = app
+    yield url, usage
+    srv.should_exit = True
+    thread.join(timeout=30)
+
+
+def _up(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/health")
+        return True
+    except httpx.HTTPError:
+        return False
+
+
+def _client(url: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+
+
+def test_keys_are_required_and_checked(server) -> None:
+    url, _ = server
+    with pytest.raises(openai.AuthenticationError):
+        _client(url, "wrong").models.list()
+    assert httpx.get(f"{url}/v1/models").status_code == 401
+
+
+def test_each_tenant_lists_and_calls_only_its_own(server, tiny_llama: Path) -> None:
+    url, _ = server
+    acme, globex = _client(url, "key-acme"), _client(url, "key-globex")
+    assert [m.id for m in acme.models.list().data] == [tiny_llama.name, "acme-bot"]
+    assert [m.id for m in globex.models.list().data] == ["globex-bot"]  # no base access
+    assert acme.completions.create(model="acme-bot", prompt="hi", max_tokens=2).choices
+    with pytest.raises(openai.NotFoundError) as theirs:
+        acme.completions.create(model="globex-bot", prompt="hi", max_tokens=2)
+    with pytest.raises(openai.NotFoundError) as missing:
+        acme.completions.create(model="no-such-bot", prompt="hi", max_tokens=2)
+    # Another tenant's adapter is indistinguishable from a missing one.
+    assert theirs.value.body["message"].replace("globex-bot", "X") == missing.value.body["message"].replace("no-such-bot", "X")
+    with pytest.raises(openai.NotFoundError):
+        globex.completions.create(model=tiny_llama.name, prompt="hi", max_tokens=2)
+
+
+def test_concurrency_quota_answers_429_with_retry_after(server, monkeypatch) -> None:
+    url, _ = server
+    engine = APPS[url].state.server.engine.engine  # type: ignore[attr-defined]
+    real_step = engine.step
+
+    def slow_step():  # type: ignore[no-untyped-def]
+        time.sleep(0.01)  # the tiny model would finish 200 tokens before the second request lands
+        return real_step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
+    body = {"model": "globex-bot", "prompt": "the quick brown fox", "max_tokens": 200, "stream": True, "ignore_eos": True}
+    headers = {"authorization": "Bearer key-globex"}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as first:
+        assert first.status_code == 200, first.read()
+        lines = first.iter_lines()  # keep a reference: a collected iterator closes the stream
+        next(lines)
+        second = httpx.post(f"{url}/v1/completions", json={**body, "stream": False}, headers=headers)
+        assert second.status_code == 429 and second.headers["retry-after"] == "1"
+        assert second.json()["error"]["type"] == "rate_limit_error"
+    # The slot comes back once the first request is gone.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        r = httpx.post(f"{url}/v1/completions", json={**body, "stream": False, "max_tokens": 2}, headers=headers)
+        if r.status_code == 200:
+            break
+        time.sleep(0.1)
+    assert r.status_code == 200
+
+
+def test_tokens_per_minute_quota(server) -> None:
+    url, usage = server
+    tiny = _client(url, "key-tiny")
+    tiny.completions.create(model="tiny-bot", prompt="the quick brown fox jumps", max_tokens=30, extra_body={"ignore_eos": True})
+    with pytest.raises(openai.RateLimitError) as err:
+        tiny.completions.create(model="tiny-bot", prompt="hi", max_tokens=2)
+    assert int(err.value.response.headers["retry-after"]) >= 1
+    records = [json.loads(line) for line in usage.read_text().splitlines()]
+    mine = [r for r in records if r["tenant"] == "tiny" and r["finish_reason"] != "rejected"]
+    assert mine and mine[0]["adapter"] == "tiny-bot" and mine[0]["completion_tokens"] == 30
+
+
+def test_overload_is_shed_with_503_and_accepted_requests_complete(server, monkeypatch) -> None:
+    url, _ = server
+    engine = APPS[url].state.server.engine.engine  # type: ignore[attr-defined]
+    real_step = engine.step
+
+    def slow_step():  # type: ignore[no-untyped-def]
+        time.sleep(0.01)
+        return real_step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
+    headers = {"authorization": "Bearer key-acme"}
+    body = {"model": "acme-bot", "prompt": "the quick brown fox", "max_tokens": 120, "ignore_eos": True}
+    results: list[int] = []
+
+    def send() -> None:
+        results.append(httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=60).status_code)
+
+    threads = [threading.Thread(target=send) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(results) <= {200, 503} and 503 in results and 200 in results
