@@ -30,6 +30,7 @@ class EngineConfig(BaseModel):
     max_num_batched_tokens: int = Field(default=2048, gt=0)
     max_num_seqs: int = Field(default=64, gt=0)
     enable_prefix_caching: bool = True
+    fair_scheduling: bool = Field(default=True, description="admit waiting requests least-served tenant first, not FIFO")
     max_loras: int = Field(default=8, ge=1, description="adapters resident at once (device slots)")
     max_lora_rank: int = Field(default=16, ge=1)
     max_adapter_bytes: int = Field(default=2 * 2**30, gt=0, description="largest adapter weights file accepted")

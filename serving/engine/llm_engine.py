@@ -129,6 +129,7 @@ class LLMEngine:
             ready=self._adapter_ready,
             on_admit=self._hold_adapter,
             on_preempt=self._drop_adapter,
+            fair=config.fair_scheduling,
         )
         # Adapter weights stay float32 on the CPU whatever the base dtype: the CPU kernels compute
         # in float32, and converting the slot tables on every call would cost more than the product.
@@ -339,6 +340,7 @@ class LLMEngine:
             token, logprob = result
             seq.output_token_ids.append(token)
             self.metrics.observe_tokens(seq.adapter, seq.tenant, 1)
+            self.scheduler.charge(seq, 1)
             if logprob is not None:
                 seq.logprobs.append(logprob)
             reason = self._check_stop(seq, token)

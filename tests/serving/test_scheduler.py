@@ -88,3 +88,27 @@ def test_allocation_fails_cleanly_when_blocks_run_out() -> None:
     big = seq(12)
     assert not blocks.allocate(big)
     assert big.block_table == [] and blocks.num_free == 2
+
+
+def test_fair_admission_puts_a_bursting_tenant_behind_a_steady_one() -> None:
+    def tenant_seq(tenant: str, i: int) -> Sequence:
+        s = seq(4, start=1000 * (1 + (tenant == "b")) + 10 * i)
+        s.tenant = tenant
+        return s
+
+    # Each request is a 4-token prompt and two generated tokens; two fit in the batch at a time.
+    for fair, expected_wait in ((True, 3), (False, 11)):
+        sched = Scheduler(BlockManager(256, 4), max_num_seqs=2, max_num_batched_tokens=100, fair=fair)
+        for i in range(10):
+            sched.add(tenant_seq("a", i))  # a burst from tenant a
+        steady = tenant_seq("b", 0)
+        sched.add(steady)
+        steps = 0
+        while steady.status is Status.WAITING:
+            batch = sched.schedule()
+            advance(batch)
+            for s, _ in batch.items:
+                if len(s.output_token_ids) >= 2:
+                    sched.finish(s)  # two tokens each, then done
+            steps += 1
+        assert steps == expected_wait, (fair, steps)
