@@ -13,7 +13,7 @@ Torch-free: the scheduler only moves sequences and counts blocks.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -57,6 +57,7 @@ class Scheduler:
         # tuning and reacts within a step to a new tenant arriving.
         self.fair, self.decay = fair, fairness_decay
         self.served: dict[str | None, float] = {}
+        self.num_fair_preemptions = 0
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -79,6 +80,7 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
+        self._fair_share_preemption(batch)
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0:
@@ -98,34 +100,62 @@ class Scheduler:
             return batch
         for tenant in list(self.served):
             self.served[tenant] *= self.decay
-        admitted = []
-        for seq in self._admission_order():
-            if budget <= 0 or len(self.running) >= self.max_num_seqs:
+        skipped: set[int] = set()
+        while budget > 0 and len(self.running) < self.max_num_seqs:
+            candidate = self._next_waiting(skipped)
+            if candidate is None:
                 break
+            seq = candidate
             if not self.ready(seq):
-                continue  # its adapter is on its way; later requests may go ahead
+                skipped.add(id(seq))  # its adapter is on its way; later requests may go ahead
+                continue
             if not self.blocks.allocate(seq):
                 break
+            self.waiting.remove(seq)
             seq.status = Status.RUNNING
             self.charge(seq, seq.num_uncomputed)
             self.on_admit(seq)
             self.running.append(seq)
-            admitted.append(seq)
             n = min(seq.num_uncomputed, budget)
             batch.items.append((seq, n))
             budget -= n
-        for seq in admitted:
-            self.waiting.remove(seq)
         return batch
 
-    def _admission_order(self) -> list[Sequence]:
+    def _next_waiting(self, skipped: set[int]) -> Sequence | None:
+        """FIFO, or with fairness the waiting sequence of the least-served tenant (FIFO within a
+        tenant, a preempted sequence first). Re-evaluated after every admission, because each
+        admission charges its tenant."""
         if not self.fair:
-            return list(self.waiting)
-        # Preempted sequences (they have output already) keep their place at the front.
-        order = {id(seq): i for i, seq in enumerate(self.waiting)}
-        return sorted(
-            self.waiting, key=lambda q: (not q.output_token_ids, self.served.get(q.tenant, 0.0), order[id(q)])
-        )  # fmt: skip
+            return next((q for q in self.waiting if id(q) not in skipped), None)
+        best: Sequence | None = None
+        best_key: tuple[float, bool] | None = None
+        for q in self.waiting:  # deque order breaks ties: earlier first
+            if id(q) in skipped:
+                continue
+            key = (self.served.get(q.tenant, 0.0), not q.output_token_ids)
+            if best_key is None or key < best_key:
+                best, best_key = q, key
+        return best
+
+    def _fair_share_preemption(self, batch: ScheduledBatch) -> None:
+        """When the batch is full and a waiting tenant has fewer running sequences than its fair
+        share, the newest sequence of the tenant furthest over its share is preempted (it resumes
+        later, mostly from the prefix cache), so a steady tenant never waits for a burster's
+        requests to finish. At most one per step, to bound the churn."""
+        if not self.fair or len(self.running) < self.max_num_seqs or not self.waiting:
+            return
+        running = Counter(s.tenant for s in self.running)
+        tenants = set(running) | {s.tenant for s in self.waiting}
+        share = self.max_num_seqs / len(tenants)
+        if not any(running[s.tenant] + 1 <= share for s in self.waiting):
+            return
+        heavy = max(running, key=lambda t: running[t])
+        if running[heavy] <= share:
+            return
+        victim = next(s for s in reversed(self.running) if s.tenant == heavy)
+        self.running.remove(victim)
+        self._preempt(victim)
+        self.num_fair_preemptions += 1
 
     def charge(self, seq: Sequence, tokens: int) -> None:
         """Count ``tokens`` of work against the sequence's tenant (for fair admission)."""
