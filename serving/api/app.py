@@ -213,6 +213,20 @@ def create_app(
         state.pending -= 1
         tenants.finish(tenant, record)
 
+    async def final(
+        first: RequestOutput | None, stream: AsyncIterator[RequestOutput], tenant: TenantConfig | None, adapter: str | None
+    ) -> RequestOutput:
+        """Drain a non-streamed request; its last output, or the OpenAI error it ended in."""
+        out = first
+        try:
+            async for item in stream:
+                out = item
+        finally:
+            settle(tenant, adapter, out)
+        assert out is not None
+        failed(out)
+        return out
+
     def finish_reason(out: RequestOutput) -> str | None:
         if out.finish_reason is None:
             return None
@@ -255,14 +269,7 @@ def create_app(
             return {"index": 0, "text": text, "finish_reason": finish_reason(out), "logprobs": logprobs}
 
         if not req.stream:
-            out = first
-            try:
-                async for item in stream:
-                    out = item
-            finally:
-                settle(tenant, adapter, out)
-            assert out is not None
-            failed(out)
+            out = await final(first, stream, tenant, adapter)
             body = {"id": rid, "object": "text_completion", "created": created, "model": req.model,
                     "choices": [choice(out, out.text)], "usage": usage(out).model_dump()}  # fmt: skip
             return JSONResponse(body)
@@ -307,14 +314,7 @@ def create_app(
             ]}  # fmt: skip
 
         if not req.stream:
-            out = first
-            try:
-                async for item in stream:
-                    out = item
-            finally:
-                settle(tenant, adapter, out)
-            assert out is not None
-            failed(out)
+            out = await final(first, stream, tenant, adapter)
             body = {"id": rid, "object": "chat.completion", "created": created, "model": req.model,
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text},
                                  "finish_reason": finish_reason(out), "logprobs": logprobs_of(out)}],
