@@ -82,7 +82,6 @@ class ModelRunner:
             decode_kwargs = {
                 "decode_rows": torch.tensor(decode_rows, dtype=torch.long),
                 "decode_block_tables": torch.tensor(padded, dtype=torch.long),
-                "decode_context_lens": lens,
                 "decode_mask": mask.view(len(decode_rows), 1, 1, width * bs),
             }
         slots = torch.tensor(slot_mapping, dtype=torch.long)
@@ -92,7 +91,7 @@ class ModelRunner:
             slot_offsets=slots % bs,
             prefills=tuple(prefills),
             lora=self._lora_batch(row_slots),
-            **decode_kwargs,  # type: ignore[arg-type]
+            **decode_kwargs,
         )
         return torch.tensor(ids, dtype=torch.long), ctx, logit_rows, sampled
 

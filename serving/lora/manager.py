@@ -105,11 +105,6 @@ class LoadFailure:
     message: str
 
 
-@dataclass
-class _Pending:
-    failures: list[LoadFailure] = field(default_factory=list)
-
-
 class AdapterManager:
     def __init__(
         self,

@@ -8,7 +8,7 @@ and this context.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -48,7 +48,5 @@ class StepContext:
     prefills: tuple[PrefillSpan, ...] = ()
     decode_rows: torch.Tensor | None = None
     decode_block_tables: torch.Tensor | None = None
-    decode_context_lens: torch.Tensor | None = None
     decode_mask: torch.Tensor | None = None  # [n, 1, 1, max_blocks * block_size], True where a key exists
     lora: LoraBatch | None = None
-    extras: dict[str, object] = field(default_factory=dict)
