@@ -3,18 +3,15 @@ a response below 500 with OpenAI's error shape, and the server keeps serving."""
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from engine_helpers import tiny_engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from loopback import serve_app
 
 from loraplane.serving.api.app import create_app
 
@@ -33,21 +30,8 @@ JSON = st.recursive(
 def server(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory) -> Iterator[tuple[str, dict]]:
     cache = tmp_path_factory.mktemp("fuzz")
     app = create_app(lambda: tiny_engine(tiny_llama, cache, {"qv4": tiny_adapters["qv4"]}, max_model_len=128))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=srv.run, daemon=True).start()
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(f"{url}/ready").status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    yield url, httpx.get(f"{url}/openapi.json").json()
-    srv.should_exit = True
+    with serve_app(app) as url:
+        yield url, httpx.get(f"{url}/openapi.json").json()
 
 
 def _bodies(schema: dict, path: str) -> st.SearchStrategy[dict]:

@@ -3,8 +3,6 @@ and not, model listing, OpenAI-shaped errors, and vLLM's LoRA load/unload calls.
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,8 +10,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import uvicorn
 from engine_helpers import tiny_engine
+from loopback import serve_app
 
 from loraplane.serving.api.app import create_app
 
@@ -21,36 +19,14 @@ ADMIN = "admin-secret"
 APPS: dict[str, object] = {}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory) -> Iterator[str]:
     cache = tmp_path_factory.mktemp("api-cache")
     adapters = {"qv4": tiny_adapters["qv4"], "all8": tiny_adapters["all8"]}
     app = create_app(lambda: tiny_engine(tiny_llama, cache, adapters, max_model_len=256), admin_token=ADMIN)
-    port = _free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{url}/ready").status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "server did not become ready"
-        time.sleep(0.1)
-    APPS[url] = app
-    yield url
-    srv.should_exit = True
-    thread.join(timeout=30)
+    with serve_app(app) as url:
+        APPS[url] = app
+        yield url
 
 
 @pytest.fixture
@@ -65,7 +41,7 @@ def test_models_lists_base_and_adapters(client: openai.OpenAI, tiny_llama: Path)
 
 def test_completion_plain_and_streamed_agree(client: openai.OpenAI) -> None:
     plain = client.completions.create(model="qv4", prompt="the quick brown fox", max_tokens=8, temperature=0)
-    assert plain.usage.completion_tokens == len(plain.choices[0].text) or plain.usage.completion_tokens <= 8
+    assert 1 <= plain.usage.completion_tokens <= 8
     assert plain.choices[0].finish_reason in ("length", "stop")
     chunks = list(client.completions.create(model="qv4", prompt="the quick brown fox", max_tokens=8, temperature=0, stream=True))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == plain.choices[0].text

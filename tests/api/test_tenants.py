@@ -4,7 +4,6 @@ and load shedding under overload."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -13,8 +12,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import uvicorn
 from engine_helpers import tiny_engine
+from loopback import serve_app
 
 from loraplane.serving.api.app import create_app
 from loraplane.serving.api.tenants import Tenants, load_tenants
@@ -28,12 +27,6 @@ TENANTS = {
         {"name": "tiny", "api_keys": ["key-tiny"], "tokens_per_minute": 30},
     ]
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -50,27 +43,9 @@ def server(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory) -
         return engine
 
     app = create_app(make, tenants=Tenants(load_tenants(root / "tenants.json"), usage_log=usage), max_pending_requests=3)
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while not (httpx.get(f"{url}/ready").status_code == 200 if _up(url) else False):
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    APPS[url] = app
-    yield url, usage
-    srv.should_exit = True
-    thread.join(timeout=30)
-
-
-def _up(url: str) -> bool:
-    try:
-        httpx.get(f"{url}/health")
-        return True
-    except httpx.HTTPError:
-        return False
+    with serve_app(app) as url:
+        APPS[url] = app
+        yield url, usage
 
 
 def _client(url: str, key: str) -> openai.OpenAI:

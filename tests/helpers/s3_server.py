@@ -10,19 +10,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from loopback import free_port
+
 ACCESS, SECRET = "testing-access", "testing-secret"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
 def moto_server() -> Iterator[str]:
     """Yields the endpoint URL of a fresh moto server; stops it afterwards."""
-    port = _free_port()
+    port = free_port()
     exe = Path(sys.executable).with_name("moto_server")
     proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
