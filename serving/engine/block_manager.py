@@ -78,7 +78,7 @@ class BlockManager:
         return block
 
     def _key(self, parent: int, seq: Sequence, index: int) -> BlockKey:
-        tokens = tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
+        tokens = tuple(seq.tokens(index * self.block_size, (index + 1) * self.block_size))
         return (parent, seq.adapter_key, tokens)
 
     def _prefix_hits(self, seq: Sequence) -> list[Block]:

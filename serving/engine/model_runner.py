@@ -56,7 +56,7 @@ class ModelRunner:
         sampled: list[Sequence] = []
         for seq, n in items:
             start, first = len(ids), seq.num_computed_tokens
-            ids += seq.token_ids[first : first + n]
+            ids += seq.tokens(first, first + n)
             span = range(first, first + n)
             positions += span
             table = seq.block_table
