@@ -23,12 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from synthetic_adapters import ATTENTION, write_adapter
 
 from loraplane.adapter_format import LLAMA_TARGETS
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.llm_engine import LLMEngine, resolve_dtype
 from loraplane.serving.engine.sampling_params import SamplingParams
+from loraplane.serving.lora.synthetic import ATTENTION, write_adapter
 
 
 def prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:

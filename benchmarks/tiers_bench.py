@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from synthetic_adapters import PEFT_DEFAULT, seed_ranks, write_adapter
 from tqdm import tqdm
 
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.lora.manager import AdapterSpec
+from loraplane.serving.lora.synthetic import PEFT_DEFAULT, seed_ranks, write_adapter
 from loraplane.sim.tiers import Costs, simulate_tiers
 from loraplane.sim.trace import zipf_trace
 

@@ -11,9 +11,9 @@ import pytest
 from engine_helpers import tiny_engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from loopback import serve_app
 
 from loraplane.serving.api.app import create_app
+from loraplane.serving.api.loopback import serve_app
 
 JSON = st.recursive(
     st.none()

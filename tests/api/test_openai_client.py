@@ -11,9 +11,9 @@ import httpx
 import openai
 import pytest
 from engine_helpers import tiny_engine
-from loopback import serve_app
 
 from loraplane.serving.api.app import create_app
+from loraplane.serving.api.loopback import serve_app
 
 ADMIN = "admin-secret"
 APPS: dict[str, object] = {}

@@ -13,9 +13,9 @@ import httpx
 import openai
 import pytest
 from engine_helpers import tiny_engine
-from loopback import serve_app
 
 from loraplane.serving.api.app import create_app
+from loraplane.serving.api.loopback import serve_app
 from loraplane.serving.api.tenants import Tenants, load_tenants
 from loraplane.serving.lora.manager import AdapterSpec
 

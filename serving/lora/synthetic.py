@@ -2,7 +2,8 @@
 
 The files are what ``PeftModel.save_pretrained`` writes (``adapter_config.json`` with PEFT's
 field names, ``adapter_model.safetensors`` with PEFT's tensor names), so PEFT itself loads them
-for the baseline and our validator checks them like any customer adapter.
+for the baseline and our validator checks them like any customer adapter. `loraplane bench` serves
+hundreds of them in-process; the benchmarks under ``benchmarks/`` use them too.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Servers on loopback for the tests: a free port, and the ASGI app served by uvicorn in a thread."""
+"""Servers on loopback: a free port, and an ASGI app served by uvicorn in a thread.
+
+The tests, `loraplane bench` and `loraplane demo` all run the real server this way, over real sockets.
+"""
 
 from __future__ import annotations
 
