@@ -314,6 +314,21 @@ def serve(
 
 
 @main.command()
+@click.option("--model", default="embedded", help="The base: 'embedded' (SmolLM2-135M-Instruct), a .gguf file or a folder.")
+@click.option(
+    "--out", "out_dir", default="loraplane-demo", type=click.Path(file_okay=False, path_type=Path), help="Plot and report."
+)
+@click.option("--requests", "num_requests", default=48, type=click.IntRange(min=1), help="Requests of mixed traffic.")
+@click.option("--rate", default=3.0, type=click.FloatRange(min=0, min_open=True), help="Their Poisson arrivals per second.")
+def demo(model: str, out_dir: Path, num_requests: int, rate: float) -> None:
+    """The main job on embedded defaults: train three style adapters (cached), serve them with the
+    base on loopback, send mixed traffic as three tenants, print the answers and a per-adapter report."""
+    from loraplane.serving.demo.run import run_demo
+
+    run_demo(out_dir, model=model, num_requests=num_requests, rate=rate)
+
+
+@main.command()
 @click.option("--url", help="A running server (e.g. http://127.0.0.1:8000); omit to start one here with a synthetic fleet.")
 @click.option(
     "--tenants",
@@ -372,7 +387,7 @@ def bench(
 
     if url:
         deployment = remote(url.rstrip("/"), load_tenants(tenants_path) if tenants_path else None, api_key, admin_token)
-        report = run_bench(deployment, requests_for(deployment))
+        report, _ = run_bench(deployment, requests_for(deployment))
     else:
         click.echo("starting the server in-process (the first start converts and caches the base)...", err=True)
         config = EngineConfig(model=model, max_loras=max_loras, max_cpu_loras=max_cpu_loras, max_num_seqs=max_num_seqs)

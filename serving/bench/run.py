@@ -15,7 +15,7 @@ from loraplane.adapter_format import BaseShape
 from loraplane.serving.api.app import create_app
 from loraplane.serving.api.tenants import TenantConfig, Tenants
 from loraplane.serving.bench.deployment import Deployment, in_process
-from loraplane.serving.bench.driver import replay
+from loraplane.serving.bench.driver import Outcome, replay
 from loraplane.serving.bench.report import BenchReport, summarize
 from loraplane.serving.bench.workload import BenchRequest
 from loraplane.serving.config import EngineConfig
@@ -44,11 +44,13 @@ def app_factory(config: EngineConfig) -> Callable[[list[TenantConfig], str], Fas
     return make_app
 
 
-def run_bench(deployment: Deployment, requests: Sequence[BenchRequest], *, progress: bool = True) -> BenchReport:
+def run_bench(
+    deployment: Deployment, requests: Sequence[BenchRequest], *, progress: bool = True
+) -> tuple[BenchReport, list[Outcome]]:
     before = deployment.admin_get("/admin/stats")
     outcomes, wall = asyncio.run(replay(deployment.url, requests, deployment.keys, progress=progress))
     after = deployment.admin_get("/admin/stats")
-    return summarize(outcomes, wall, before, after)
+    return summarize(outcomes, wall, before, after), outcomes
 
 
 def bench_in_process(
@@ -65,4 +67,4 @@ def bench_in_process(
         fleet = synthetic_fleet(shape, num_adapters, num_tenants, Path(tmp))
         tenant_names = sorted({owner for _, owner in fleet.values() if owner})
         with in_process(app_factory(config), fleet, tenant_names) as deployment:
-            return run_bench(deployment, make_requests(deployment), progress=progress)
+            return run_bench(deployment, make_requests(deployment), progress=progress)[0]

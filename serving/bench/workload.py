@@ -73,9 +73,12 @@ def zipf_requests(
     prompt_words: int = 32,
     max_tokens: int = 16,
     seed: int = 11,
+    prompts: Sequence[str] = (),
+    chat: bool = False,
 ) -> list[BenchRequest]:
     """``models[i]`` is drawn with Zipf weight ``1 / (i+1) ** exponent``; arrivals are Poisson at
-    ``rate`` per second; each request goes out as its adapter's owner."""
+    ``rate`` per second; each request goes out as its adapter's owner. Prompts are random words,
+    or ``prompts`` in turn."""
     if len(models) != len(owners):
         raise ValueError("one owner per model")
     owner_names = [o or "" for o in owners]
@@ -88,8 +91,9 @@ def zipf_requests(
             at=trace.timestamps[i],
             model=models[a],
             tenant=owners[a],
-            prompt=" ".join(rng.choice(WORDS) for _ in range(prompt_words)),
+            prompt=prompts[i % len(prompts)] if prompts else " ".join(rng.choice(WORDS) for _ in range(prompt_words)),
             max_tokens=max_tokens,
+            chat=chat,
         )
         for i, a in enumerate(trace.adapters)
     ]

@@ -32,6 +32,10 @@ from loraplane.serving.lora.slot_table import PagedSlotTable, SlotTable
 from loraplane.serving.lora.sources import S3Settings, open_source
 from loraplane.serving.metrics import EngineMetrics
 
+# A drained slot's waiter asks again every scheduling step; a drain it stopped asking about (the
+# request was aborted) lapses after this long rather than holding the victim back for good.
+DRAIN_LAPSE_SECONDS = 1.0
+
 
 class AdapterNotFound(KeyError):
     def __str__(self) -> str:
@@ -132,6 +136,13 @@ class AdapterManager:
         self.host = Tier(max_cpu_loras, make_policy(policy), name="host", in_use=self._busy, on_evict=self._off_host)
         self.pool = ThreadPoolExecutor(max_workers=max_loads_in_flight, thread_name_prefix="adapter-load")
         self.pages = pages
+        # Slot draining, against starvation: when an adapter is loaded and waiting but every
+        # device slot is held by adapters with running requests, one of those (the policy's
+        # choice) stops admitting new requests until its running ones finish and the slot frees.
+        # Without it a steadily busy adapter keeps its slot for as long as its traffic lasts and
+        # the waiting one starves (the demo showed 18 s waits with 2 slots and 3 busy adapters).
+        # (victim, waiter, when the waiter last asked): the drain lapses if the waiter stops asking.
+        self._drain: tuple[str, str, float] | None = None
         if pages is not None:
             if not isinstance(table, PagedSlotTable):
                 raise TypeError("unified paging needs a PagedSlotTable")
@@ -292,6 +303,8 @@ class AdapterManager:
         """The adapter's slot, placing it from host memory if needed; None while it is not ready
         (a load is started) or no slot can be freed (every slot pinned or running)."""
         entry = self._get(name)
+        if entry.slot is not None and self._draining(name):
+            return None
         if entry.slot is not None:
             self.device.touch(name)
             self.host.touch(name)
@@ -311,7 +324,10 @@ class AdapterManager:
         try:
             self.device.insert(name)
         except TierFullError:
+            self._start_drain(name)
             return None
+        if self._drain is not None and self._drain[1] == name:
+            self._drain = None
         used = {e.slot for e in self.entries.values() if e.slot is not None}
         slot = next(s for s in range(self.table.num_slots) if s not in used)
         if self.pages is not None:
@@ -328,6 +344,28 @@ class AdapterManager:
             self.device.pin(name)
         self.metrics.observe_load(name, entry.spec.tenant, "host", time.perf_counter() - start)
         return slot
+
+    def _start_drain(self, waiter: str) -> None:
+        now, current = time.monotonic(), self._drain
+        if current is not None and current[1] != waiter and now - current[2] < DRAIN_LAPSE_SECONDS:
+            return  # one drain at a time; the next waiter's turn comes after this one's
+        if current is not None and current[1] == waiter and self._on_device(current[0]):
+            self._drain = (current[0], waiter, now)  # still draining for this waiter
+            return
+        victim = self.device.policy.victim(lambda k: k in self.device.pinned)
+        self._drain = (str(victim), waiter, now) if victim is not None else None
+
+    def _on_device(self, name: str) -> bool:
+        entry = self.entries.get(name)
+        return entry is not None and entry.slot is not None
+
+    def _draining(self, name: str) -> bool:
+        if self._drain is None or self._drain[0] != name:
+            return False
+        if time.monotonic() - self._drain[2] > DRAIN_LAPSE_SECONDS:  # the waiter went away
+            self._drain = None
+            return False
+        return True
 
     def residency(self, name: str) -> Residency:
         return self._get(name).residency

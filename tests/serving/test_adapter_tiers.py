@@ -253,3 +253,28 @@ def test_prometheus_shows_each_adapters_tier_and_pin(tiny_llama, tiny_adapters, 
     assert 'loraplane_adapter_tier{adapter="ku2",tenant="tenant-b",tier="cold"} 1.0' in text
     assert 'loraplane_adapter_pinned{adapter="qv4",tenant="tenant-a"} 1.0' in text
     assert 'loraplane_requests_total{adapter="qv4",tenant="tenant-a"} 1.0' in text
+
+
+def test_a_busy_adapter_cannot_starve_one_waiting_for_its_slot(tiny_llama, tiny_adapters, tmp_path) -> None:
+    """One device slot; adapter qv4 always has requests running and more arriving; all8 waits for
+    the slot. The slot must drain (qv4's new requests hold back until its running ones finish) so
+    all8 gets served, rather than waiting for as long as qv4's traffic lasts."""
+    engine = tiny_engine(tiny_llama, tmp_path, max_loras=1, max_cpu_loras=2)
+    for name in ("qv4", "all8"):
+        engine.load_lora(name, str(tiny_adapters[name]))
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    engine.add_request(PROMPT, params, adapter="qv4")
+    engine.step()
+    waiting = engine.add_request(PROMPT, params, adapter="all8")
+    finished_at, hot_done = None, 0
+    for step in range(200):
+        engine.add_request(PROMPT, params, adapter="qv4")  # qv4's traffic never pauses
+        for out in engine.step():
+            if out.finished and out.request_id == waiting:
+                finished_at = step
+            elif out.finished:
+                hot_done += 1
+        if finished_at is not None:
+            break
+    assert finished_at is not None and finished_at < 20, "all8 starved behind qv4's continuous traffic"
+    assert hot_done > 0  # and qv4 kept being served meanwhile
