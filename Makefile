@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/loraplane sim
+	$(BIN)/loraplane demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

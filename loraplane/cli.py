@@ -319,7 +319,7 @@ def serve(
     "--out", "out_dir", default="loraplane-demo", type=click.Path(file_okay=False, path_type=Path), help="Plot and report."
 )
 @click.option("--requests", "num_requests", default=48, type=click.IntRange(min=1), help="Requests of mixed traffic.")
-@click.option("--rate", default=3.0, type=click.FloatRange(min=0, min_open=True), help="Their Poisson arrivals per second.")
+@click.option("--rate", default=2.0, type=click.FloatRange(min=0, min_open=True), help="Their Poisson arrivals per second.")
 def demo(model: str, out_dir: Path, num_requests: int, rate: float) -> None:
     """The main job on embedded defaults: train three style adapters (cached), serve them with the
     base on loopback, send mixed traffic as three tenants, print the answers and a per-adapter report."""
@@ -343,6 +343,7 @@ def demo(model: str, out_dir: Path, num_requests: int, rate: float) -> None:
 @click.option("--num-tenants", default=4, type=click.IntRange(min=1), help="In-process: tenants owning them round-robin.")
 @click.option("--max-loras", default=8, type=click.IntRange(min=1), help="In-process: device slots.")
 @click.option("--max-cpu-loras", default=32, type=click.IntRange(min=1), help="In-process: host slots.")
+@click.option("--max-lora-rank", default=64, type=click.IntRange(min=1), help="In-process: the fleet's ranks go up to 64.")
 @click.option("--max-num-seqs", default=16, type=click.IntRange(min=1), help="In-process: running sequences at most.")
 @click.option("--requests", "num_requests", default=200, type=click.IntRange(min=1))
 @click.option("--rate", default=4.0, type=click.FloatRange(min=0, min_open=True), help="Poisson arrivals per second.")
@@ -361,6 +362,7 @@ def bench(
     num_tenants: int,
     max_loras: int,
     max_cpu_loras: int,
+    max_lora_rank: int,
     max_num_seqs: int,
     num_requests: int,
     rate: float,
@@ -390,7 +392,9 @@ def bench(
         report, _ = run_bench(deployment, requests_for(deployment))
     else:
         click.echo("starting the server in-process (the first start converts and caches the base)...", err=True)
-        config = EngineConfig(model=model, max_loras=max_loras, max_cpu_loras=max_cpu_loras, max_num_seqs=max_num_seqs)
+        config = EngineConfig(
+            model=model, max_loras=max_loras, max_cpu_loras=max_cpu_loras, max_lora_rank=max_lora_rank, max_num_seqs=max_num_seqs
+        )
         report = bench_in_process(config, num_adapters, num_tenants, requests_for)
         click.echo(
             f"in-process server: {model}, {num_adapters} adapters over {num_tenants} tenants, "

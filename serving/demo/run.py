@@ -56,12 +56,14 @@ def adapter_table(report: BenchReport, outcomes: list[Outcome], models: list[str
     return "\n".join(rows)
 
 
-def run_demo(out_dir: Path, *, model: str = "embedded", num_requests: int = 48, rate: float = 3.0) -> BenchReport:
+def run_demo(
+    out_dir: Path, *, model: str = "embedded", num_requests: int = 48, rate: float = 2.0, adapters_dir: Path | None = None
+) -> tuple[BenchReport, list[Outcome]]:
     config = EngineConfig(model=model, max_loras=2, max_lora_rank=16, max_num_seqs=16)
     click.echo("preparing the base model (the first run converts and caches it)...")
     base_name = resolve_base(model, config.cache_dir).shape.name
     click.echo("demo adapters (trained with PEFT on the first run, about a minute each; cached afterwards)...")
-    folders = demo_adapters(model, config.cache_dir)
+    folders = demo_adapters(model, config.cache_dir, adapters_dir)
     adapters = {s.name: (folders[s.name], s.tenant) for s in STYLES}
     click.echo("starting the server on loopback: 3 adapters, 2 device slots, one tenant per adapter...")
     with in_process(app_factory(config), adapters, [s.tenant for s in STYLES]) as deployment:
@@ -84,11 +86,11 @@ def run_demo(out_dir: Path, *, model: str = "embedded", num_requests: int = 48, 
     click.echo("\nOverall:")
     click.echo(format_report(report))
     out_dir.mkdir(parents=True, exist_ok=True)
-    plot_demo(outcomes, report.per_adapter, models, out_dir / "demo.png")
+    plot_demo(outcomes, report.per_adapter, {m: "base" if m == base_name else m for m in models}, out_dir / "demo.png")
     answers = [
         {"model": o.request.model, "tenant": o.request.tenant, "question": o.request.prompt, "answer": o.text, "error": o.error}
         for o in outcomes
     ]
     (out_dir / "report.json").write_text(json.dumps({"report": report.model_dump(), "answers": answers}, indent=2))
     click.echo(f"\nwrote {out_dir / 'demo.png'} and {out_dir / 'report.json'}")
-    return report
+    return report, outcomes

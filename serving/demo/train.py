@@ -80,19 +80,21 @@ def train_adapter(base: BaseCheckpoint, style: Style, questions: list[str], answ
     model.peft_config["default"].base_model_name_or_path = base.shape.name  # not our cache path
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(str(partial))
+    model.save_pretrained(str(partial), save_embedding_layers=False)  # no hub lookup of the base
     partial.rename(out)
     return out
 
 
-def demo_adapters(model: str, cache_dir: Path) -> dict[str, Path]:
-    """Style name -> PEFT folder, training the ones the cache lacks. The cache key covers the base's
-    fingerprint, the recipe and the style's name, so a new base or recipe retrains."""
+def demo_adapters(model: str, cache_dir: Path, store: Path | None = None) -> dict[str, Path]:
+    """Style name -> PEFT folder under ``store`` (default: the cache), training the ones it lacks.
+    The key covers the base's fingerprint, the recipe and the style's name, so a new base or
+    recipe retrains."""
     base = resolve_base(model, cache_dir)
+    store = store or cache_dir / "demo-adapters"
     folders = {}
     for style in STYLES:
         key = hashlib.sha256(json.dumps([base.shape.fingerprint, RECIPE, style.name]).encode()).hexdigest()[:16]
-        folders[style.name] = cache_dir / "demo-adapters" / f"{style.name}-{key}"
+        folders[style.name] = store / f"{style.name}-{key}"
     missing = [s for s in STYLES if not (folders[s.name] / "adapter_config.json").is_file()]
     if missing:
         questions = training_questions()
