@@ -1,12 +1,13 @@
 """Fair admission between tenants on the real engine: a bursting tenant against a steady one.
 
-Run: python benchmarks/fairness_bench.py  (about 3 minutes on 2 CPU cores)
+Run: python benchmarks/fairness_bench.py  (about 7 minutes on 2 CPU cores)
 
 Tenant B sends a steady stream (2 requests/s); tenant A sends ten times B's share (20
 requests/s, more than the engine can serve, so a backlog builds). Each request is 32 prompt +
 16 output tokens on the embedded base, `max_num_seqs` 8. Printed side by side: B's time to first
 token alone, with A bursting under fair admission (the default), and with A bursting under FIFO
-admission. Goal: B's p99 within 1.5x of B alone with fairness on.
+admission. Goal: B's p99 within 1.5x of B alone with fairness on. 45 s of arrivals give 90 of B's
+requests per run, so p99 is not simply the slowest one on a noisy machine.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def run(engine: LLMEngine, seconds: float, rates: dict[str, float], prompt_len: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=45.0)
     parser.add_argument("--b-rate", type=float, default=2.0)
     parser.add_argument("--burst", type=float, default=10.0, help="A's rate as a multiple of B's")
     args = parser.parse_args()

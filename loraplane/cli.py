@@ -391,13 +391,13 @@ def bench(
         deployment = remote(url.rstrip("/"), load_tenants(tenants_path) if tenants_path else None, api_key, admin_token)
         report, _ = run_bench(deployment, requests_for(deployment))
     else:
-        click.echo("starting the server in-process (the first start converts and caches the base)...", err=True)
+        click.echo("starting a server for the run (the first start converts and caches the base)...", err=True)
         config = EngineConfig(
             model=model, max_loras=max_loras, max_cpu_loras=max_cpu_loras, max_lora_rank=max_lora_rank, max_num_seqs=max_num_seqs
         )
         report = bench_in_process(config, num_adapters, num_tenants, requests_for)
         click.echo(
-            f"in-process server: {model}, {num_adapters} adapters over {num_tenants} tenants, "
+            f"server: {model}, {num_adapters} adapters over {num_tenants} tenants, "
             f"{max_loras} device slots, {max_cpu_loras} host slots, max_num_seqs {max_num_seqs}"
         )
     shape = f"~{prompt_words} prompt words, {max_tokens} output tokens"

@@ -1,4 +1,4 @@
-"""What a benchmark talks to: a server already running somewhere, or one started here in-process.
+"""What a benchmark talks to: a server already running somewhere, or one started here for the run.
 
 Either way the result is the same small description (URL, one API key per tenant, the adapters
 and their owners, the admin token when there is one), so the driver and the report do not care
@@ -8,15 +8,21 @@ which.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Iterator, Mapping
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
+import yaml
 
+from loraplane.serving.api.loopback import free_port
 from loraplane.serving.api.tenants import TenantConfig
+from loraplane.serving.config import EngineConfig
 
 
 @dataclass
@@ -56,25 +62,59 @@ def remote(url: str, tenants: list[TenantConfig] | None, api_key: str | None, ad
 
 
 @contextmanager
-def in_process(
-    make_app: Callable[[list[TenantConfig], str], Any],
+def spawn_server(
+    config: EngineConfig,
     adapters: Mapping[str, tuple[Path, str | None]],
     tenant_names: list[str],
     *,
     start_timeout: float = 900,
 ) -> Iterator[Deployment]:
-    """Serve ``make_app(tenants, admin_token)`` on loopback, register ``adapters`` (name -> (PEFT folder,
-    owner)) through the admin API as an operator would, and yield the deployment."""
-    from loraplane.serving.api.loopback import serve_app
+    """Run ``loraplane serve`` for ``config`` as a child process on a free loopback port, register
+    ``adapters`` (name -> (PEFT folder, owner)) through the admin API as an operator would, and
+    yield the deployment; the server is stopped (SIGTERM: graceful) afterwards.
 
+    A separate process rather than a thread: the client's event loop and the server's would
+    otherwise share one interpreter lock, and every figure would include that contention.
+    """
     admin_token = secrets.token_hex(16)
     tenants = [TenantConfig(name=t, api_keys=[f"sk-{t}-{secrets.token_hex(8)}"]) for t in tenant_names]
-    app = make_app(tenants, admin_token)
-    with serve_app(app, timeout=start_timeout) as url:
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=120) as admin:
-            for name, (folder, owner) in adapters.items():
-                r = admin.post("/admin/adapters", json={"lora_name": name, "lora_path": str(folder), "tenant": owner})
-                if r.status_code != 200:
-                    raise RuntimeError(f"registering {name}: {r.status_code} {r.text}")
-        keys: dict[str | None, str] = {t.name: t.api_keys[0] for t in tenants} if tenants else {None: "none"}
-        yield Deployment(url, keys, list(adapters), [owner for _, owner in adapters.values()], admin_token, tenant_names)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory(prefix="loraplane-server-") as tmp:
+        work = Path(tmp)
+        (work / "engine.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
+        (work / "tenants.yaml").write_text(yaml.safe_dump({"tenants": [t.model_dump() for t in tenants]}))
+        args = ["serve", "--config", str(work / "engine.yaml"), "--port", str(port), "--admin-token", admin_token]
+        if tenants:
+            args += ["--tenants", str(work / "tenants.yaml")]
+        with (work / "server.log").open("wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "loraplane.cli", *args], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _wait_ready(url, proc, work / "server.log", start_timeout)
+            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=120) as admin:
+                for name, (folder, owner) in adapters.items():
+                    r = admin.post("/admin/adapters", json={"lora_name": name, "lora_path": str(folder), "tenant": owner})
+                    if r.status_code != 200:
+                        raise RuntimeError(f"registering {name}: {r.status_code} {r.text}")
+            keys: dict[str | None, str] = {t.name: t.api_keys[0] for t in tenants} if tenants else {None: "none"}
+            yield Deployment(url, keys, list(adapters), [owner for _, owner in adapters.values()], admin_token, tenant_names)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url}/ready did not answer 200 within {timeout:.0f} s:\n{log.read_text()[-3000:]}")

@@ -8,18 +8,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-from fastapi import FastAPI
 from tqdm import tqdm
 
 from loraplane.adapter_format import BaseShape
-from loraplane.serving.api.app import create_app
-from loraplane.serving.api.tenants import TenantConfig, Tenants
-from loraplane.serving.bench.deployment import Deployment, in_process
+from loraplane.serving.bench.deployment import Deployment, spawn_server
 from loraplane.serving.bench.driver import Outcome, replay
 from loraplane.serving.bench.report import BenchReport, summarize
 from loraplane.serving.bench.workload import BenchRequest
 from loraplane.serving.config import EngineConfig
-from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.serving.lora.synthetic import PEFT_DEFAULT, seed_ranks, write_adapter
 from loraplane.serving.weights.base import resolve_base
 
@@ -33,15 +29,6 @@ def synthetic_fleet(shape: BaseShape, num_adapters: int, num_tenants: int, folde
         path = write_adapter(folder / name, shape, rank, PEFT_DEFAULT, seed=i, dtype=torch.bfloat16)
         fleet[name] = (path, f"tenant-{i % num_tenants}")
     return fleet
-
-
-def app_factory(config: EngineConfig) -> Callable[[list[TenantConfig], str], FastAPI]:
-    """The real server for ``config``, with the tenants and admin token ``in_process`` makes up."""
-
-    def make_app(tenants: list[TenantConfig], admin_token: str) -> FastAPI:
-        return create_app(lambda: LLMEngine(config), admin_token=admin_token, tenants=Tenants(tenants))
-
-    return make_app
 
 
 def run_bench(
@@ -61,10 +48,10 @@ def bench_in_process(
     *,
     progress: bool = True,
 ) -> BenchReport:
-    """Start the server here with a synthetic fleet on ``config``'s base, then run the bench."""
+    """Start a server for ``config`` with a synthetic fleet on its base, then run the bench."""
     shape = resolve_base(config.model, config.cache_dir).shape
     with tempfile.TemporaryDirectory(prefix="loraplane-bench-") as tmp:
         fleet = synthetic_fleet(shape, num_adapters, num_tenants, Path(tmp))
         tenant_names = sorted({owner for _, owner in fleet.values() if owner})
-        with in_process(app_factory(config), fleet, tenant_names) as deployment:
+        with spawn_server(config, fleet, tenant_names) as deployment:
             return run_bench(deployment, make_requests(deployment), progress=progress)[0]

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import click
 
-from loraplane.serving.bench.deployment import in_process
+from loraplane.serving.bench.deployment import spawn_server
 from loraplane.serving.bench.driver import Outcome
 from loraplane.serving.bench.report import AdapterTiers, BenchReport, Latency, format_report
-from loraplane.serving.bench.run import app_factory, run_bench
+from loraplane.serving.bench.run import run_bench
 from loraplane.serving.bench.workload import BenchRequest, zipf_requests
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.demo.plot import plot_demo
@@ -66,7 +66,7 @@ def run_demo(
     folders = demo_adapters(model, config.cache_dir, adapters_dir)
     adapters = {s.name: (folders[s.name], s.tenant) for s in STYLES}
     click.echo("starting the server on loopback: 3 adapters, 2 device slots, one tenant per adapter...")
-    with in_process(app_factory(config), adapters, [s.tenant for s in STYLES]) as deployment:
+    with spawn_server(config, adapters, [s.tenant for s in STYLES]) as deployment:
         requests = workload(base_name, rate, num_requests)
         report, outcomes = run_bench(deployment, requests)
     models = [s.name for s in STYLES] + [base_name]

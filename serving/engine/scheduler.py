@@ -43,6 +43,7 @@ class Scheduler:
         on_preempt: Callable[[Sequence], None] = lambda _seq: None,
         fair: bool = False,
         fairness_decay: float = 0.98,
+        fair_prefill_chunk: int = 16,
     ) -> None:
         """``ready`` says whether a waiting sequence can run now (its adapter is in a device
         slot); sequences that are not ready wait without blocking those behind them."""
@@ -55,7 +56,7 @@ class Scheduler:
         # others' requests instead of filling the batch, yet nobody starves: idle tenants' counts
         # fall back towards zero. Chosen over deficit round robin because it needs no quantum
         # tuning and reacts within a step to a new tenant arriving.
-        self.fair, self.decay = fair, fairness_decay
+        self.fair, self.decay, self.fair_prefill_chunk = fair, fairness_decay, fair_prefill_chunk
         self.served: dict[str | None, float] = {}
         self.num_fair_preemptions = 0
         self.max_num_seqs = max_num_seqs
@@ -81,11 +82,12 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         self._fair_share_preemption(batch)
+        over = self._over_share()
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_uncomputed, budget)
+            n = self._chunk(seq, budget, over)
             while not self.blocks.append_slots(seq, n):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -116,10 +118,32 @@ class Scheduler:
             self.charge(seq, seq.num_uncomputed)
             self.on_admit(seq)
             self.running.append(seq)
-            n = min(seq.num_uncomputed, budget)
+            over = self._over_share() if self.fair else over  # this admission may tip its tenant over
+            n = self._chunk(seq, budget, over)
             batch.items.append((seq, n))
             budget -= n
         return batch
+
+    def _over_share(self) -> set[str | None]:
+        """With fairness on, the tenants running more than their share (max_num_seqs over the
+        tenants with work) while another tenant runs or waits below it."""
+        if not self.fair:
+            return set()
+        running = Counter(s.tenant for s in self.running)
+        tenants = set(running) | {s.tenant for s in self.waiting}
+        share = self.max_num_seqs / max(1, len(tenants))
+        if not any(running[t] < share for t in tenants):
+            return set()
+        return {t for t in tenants if running[t] > share}
+
+    def _chunk(self, seq: Sequence, budget: int, over: set[str | None]) -> int:
+        """The tokens ``seq`` computes this step. A tenant over its share prefills in chunks of at
+        most ``fair_prefill_chunk`` while others are below theirs: the step length is what every
+        other tenant's next token waits for, so the burster's long prefills must not set it."""
+        n = min(seq.num_uncomputed, budget)
+        if n > 1 and seq.tenant in over:
+            return min(n, self.fair_prefill_chunk)
+        return n
 
     def _next_waiting(self, skipped: set[int]) -> Sequence | None:
         """FIFO, or with fairness the waiting sequence of the least-served tenant (FIFO within a

@@ -129,3 +129,27 @@ def test_fair_share_preemption_makes_room_for_a_tenant_below_its_share() -> None
     assert a1.status is Status.WAITING and a1.num_computed_tokens == 0 and a1.output_token_ids == [7]
     assert sched.num_fair_preemptions == 1
     assert [s for s, _ in batch.items if s.tenant == "a"] == [a0]
+
+
+def test_a_tenant_over_its_share_prefills_in_short_chunks_while_another_is_below() -> None:
+    """The step's length is what the steady tenant's next token waits for: beyond its share (here
+    3 of 6 sequences) the burster's prompts go in chunks of ``fair_prefill_chunk``; the steady
+    tenant's prompt goes whole, and with nobody else around nothing is chunked."""
+
+    def tenant_seq(tenant: str, n: int, start: int) -> Sequence:
+        s = seq(n, start=start)
+        s.tenant = tenant
+        return s
+
+    for fair, tenants, a_chunks in ((True, "ab", [16, 16, 40, 40, 40]), (False, "ab", [40] * 5), (True, "a", [40] * 5)):
+        sched = Scheduler(BlockManager(256, 4), max_num_seqs=6, max_num_batched_tokens=500, fair=fair, fair_prefill_chunk=16)
+        bursts = [tenant_seq("a", 40, 1000 * (i + 1)) for i in range(5)]
+        for s in bursts:
+            sched.add(s)
+        if "b" in tenants:
+            steady = tenant_seq("b", 40, 9000)
+            sched.add(steady)
+        batch = dict(sched.schedule().items)
+        assert sorted(batch[s] for s in bursts) == a_chunks, (fair, tenants)
+        if "b" in tenants:
+            assert batch[steady] == 40
