@@ -407,5 +407,22 @@ def bench(
         json_path.write_text(report.model_dump_json(indent=2))
 
 
+@main.command()
+@click.option("--out", "folder", default="crds", type=click.Path(file_okay=False, path_type=Path), show_default=True)
+@click.option("--check", is_flag=True, help="Fail if the files in --out differ from the models instead of writing them.")
+def crds(folder: Path, check: bool) -> None:
+    """Generate the CustomResourceDefinitions from the operator's pydantic models."""
+    from loraplane.operator.crdgen import drifted, write_crds
+
+    if check:
+        stale = drifted(folder)
+        if stale:
+            raise click.ClickException(f"out of date in {folder}: {', '.join(stale)}; run `loraplane crds`")
+        click.echo(f"{folder}: up to date")
+        return
+    for path in write_crds(folder):
+        click.echo(f"wrote {path}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -368,7 +368,7 @@ def create_app(
     @app.post("/admin/adapters")
     async def register(req: LoadLoraRequest, engine: Admin) -> dict[str, Any]:
         """Declare an adapter without loading it; it loads on first use or on prefetch."""
-        spec = AdapterSpec(req.lora_name, req.lora_path, req.digest, req.tenant, req.allow_rank_truncation)
+        spec = AdapterSpec(req.lora_name, req.lora_path, req.digest, req.tenant, req.allow_rank_truncation, req.version)
         try:
             await engine.call(lambda: engine.engine.register_lora(spec))
         except (AdapterBusy, ValueError) as err:
@@ -388,6 +388,12 @@ def create_app(
             return await engine.call(read)
         except AdapterNotFound as err:
             raise APIError(404, str(err), code="model_not_found") from None
+
+    @app.get("/admin/base")
+    async def base(engine: Admin) -> dict[str, Any]:
+        """The base this replica serves (name, revision, fingerprint, shape): what the operator
+        validates adapters against before registering them here."""
+        return engine.engine.base.shape.model_dump()
 
     @app.get("/admin/stats")
     async def stats(engine: Admin) -> dict[str, object]:

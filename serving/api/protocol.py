@@ -97,6 +97,7 @@ class LoadLoraRequest(_Strict):
     digest: str | None = None
     tenant: str | None = None
     allow_rank_truncation: bool = False
+    version: str | None = Field(default=None, max_length=128, description="a label for this revision, e.g. a date")
 
 
 class UnloadLoraRequest(_Strict):

@@ -18,6 +18,7 @@ import torch
 
 from loraplane.adapter_format import AdapterValidationError, ValidationLimits
 from loraplane.adapter_format.golden import DriftLimits, DriftReport, load_golden
+from loraplane.adapter_format.sources import S3Settings
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.block_manager import BlockManager
 from loraplane.serving.engine.model_runner import ModelRunner
@@ -27,7 +28,6 @@ from loraplane.serving.engine.scheduler import Scheduler
 from loraplane.serving.engine.sequence import FinishReason, Sequence, TokenLogprob
 from loraplane.serving.lora.manager import AdapterBusy, AdapterInfo, AdapterManager, AdapterSpec, Residency
 from loraplane.serving.lora.slot_table import PagedSlotTable, SlotTable
-from loraplane.serving.lora.sources import S3Settings
 from loraplane.serving.metrics import AdapterStateCollector, EngineMetrics
 from loraplane.serving.model.attention import KVCache
 from loraplane.serving.model.llama import LlamaModel
@@ -372,6 +372,8 @@ class LLMEngine:
             adapters[name] = {
                 **self.metrics.as_json(self.metrics.counts[name]),
                 "tenant": info.tenant,
+                "version": info.version,
+                "source": info.source,
                 "tier": info.residency.value,
                 "pinned": info.pinned,
                 "running": info.running,

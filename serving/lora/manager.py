@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loraplane.adapter_format import AdapterValidationError, BaseShape, ValidationLimits, check_adapter_name
+from loraplane.adapter_format.sources import S3Settings, open_source
 from loraplane.eviction import Tier, TierFullError, make_policy
 from loraplane.serving.engine.block_manager import BlockManager
 from loraplane.serving.lora.disk_cache import DiskCache
 from loraplane.serving.lora.peft_loader import LoadedAdapter, load_peft_adapter
 from loraplane.serving.lora.slot_table import PagedSlotTable, SlotTable
-from loraplane.serving.lora.sources import S3Settings, open_source
 from loraplane.serving.metrics import EngineMetrics
 
 # A drained slot's waiter asks again every scheduling step; a drain it stopped asking about (the
@@ -63,6 +63,7 @@ class AdapterSpec:
     digest: str | None = None
     tenant: str | None = None
     allow_rank_truncation: bool = False
+    version: str | None = None  # the registrant's label for this revision (e.g. a date); shown, not interpreted
 
 
 @dataclass
@@ -91,6 +92,7 @@ class _Entry:
 class AdapterInfo:
     name: str
     source: str
+    version: str | None
     tenant: str | None
     residency: Residency
     pinned: bool
@@ -410,6 +412,7 @@ class AdapterManager:
         return AdapterInfo(
             name=name,
             source=e.spec.source,
+            version=e.spec.version,
             tenant=e.spec.tenant,
             residency=e.residency,
             pinned=e.pinned,

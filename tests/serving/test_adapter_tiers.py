@@ -168,7 +168,7 @@ def test_disk_cache_survives_a_restart(env, s3, tiny_llama, tiny_adapters, refer
     first.register_lora(AdapterSpec("mlp16", uris["mlp16"], digest=digest))
     assert run(first, "mlp16").token_ids == reference["mlp16"]
     # A new process with the same cache dir and registration: no fetch at all.
-    from loraplane.serving.lora import sources
+    from loraplane.adapter_format import sources
 
     def no_network(self, into):
         raise AssertionError("fetched from S3 although the disk cache holds this digest")
@@ -184,7 +184,7 @@ def test_a_cold_load_does_not_delay_running_decodes(tiny_llama, tiny_adapters, t
     """Counted in steps: while an adapter loads, every step still gives each running request a token."""
     import threading
 
-    from loraplane.serving.lora import sources
+    from loraplane.adapter_format import sources
 
     gate = threading.Event()
     real_fetch = sources.FileSource.fetch

@@ -1,0 +1,47 @@
+"""A LoraAdapter's checks before any replica sees it: fetch from the object store, digest, the shared
+validation rules (``loraplane.adapter_format``, the same code the engine runs), and the shape the
+manifest declares. Each failure carries the reason that goes into the adapter's conditions."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from loraplane.adapter_format import AdapterValidationError, BaseShape, ValidationLimits, validate_adapter_dir
+from loraplane.adapter_format.sources import S3Settings, open_source
+from loraplane.adapter_format.validation import AdapterManifest
+from loraplane.operator.api.loraadapter import LoraAdapterSpec
+
+
+@dataclass
+class CheckFailed(Exception):
+    reason: str  # CamelCase, for a condition
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.message}"
+
+
+def check_adapter(spec: LoraAdapterSpec, base: BaseShape, max_lora_rank: int, s3: S3Settings | None = None) -> AdapterManifest:
+    """The manifest of a valid adapter, or :class:`CheckFailed`. Blocking (network and disk): run it
+    in a thread."""
+    limits = ValidationLimits(max_lora_rank=max_lora_rank, allow_rank_truncation=spec.rank_policy == "Truncate")
+    with tempfile.TemporaryDirectory(prefix="loraplane-check-") as tmp:
+        folder = Path(tmp) / "adapter"
+        folder.mkdir()
+        try:
+            open_source(spec.source.uri, s3).fetch(folder)
+            manifest = validate_adapter_dir(folder, base, limits, expected_digest=spec.source.digest)
+        except AdapterValidationError as err:
+            raise CheckFailed(err.code.value, err.message) from None
+        except OSError as err:
+            raise CheckFailed("FetchFailed", f"{spec.source.uri}: {err}") from None
+    if spec.rank is not None and spec.rank != manifest.rank:
+        raise CheckFailed("DeclaredRankMismatch", f"the manifest declares rank {spec.rank}, the files have rank {manifest.rank}")
+    if spec.target_modules is not None and set(spec.target_modules) != set(manifest.target_modules):
+        raise CheckFailed(
+            "DeclaredTargetsMismatch",
+            f"the manifest declares {sorted(spec.target_modules)}, the files adapt {sorted(manifest.target_modules)}",
+        )
+    return manifest

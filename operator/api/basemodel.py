@@ -1,0 +1,119 @@
+"""`BaseModel`: one base LLM, the serving replicas that hold it, and how they treat adapters."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from loraplane.operator.api.common import Condition, KubeModel, ObjectMeta, Quotas, SecretRef
+
+CPU_LORAS_RULE = "!has(self.maxCpuLoras) || self.maxCpuLoras >= self.maxLoras"
+
+
+class ModelSource(KubeModel):
+    uri: str = Field(
+        min_length=1,
+        description="'embedded' (SmolLM2-135M-Instruct in the image), a path in the image, or s3://bucket/prefix",
+        pattern=r"^(embedded|/.+|s3://.+|file://.+)$",
+    )
+    revision: str | None = Field(default=None, description="commit or tag; adapters must be trained on it")
+    format: Literal["safetensors", "gguf"] = "safetensors"
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    quantization: Literal["fp8"] | None = Field(default=None, description="fp8: float8_e4m3fn base weights")
+
+
+class EngineSizing(KubeModel):
+    """vLLM's names where the idea is the same."""
+
+    max_loras: int = Field(default=8, ge=1, le=4096, description="adapters in device slots at once")
+    max_lora_rank: int = Field(default=16, ge=1, le=512)
+    max_cpu_loras: int | None = Field(default=None, ge=1, description="adapters in host memory; default 4 x maxLoras")
+    max_num_seqs: int = Field(default=256, ge=1)
+    max_num_batched_tokens: int = Field(default=8192, ge=1)
+    max_model_len: int | None = Field(default=None, ge=1)
+    lora_memory: Literal["static", "unified"] = Field(
+        default="static", description="static slots, or adapters paged with the KV cache"
+    )
+    eviction_policy: Literal["lru", "lfu", "tinylfu"] = "lru"
+
+    @model_validator(mode="after")
+    def _cpu_holds_device(self) -> EngineSizing:
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError("maxCpuLoras must be at least maxLoras: the host tier holds every device adapter")
+        return self
+
+
+class Toleration(KubeModel):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class ServingResources(KubeModel):
+    image: str = Field(default="ghcr.io/loraplane/serving:0.1.0", min_length=1)
+    gpus: int = Field(default=1, ge=0, description="nvidia.com/gpu per replica")
+    cpu: str | None = Field(default=None, description="a Kubernetes quantity, e.g. '8'")
+    memory: str | None = Field(default=None, description="a Kubernetes quantity, e.g. '64Gi'")
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+
+
+class AdapterStore(KubeModel):
+    endpoint: str | None = Field(default=None, description="S3 endpoint URL; empty for AWS")
+    region: str | None = None
+    credentials_secret: SecretRef | None = Field(
+        default=None, description="a Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+    )
+
+
+class Routing(KubeModel):
+    affinity: bool = Field(default=True, description="send an adapter's requests where it is resident")
+    load_bound: float = Field(default=1.25, ge=1, le=4, description="no replica above this times the mean load")
+    replicas: int = Field(default=1, ge=0, le=32, description="router replicas")
+
+
+class Tenancy(KubeModel):
+    api_keys_secret: SecretRef | None = Field(default=None, description="a Secret whose tenants.yaml maps API keys to tenants")
+    default_quotas: Quotas | None = None
+
+
+class AutoPinning(KubeModel):
+    enabled: bool = True
+    hot_set_size: int | None = Field(default=None, ge=0, description="default: device slots minus headroom")
+    headroom_slots: int = Field(default=1, ge=0, description="slots left for the long tail")
+    hysteresis: float = Field(
+        default=0.2, ge=0, le=1, description="a pinned adapter stays until its rate falls this far below the cut"
+    )
+
+
+class BaseModelSpec(KubeModel):
+    source: ModelSource
+    engine: EngineSizing = Field(default_factory=EngineSizing)
+    replicas: int = Field(default=1, ge=0, le=256)
+    resources: ServingResources = Field(default_factory=ServingResources)
+    adapter_store: AdapterStore = Field(default_factory=AdapterStore)
+    routing: Routing = Field(default_factory=Routing)
+    tenancy: Tenancy = Field(default_factory=Tenancy)
+    auto_pinning: AutoPinning = Field(default_factory=AutoPinning)
+
+
+class BaseModelStatus(KubeModel):
+    phase: Literal["Pending", "Progressing", "Ready", "Degraded"] = "Pending"
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = None
+    replicas: int = 0
+    ready_replicas: int = 0
+    fingerprint: str | None = Field(default=None, description="sha256 of the base's architecture and weights")
+    ready_adapters: int = 0
+    pinned_adapters: list[str] = Field(default_factory=list)
+
+
+class BaseModelResource(KubeModel):
+    api_version: Literal["loraplane.dev/v1alpha1"] = "loraplane.dev/v1alpha1"
+    kind: Literal["BaseModel"] = "BaseModel"
+    metadata: ObjectMeta
+    spec: BaseModelSpec
+    status: BaseModelStatus | None = None

@@ -1,0 +1,63 @@
+"""Shapes both resources use: Kubernetes conditions, Secret references, quotas.
+
+Field names are the Kubernetes spelling (camelCase) on the wire and snake_case in Python; every
+model forbids unknown fields and is strict about types (``"yes"`` is not a boolean), as the API
+server is, so a typo in a manifest is an error rather than a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "loraplane.dev"
+VERSION = "v1alpha1"
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class KubeModel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", strict=True)
+
+    def body(self) -> dict[str, object]:
+        """The JSON the API server stores (camelCase, unset optionals left out)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class Condition(KubeModel):
+    """A Kubernetes status condition (the shape of metav1.Condition)."""
+
+    type: str = Field(min_length=1, max_length=316)
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    message: str = Field(default="", max_length=32768)
+    last_transition_time: str = Field(description="RFC 3339", json_schema_extra={"format": "date-time"})
+    observed_generation: int | None = Field(default=None, ge=0)
+
+
+class SecretKeyRef(KubeModel):
+    """A key in a Secret of the resource's namespace: credentials are referenced, never inlined."""
+
+    name: str = Field(min_length=1, max_length=253)
+    key: str = Field(min_length=1, max_length=253)
+
+
+class SecretRef(KubeModel):
+    name: str = Field(min_length=1, max_length=253)
+
+
+class Quotas(KubeModel):
+    max_concurrent: int | None = Field(default=None, ge=1, description="requests in flight at once; beyond: 429")
+    tokens_per_minute: int | None = Field(default=None, ge=1, description="prompt + completion tokens; beyond: 429")
+
+
+class ObjectMeta(BaseModel):
+    """The metadata fields the operator reads; the rest passes through untouched."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    namespace: str | None = None
+    generation: int | None = None
+    uid: str | None = None

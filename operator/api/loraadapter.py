@@ -1,0 +1,79 @@
+"""`LoraAdapter`: one customer fine-tune of a BaseModel, from its object-store URI and digest to the
+slots that serve it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from loraplane.operator.api.common import DNS_LABEL, Condition, KubeModel, ObjectMeta, Quotas
+
+SOURCE_SCHEMES = ("s3", "file")
+
+
+class AdapterSource(KubeModel):
+    uri: str = Field(description="s3://bucket/prefix or file:///path: a PEFT folder", pattern=r"^(s3|file)://.+$")
+    digest: str = Field(
+        description="sha256 of adapter_model.safetensors, as sha256sum prints it, prefixed sha256:",
+        pattern=r"^sha256:[0-9a-f]{64}$",
+    )
+
+
+class QualityGate(KubeModel):
+    """Replay the adapter's golden outputs on the serving base before it takes traffic."""
+
+    min_token_agreement: float = Field(default=0.9, ge=0, le=1)
+    max_mean_kl: float = Field(default=0.1, ge=0)
+
+
+class LoraAdapterSpec(KubeModel):
+    base_model: str = Field(min_length=1, max_length=253, description="a BaseModel in this namespace")
+    source: AdapterSource
+    tenant: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL)
+    served_name: str | None = Field(default=None, min_length=1, max_length=128, description="default: the object's name")
+    rank: int | None = Field(default=None, ge=1, le=512, description="declared; checked against the files")
+    target_modules: list[str] | None = Field(default=None, description="declared; checked against the files")
+    pinned: bool = Field(default=False, description="keep resident in device slots on every replica")
+    prefetch: bool = Field(default=True, description="stage into every replica's host memory when Ready")
+    rank_policy: Literal["Reject", "Truncate"] = Field(default="Reject", description="above the base's maxLoraRank")
+    quotas: Quotas | None = None
+    quality_gate: QualityGate | None = None
+
+
+class ReplicaPlacement(KubeModel):
+    replica: str
+    tier: Literal["device", "host", "loading", "cold", "failed"]
+
+
+class AdapterMetrics(KubeModel):
+    requests_per_second: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    device_hit_rate: float | None = Field(default=None, ge=0, le=1)
+    host_hit_rate: float | None = Field(default=None, ge=0, le=1)
+    cold_loads: int = 0
+    load_latency_p50_ms: float | None = None
+    load_latency_p99_ms: float | None = None
+    last_updated: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
+
+
+class LoraAdapterStatus(KubeModel):
+    phase: Literal["Pending", "Validating", "Staging", "Ready", "Failed", "Terminating"] = "Pending"
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = None
+    serving_digest: str | None = Field(default=None, description="the version taking new requests")
+    promoting_digest: str | None = Field(default=None, description="a new version being validated and staged")
+    rank: int | None = None
+    size_bytes: int | None = None
+    pinned: bool = False
+    replicas: list[ReplicaPlacement] = Field(default_factory=list)
+    metrics: AdapterMetrics | None = None
+
+
+class LoraAdapterResource(KubeModel):
+    api_version: Literal["loraplane.dev/v1alpha1"] = "loraplane.dev/v1alpha1"
+    kind: Literal["LoraAdapter"] = "LoraAdapter"
+    metadata: ObjectMeta
+    spec: LoraAdapterSpec
+    status: LoraAdapterStatus | None = None

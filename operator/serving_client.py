@@ -1,0 +1,74 @@
+"""The serving replicas' admin API as the operator calls it (the contract `tests/operator` checks
+against a real server). Plain httpx: the operator never imports the engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+
+class ReplicaError(RuntimeError):
+    """A replica answered with an error; ``status`` is its HTTP status (None when unreachable)."""
+
+    def __init__(self, replica: str, message: str, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(f"{replica}: {message}")
+        self.status, self.code, self.detail = status, code, message
+
+
+class ServingClient:
+    def __init__(self, url: str, admin_token: str | None = None, timeout: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+        self.http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout)
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        try:
+            r = await self.http.request(method, path, json=body)
+        except httpx.HTTPError as err:
+            raise ReplicaError(self.url, f"unreachable: {err}") from None
+        if r.status_code >= 400:
+            try:
+                error = r.json().get("error", {})
+            except ValueError:
+                error = {}
+            raise ReplicaError(self.url, error.get("message", r.text), r.status_code, error.get("code"))
+        return r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
+
+    async def base(self) -> dict[str, Any]:
+        """The base this replica serves: name, revision, fingerprint and shape."""
+        result: dict[str, Any] = await self._call("GET", "/admin/base")
+        return result
+
+    async def register(self, name: str, uri: str, digest: str, tenant: str, *, truncate: bool = False) -> dict[str, Any]:
+        body = {"lora_name": name, "lora_path": uri, "digest": digest, "tenant": tenant, "allow_rank_truncation": truncate}
+        result: dict[str, Any] = await self._call("POST", "/admin/adapters", body)
+        return result
+
+    async def action(self, name: str, action: str) -> dict[str, Any]:
+        """``prefetch``, ``pin`` or ``unpin``."""
+        result: dict[str, Any] = await self._call("POST", f"/admin/adapters/{name}/{action}")
+        return result
+
+    async def unregister(self, name: str) -> None:
+        try:
+            await self._call("POST", "/v1/unload_lora_adapter", {"lora_name": name})
+        except ReplicaError as err:
+            if err.status != 404:  # already gone is what we wanted
+                raise
+
+    async def state(self, name: str) -> dict[str, Any] | None:
+        try:
+            result: dict[str, Any] = await self._call("GET", f"/admin/adapters/{name}")
+        except ReplicaError as err:
+            if err.status == 404:
+                return None
+            raise
+        return result
+
+    async def stats(self) -> dict[str, Any]:
+        result: dict[str, Any] = await self._call("GET", "/admin/stats")
+        return result
