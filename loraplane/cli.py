@@ -424,5 +424,29 @@ def crds(folder: Path, check: bool) -> None:
         click.echo(f"wrote {path}")
 
 
+@main.command()
+@click.option("--namespace", "-n", "namespaces", multiple=True, help="Watch these namespaces (repeatable); default: all.")
+@click.option("--standalone", is_flag=True, help="No peering: for a single replica or tests.")
+@click.option("--peering", "peering_name", default="loraplane", show_default=True, help="Peering object for HA.")
+@click.option("--liveness", "liveness_endpoint", default="http://0.0.0.0:8080/healthz", show_default=True)
+def operator(namespaces: tuple[str, ...], standalone: bool, peering_name: str, liveness_endpoint: str) -> None:
+    """Run the kopf operator reconciling BaseModel and LoraAdapter resources (no torch imported)."""
+    import logging
+
+    import kopf
+
+    import loraplane.operator.handlers  # noqa: F401  (registers the handlers)
+
+    kopf.configure(verbose=False)  # kopf's log format and levels, as `kopf run` sets them
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per admin call drowns the reconcile log
+    kopf.run(
+        clusterwide=not namespaces,
+        namespaces=list(namespaces),
+        standalone=standalone,
+        peering_name=None if standalone else peering_name,
+        liveness_endpoint=liveness_endpoint,
+    )
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

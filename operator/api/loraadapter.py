@@ -53,8 +53,7 @@ class AdapterMetrics(KubeModel):
     device_hit_rate: float | None = Field(default=None, ge=0, le=1)
     host_hit_rate: float | None = Field(default=None, ge=0, le=1)
     cold_loads: int = 0
-    load_latency_p50_ms: float | None = None
-    load_latency_p99_ms: float | None = None
+    load_latency_mean_ms: float | None = Field(default=None, description="host or cold load into a device slot")
     last_updated: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
 
 

@@ -55,6 +55,8 @@ class AsyncEngine:
         while not self._stop.is_set():
             self._drain(block=not self.engine.has_unfinished())
             if not self.engine.has_unfinished():
+                if self.engine.adapters.loads_in_flight():
+                    self.engine.adapters.poll()  # a prefetch lands in host memory with no request waiting for it
                 continue
             try:
                 outputs = self.engine.step()

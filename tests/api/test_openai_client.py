@@ -144,3 +144,17 @@ def test_a_client_that_disconnects_frees_its_sequence(server: str) -> None:
     assert not engine.has_unfinished()
     assert engine.blocks.num_free == engine.blocks.num_blocks
     assert engine.metrics.counts["qv4"].completion_tokens - before < 200, "the request ran on after the client left"
+
+
+def test_a_prefetch_lands_in_host_memory_with_no_traffic(server: str, tiny_adapters: dict[str, Path], tiny_llama: Path) -> None:
+    """What the operator relies on when it stages an adapter: an idle server still finishes the load."""
+    admin = httpx.Client(base_url=server, headers={"Authorization": f"Bearer {ADMIN}"})
+    assert admin.get("/admin/base").json()["name"] == tiny_llama.name
+    admin.post(
+        "/admin/adapters", json={"lora_name": "staged", "lora_path": str(tiny_adapters["ku2"]), "tenant": "t", "version": "v2"}
+    )
+    assert admin.post("/admin/adapters/staged/prefetch").status_code == 200
+    deadline = time.monotonic() + 10
+    while (state := admin.get("/admin/adapters/staged").json())["tier"] == "loading" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert state["tier"] == "host" and state["version"] == "v2" and state["requests"] == 0

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import struct
 from pathlib import Path
 
 import pytest
+from broken_adapters import corrupt
 from engine_helpers import engine_greedy, tiny_engine
 from s3_server import ACCESS, SECRET, moto_server, upload_folder
 
@@ -102,42 +102,6 @@ def test_a_failed_load_fails_only_its_own_requests(env, s3, tiny_llama, referenc
     assert engine.adapters.residency("ghost") is Residency.FAILED
 
 
-def _corrupt(folder: Path, out: Path, how: str) -> Path:
-    shutil.copytree(folder, out)
-    weights = out / "adapter_model.safetensors"
-    if how == "nan":
-        raw = bytearray(weights.read_bytes())
-        header = struct.unpack("<Q", raw[:8])[0]
-        raw[8 + header : 8 + header + 4] = struct.pack("<f", float("nan"))
-        weights.write_bytes(bytes(raw))
-    elif how == "base":
-        config = json.loads((out / "adapter_config.json").read_text())
-        (out / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "meta-llama/Llama-3-8B"}))
-    elif how == "rank":
-        config = json.loads((out / "adapter_config.json").read_text())
-        (out / "adapter_config.json").write_text(json.dumps({**config, "r": 6}))
-    elif how == "pickle":
-        (out / "adapter_model.bin").write_bytes(b"\x80\x04")
-    elif how == "missing":
-        weights.unlink()
-    elif how == "config":
-        (out / "adapter_config.json").write_text("{not json")
-    elif how in ("target", "layer", "half", "empty"):
-        from safetensors.torch import load_file, save_file
-
-        tensors = load_file(str(weights))
-        if how == "target":
-            tensors = {k.replace("q_proj", "lm_head"): v for k, v in tensors.items()}
-        elif how == "layer":
-            tensors = {k.replace("layers.0.", "layers.99."): v for k, v in tensors.items()}
-        elif how == "half":
-            tensors = {k: v for k, v in tensors.items() if "lora_B" not in k or "layers.1." not in k}
-        else:
-            tensors = {}
-        save_file(tensors, str(weights))
-    return out
-
-
 @pytest.mark.parametrize(
     ("how", "code"),
     [("nan", ErrorCode.CORRUPT_SAFETENSORS), ("base", ErrorCode.BASE_MISMATCH), ("rank", ErrorCode.SHAPE_MISMATCH),
@@ -147,7 +111,7 @@ def _corrupt(folder: Path, out: Path, how: str) -> Path:
 )  # fmt: skip
 def test_invalid_adapters_from_s3_fail_alone(env, s3, tiny_llama, tiny_adapters, reference, tmp_path, how, code) -> None:
     endpoint, uris = s3
-    bad = _corrupt(tiny_adapters["all8"], tmp_path / "bad", how)
+    bad = corrupt(tiny_adapters["all8"], tmp_path / "bad", how)
     uri = upload_folder(endpoint, "adapters", f"broken/{how}", bad)
     # "large": a limit the small qv4 adapter meets and the rank-8 all-module one does not.
     limit = (tiny_adapters["qv4"] / "adapter_model.safetensors").stat().st_size if how == "large" else 2**30

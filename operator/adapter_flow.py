@@ -1,0 +1,158 @@
+"""One LoraAdapter from manifest to Ready: validate → register with every ready replica of its base →
+stage into host memory → pin when asked → Ready. Each step is a condition with a reason; a failure
+is a reason on this adapter alone.
+
+A change of ``spec.source`` is a promotion: the new version is validated while the old one keeps
+serving; a version that fails validation leaves the old one serving with ``Promoted=False``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from loraplane.adapter_format import BaseShape
+from loraplane.adapter_format.sources import S3Settings
+from loraplane.operator import cluster
+from loraplane.operator.adapter_check import CheckFailed, check_adapter
+from loraplane.operator.api.basemodel import BaseModelSpec
+from loraplane.operator.api.common import Condition
+from loraplane.operator.api.loraadapter import LoraAdapterSpec, LoraAdapterStatus, ReplicaPlacement
+from loraplane.operator.conditions import Status, set_condition
+from loraplane.operator.serving_client import ReplicaError, ServingClient
+from loraplane.operator.settings import OperatorSettings
+
+
+def parse_status(raw: Mapping[str, Any] | None) -> LoraAdapterStatus:
+    """Our fields of the stored status; anything else there (another tool's) is ignored."""
+    known = {f.alias or name for name, f in LoraAdapterStatus.model_fields.items()}
+    return LoraAdapterStatus.model_validate({k: v for k, v in (raw or {}).items() if k in known})
+
+
+@dataclass
+class Outcome:
+    """What a reconcile decided: the status to write and the Events to post."""
+
+    status: LoraAdapterStatus
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+
+    def condition(self, type_: str, status: Status, reason: str, message: str, generation: int | None) -> None:
+        before = next((c for c in self.status.conditions if c.type == type_), None)
+        self.status.conditions = set_condition(self.status.conditions, type_, status, reason, message, generation)
+        if before is None or (before.status, before.reason) != (status, reason):
+            self.events.append(("Normal" if status == "True" else "Warning", reason, message))
+
+
+async def s3_settings(namespace: str, base: BaseModelSpec) -> S3Settings:
+    store = base.adapter_store
+    access = secret = None
+    if store.credentials_secret is not None:
+        data = await cluster.read_secret(namespace, store.credentials_secret.name)
+        access, secret = data.get("AWS_ACCESS_KEY_ID"), data.get("AWS_SECRET_ACCESS_KEY")
+    return S3Settings(endpoint=store.endpoint, access_key=access, secret_key=secret, region=store.region)
+
+
+async def stage(client: ServingClient, served: str, spec: LoraAdapterSpec, *, pinned: bool) -> str:
+    """Register, prefetch, pin or unpin on one replica; returns the tier it reports."""
+    await client.register(served, spec.source.uri, spec.source.digest, spec.tenant, truncate=spec.rank_policy == "Truncate")
+    if spec.prefetch or pinned:
+        await client.action(served, "prefetch")
+    state = await client.action(served, "pin" if pinned else "unpin")
+    return str(state.get("tier", "cold"))
+
+
+async def reconcile(
+    name: str, namespace: str, generation: int | None, spec_raw: Mapping[str, Any], status_raw: Mapping[str, Any] | None,
+    settings: OperatorSettings,
+) -> Outcome:  # fmt: skip
+    spec = LoraAdapterSpec.model_validate(dict(spec_raw))
+    out = Outcome(parse_status(status_raw))
+    out.status.observed_generation = generation
+    base_obj = await cluster.get_custom(namespace, "basemodels", spec.base_model)
+    if base_obj is None:
+        out.status.phase = "Pending" if out.status.serving_digest is None else out.status.phase
+        out.condition(
+            "Ready", "False", "BaseModelNotFound", f"BaseModel {spec.base_model!r} does not exist in {namespace}", generation
+        )
+        return out
+    base = BaseModelSpec.model_validate(base_obj["spec"])
+    replicas = await cluster.ready_replicas(namespace, spec.base_model)
+    if not replicas:
+        out.condition("Staged", "False", "NoReadyReplicas", f"no serving replica of {spec.base_model!r} is ready yet", generation)
+        out.status.phase = "Pending" if out.status.serving_digest is None else out.status.phase
+        return out
+    clients = [ServingClient(r.url, settings.admin_token) for r in replicas]
+    try:
+        return await _reconcile_on(name, namespace, generation, spec, base, replicas, clients, out)
+    except ReplicaError as err:
+        out.condition("Staged", "False", "ReplicaError", str(err), generation)
+        out.status.phase = "Staging" if out.status.serving_digest is None else out.status.phase
+        return out
+    finally:
+        await asyncio.gather(*(c.close() for c in clients))
+
+
+async def _reconcile_on(
+    name: str, namespace: str, generation: int | None, spec: LoraAdapterSpec, base: BaseModelSpec,
+    replicas: list[cluster.Replica], clients: list[ServingClient], out: Outcome,
+) -> Outcome:  # fmt: skip
+    status = out.status
+    digest = spec.source.digest
+    promoting = status.serving_digest is not None and status.serving_digest != digest
+    if status.serving_digest != digest:
+        shape = BaseShape.model_validate(await clients[0].base())
+        s3 = await s3_settings(namespace, base)
+        try:
+            manifest = await asyncio.to_thread(check_adapter, spec, shape, base.engine.max_lora_rank, s3)
+        except CheckFailed as err:
+            if promoting:
+                status.promoting_digest = None
+                out.condition(
+                    "Promoted",
+                    "False",
+                    err.reason,
+                    f"{digest} refused, {status.serving_digest} keeps serving: {err.message}",
+                    generation,
+                )
+            else:
+                status.phase = "Failed"
+                out.condition("Validated", "False", err.reason, err.message, generation)
+                out.condition("Ready", "False", err.reason, err.message, generation)
+            return out
+        out.condition(
+            "Validated", "True", "Valid", f"rank {manifest.rank}, {len(manifest.target_modules)} target modules", generation
+        )
+        status.rank, status.size_bytes = manifest.rank, manifest.size_bytes
+    served = spec.served_name or name
+    pinned = spec.pinned
+    tiers = await asyncio.gather(*(stage(c, served, spec, pinned=pinned) for c in clients))
+    status.replicas = [ReplicaPlacement(replica=r.name, tier=t) for r, t in zip(replicas, tiers, strict=True)]  # type: ignore[arg-type]
+    status.pinned = pinned
+    status.serving_digest, status.promoting_digest = digest, None
+    status.phase = "Ready"
+    out.condition("Staged", "True", "Staged", f"registered on {len(replicas)} replicas", generation)
+    if promoting:
+        out.condition("Promoted", "True", "Promoted", f"now serving {digest}", generation)
+    out.condition("Ready", "True", "Serving", f"served as {served!r}", generation)
+    return out
+
+
+async def unregister_everywhere(name: str, namespace: str, spec_raw: Mapping[str, Any], settings: OperatorSettings) -> None:
+    """Remove the adapter from every ready replica of its base (before the finalizer goes)."""
+    spec = LoraAdapterSpec.model_validate(dict(spec_raw))
+    served = spec.served_name or name
+    clients = [ServingClient(r.url, settings.admin_token) for r in await cluster.ready_replicas(namespace, spec.base_model)]
+    try:
+        await asyncio.gather(*(c.unregister(served) for c in clients))
+    except ReplicaError as err:
+        raise kopf.TemporaryError(f"unregistering {served}: {err}", delay=settings.retry_delay) from None
+    finally:
+        await asyncio.gather(*(c.close() for c in clients))
+
+
+def condition_list(conditions: list[Condition]) -> list[dict[str, object]]:
+    return [c.body() for c in conditions]

@@ -1,0 +1,157 @@
+"""A BaseModel's periodic sync with its serving replicas.
+
+Every ``sync_interval`` seconds, per BaseModel:
+1. each ready replica gets every Ready adapter of the base it does not know (a new or restarted
+   replica is re-staged without anyone acting);
+2. the replicas' per-adapter counters become each LoraAdapter's ``status.metrics`` — written only
+   when a figure moved and at most once per ``metrics_interval`` per adapter;
+3. auto-pinning pins the hot set that fits the device slots (minus headroom), with hysteresis;
+4. the BaseModel's own status: replicas, fingerprint, Ready adapters, pins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from loraplane.operator import cluster, decisions
+from loraplane.operator.adapter_flow import parse_status, stage
+from loraplane.operator.api.basemodel import BaseModelSpec
+from loraplane.operator.api.loraadapter import LoraAdapterSpec
+from loraplane.operator.conditions import now_rfc3339
+from loraplane.operator.serving_client import ReplicaError, ServingClient
+from loraplane.operator.settings import OperatorSettings
+
+
+@dataclass
+class BaseMemory:
+    """What one BaseModel's sync remembers between runs (in the operator's memory: a restart only
+    costs one interval of rate history)."""
+
+    samples: dict[str, decisions.Sample] = field(default_factory=dict)
+    last_write: dict[str, float] = field(default_factory=dict)
+    auto_pinned: set[str] = field(default_factory=set)
+    status_writes: int = 0
+
+
+@dataclass
+class AdapterView:
+    name: str  # the LoraAdapter object's name
+    served: str
+    spec: LoraAdapterSpec
+    status: Any
+
+
+def _adapters_of(base: str, objects: list[dict[str, Any]]) -> list[AdapterView]:
+    views = []
+    for obj in objects:
+        if obj.get("spec", {}).get("baseModel") != base or obj["metadata"].get("deletionTimestamp"):
+            continue
+        try:
+            spec = LoraAdapterSpec.model_validate(obj["spec"])
+        except ValueError:
+            continue  # its own reconcile reports the bad spec
+        views.append(
+            AdapterView(
+                obj["metadata"]["name"], spec.served_name or obj["metadata"]["name"], spec, parse_status(obj.get("status"))
+            )
+        )
+    return views
+
+
+async def sync_base(
+    name: str, namespace: str, spec_raw: Mapping[str, Any], memory: BaseMemory, settings: OperatorSettings
+) -> dict[str, Any]:
+    """One sync; returns the BaseModel's status patch."""
+    base = BaseModelSpec.model_validate(dict(spec_raw))
+    replicas = await cluster.ready_replicas(namespace, name)
+    adapters = _adapters_of(name, await cluster.list_custom(namespace, "loraadapters"))
+    ready = {a.served: a for a in adapters if a.status.phase == "Ready"}
+    clients = {r.name: ServingClient(r.url, settings.admin_token) for r in replicas}
+    fingerprint = None
+    try:
+        stats: dict[str, dict[str, Any]] = {}
+        for replica, client in clients.items():
+            try:
+                stats[replica] = (await client.stats())["adapters"]
+                if fingerprint is None:
+                    fingerprint = (await client.base()).get("fingerprint")
+            except ReplicaError:
+                continue  # unreachable now; the next sync tries again
+        pins = _pins(base, ready, stats, memory)
+        for replica, known in stats.items():
+            for served in decisions.missing(known, ready):
+                try:
+                    await stage(clients[replica], served, ready[served].spec, pinned=served in pins)
+                except ReplicaError:
+                    continue
+        await _apply_pins(pins, ready, stats, clients)
+        await _write_metrics(namespace, ready, stats, pins, memory, settings)
+    finally:
+        await asyncio.gather(*(c.close() for c in clients.values()))
+    return {
+        "phase": "Ready" if replicas else "Progressing",
+        "replicas": base.replicas,
+        "readyReplicas": len(replicas),
+        "readyAdapters": len(ready),
+        "fingerprint": fingerprint,
+        "pinnedAdapters": sorted(pins),
+        "observedGeneration": None,
+    }
+
+
+def _pins(base: BaseModelSpec, ready: dict[str, AdapterView], stats: dict[str, dict[str, Any]], memory: BaseMemory) -> set[str]:
+    """Adapters pinned by their manifest, plus the auto-pinned hot set."""
+    pinned = {served for served, a in ready.items() if a.spec.pinned}
+    auto = base.auto_pinning
+    if auto.enabled and stats:
+        slots = auto.hot_set_size if auto.hot_set_size is not None else base.engine.max_loras - auto.headroom_slots
+        rates = {}
+        for served in ready:
+            previous = memory.samples.get(served)
+            now = decisions.sample(time.monotonic(), [s[served] for s in stats.values() if served in s])
+            if previous is not None and now.at > previous.at:
+                rates[served] = max(0, now.requests - previous.requests) / (now.at - previous.at)
+        if rates:
+            memory.auto_pinned = decisions.hot_set(rates, slots - len(pinned), memory.auto_pinned, auto.hysteresis)
+    return pinned | (memory.auto_pinned & set(ready))
+
+
+async def _apply_pins(
+    pins: set[str], ready: dict[str, AdapterView], stats: dict[str, dict[str, Any]], clients: dict[str, ServingClient]
+) -> None:
+    for replica, known in stats.items():
+        for served in ready:
+            entry = known.get(served)
+            if entry is None or bool(entry.get("pinned")) == (served in pins):
+                continue
+            try:
+                await clients[replica].action(served, "pin" if served in pins else "unpin")
+            except ReplicaError:
+                continue
+
+
+async def _write_metrics(
+    namespace: str, ready: dict[str, AdapterView], stats: dict[str, dict[str, Any]], pins: set[str], memory: BaseMemory,
+    settings: OperatorSettings,
+) -> None:  # fmt: skip
+    now = time.monotonic()
+    for served, view in ready.items():
+        entries = [s[served] for s in stats.values() if served in s]
+        current = decisions.sample(now, entries)
+        previous = memory.samples.get(served)
+        new = decisions.metrics(previous, current, now_rfc3339())
+        memory.samples[served] = current
+        if now - memory.last_write.get(served, -1e9) < settings.metrics_interval:
+            continue
+        placements = [{"replica": r, "tier": s[served].get("tier", "cold")} for r, s in sorted(stats.items()) if served in s]
+        pinned_changed = view.status.pinned != (served in pins)
+        if not decisions.worth_writing(view.status.metrics, new) and not pinned_changed:
+            continue
+        patch = {"metrics": new.body(), "replicas": placements, "pinned": served in pins}
+        await cluster.patch_status(namespace, "loraadapters", view.name, patch)
+        memory.last_write[served] = now
+        memory.status_writes += 1

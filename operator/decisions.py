@@ -1,0 +1,98 @@
+"""The operator's decisions as pure functions of plain inputs: what the replicas' figures mean for an
+adapter's status, when a status write is worth it, which adapters a replica lacks, which to pin.
+Handlers gather the inputs and apply the outputs; everything here is tested without a cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from loraplane.operator.api.loraadapter import AdapterMetrics
+
+
+@dataclass(frozen=True)
+class Sample:
+    """An adapter's counters summed over the replicas at one moment."""
+
+    at: float
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    device_hits: int = 0
+    host_hits: int = 0
+    cold_loads: int = 0
+    load_count: int = 0
+    load_seconds: float = 0.0
+
+
+def sample(at: float, per_replica: Iterable[Mapping[str, Any]]) -> Sample:
+    """Sum one adapter's ``/admin/stats`` entries from every replica that knows it."""
+    fields: dict[str, float] = {}
+    for entry in per_replica:
+        for key in ("requests", "prompt_tokens", "completion_tokens", "device_hits", "host_hits", "cold_loads"):
+            fields[key] = fields.get(key, 0) + int(entry.get(key, 0))
+        for tier in (entry.get("load_seconds") or {}).values():
+            fields["load_count"] = fields.get("load_count", 0) + int(tier["count"])
+            fields["load_seconds"] = fields.get("load_seconds", 0.0) + float(tier["sum"])
+    return Sample(at=at, **{k: (v if k == "load_seconds" else int(v)) for k, v in fields.items()})  # type: ignore[arg-type]
+
+
+def metrics(previous: Sample | None, now: Sample, last_updated: str) -> AdapterMetrics:
+    """Status figures: rates over the interval since ``previous`` (counters restart with a replica,
+    so a negative difference counts as a fresh start), hit rates over everything seen."""
+    rate = 0.0
+    if previous is not None and now.at > previous.at:
+        delta = now.requests - previous.requests
+        rate = (delta if delta >= 0 else now.requests) / (now.at - previous.at)
+    arrivals = now.device_hits + now.host_hits + now.cold_loads
+    mean_load = 1e3 * now.load_seconds / now.load_count if now.load_count else None
+    return AdapterMetrics(
+        requests_per_second=round(rate, 3),
+        prompt_tokens=now.prompt_tokens,
+        completion_tokens=now.completion_tokens,
+        device_hit_rate=round(now.device_hits / arrivals, 4) if arrivals else None,
+        host_hit_rate=round(now.host_hits / arrivals, 4) if arrivals else None,
+        cold_loads=now.cold_loads,
+        load_latency_mean_ms=round(mean_load, 2) if mean_load is not None else None,
+        last_updated=last_updated,
+    )
+
+
+def worth_writing(old: AdapterMetrics | None, new: AdapterMetrics, *, min_relative_change: float = 0.1) -> bool:
+    """Write status only when a figure a person reads moved: a cluster with thousands of adapters
+    must not send thousands of writes per interval for counters that crept up by one."""
+    if old is None:
+        return True
+
+    def moved(a: float | None, b: float | None, floor: float) -> bool:
+        if (a is None) != (b is None):
+            return True
+        if a is None or b is None:
+            return False
+        return abs(a - b) > max(floor, min_relative_change * max(abs(a), abs(b)))
+
+    return (
+        moved(old.requests_per_second, new.requests_per_second, 0.05)
+        or moved(old.device_hit_rate, new.device_hit_rate, 0.02)
+        or moved(old.host_hit_rate, new.host_hit_rate, 0.02)
+        or new.cold_loads != old.cold_loads
+        or moved(float(old.completion_tokens), float(new.completion_tokens), 100)
+    )
+
+
+def missing(registered: Iterable[str], ready: Iterable[str]) -> list[str]:
+    """Ready adapters a replica does not know (it is new, or it restarted), in name order."""
+    have = set(registered)
+    return sorted(name for name in ready if name not in have)
+
+
+def hot_set(
+    rates: Mapping[str, float], slots: int, pinned_now: Iterable[str], hysteresis: float, min_rate: float = 0.0
+) -> set[str]:
+    """The adapters to pin: the ``slots`` hottest by request rate above ``min_rate``. A pinned
+    adapter's rate counts ``1 + hysteresis`` times when ranking, so a challenger must beat it
+    clearly to take its pin and two adapters trading places by a request or two do not flap."""
+    incumbents = set(pinned_now)
+    score = {n: r * (1 + hysteresis) if n in incumbents else r for n, r in rates.items() if r > min_rate}
+    return set(sorted(score, key=lambda n: (-score[n], n))[: max(0, slots)])

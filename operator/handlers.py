@@ -1,0 +1,58 @@
+"""The kopf handlers: thin. Each parses its object, calls the flow that decides and acts, writes the
+status and posts Events. `loraplane operator` runs them."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from loraplane.operator import cluster
+from loraplane.operator.adapter_flow import reconcile, unregister_everywhere
+from loraplane.operator.api import GROUP, VERSION
+from loraplane.operator.base_sync import BaseMemory, sync_base
+from loraplane.operator.settings import OperatorSettings
+
+SETTINGS = OperatorSettings()
+MEMORY: dict[tuple[str, str], BaseMemory] = {}
+WAITING_REASONS = {"BaseModelNotFound", "NoReadyReplicas", "ReplicaError"}
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # Progress and diff-base in annotations: status stays exactly what the CRD schema describes.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.posting.level = logging.INFO
+
+
+@kopf.on.resume(GROUP, VERSION, "loraadapters")
+@kopf.on.create(GROUP, VERSION, "loraadapters")
+@kopf.on.update(GROUP, VERSION, "loraadapters", field="spec")
+async def adapter_changed(
+    body: kopf.Body, name: str, namespace: str | None, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status, **_: Any
+) -> None:
+    namespace = namespace or "default"  # both kinds are namespaced; kopf's type allows cluster scope
+    out = await reconcile(name, namespace, meta.get("generation"), spec, status, SETTINGS)
+    await cluster.patch_status(namespace, "loraadapters", name, out.status.body())
+    for type_, reason, message in out.events:
+        kopf.event(body, type=type_, reason=reason, message=message)
+    waiting = [c for c in out.status.conditions if c.status != "True" and c.reason in WAITING_REASONS]
+    if waiting:
+        raise kopf.TemporaryError(f"{waiting[0].reason}: {waiting[0].message}", delay=SETTINGS.retry_delay)
+
+
+@kopf.on.delete(GROUP, VERSION, "loraadapters")
+async def adapter_deleted(name: str, namespace: str | None, spec: kopf.Spec, **_: Any) -> None:
+    """Unregistered from every replica before the finalizer is removed."""
+    await unregister_everywhere(name, namespace or "default", spec, SETTINGS)
+
+
+@kopf.timer(GROUP, VERSION, "basemodels", interval=SETTINGS.sync_interval, initial_delay=1.0)
+async def base_sync(name: str, namespace: str | None, spec: kopf.Spec, **_: Any) -> None:
+    namespace = namespace or "default"
+    memory = MEMORY.setdefault((namespace, name), BaseMemory())
+    status = await sync_base(name, namespace, spec, memory, SETTINGS)
+    await cluster.patch_status(namespace, "basemodels", name, {k: v for k, v in status.items() if v is not None})

@@ -1,0 +1,137 @@
+"""A Kubernetes API for the tests: kmock's emulator served from a background thread, and the calls a
+test makes against it the way kubectl would (plain HTTP, JSON). kmock keeps objects, watches,
+merge patches and finalizers, but validates nothing; tests validate manifests against the CRD
+schemas themselves (see crd_schema.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import kmock
+import yaml
+
+VERBS = {"list", "watch", "get", "create", "patch", "update", "delete"}
+RESOURCES = {
+    "v1/namespaces": ("Namespace", False, set()),
+    "v1/pods": ("Pod", True, {"status"}),
+    "v1/secrets": ("Secret", True, set()),
+    "v1/events": ("Event", True, set()),
+    "loraplane.dev/v1alpha1/basemodels": ("BaseModel", True, {"status"}),
+    "loraplane.dev/v1alpha1/loraadapters": ("LoraAdapter", True, {"status"}),
+}
+PLURALS = {
+    "Pod": "pods",
+    "Secret": "secrets",
+    "BaseModel": "basemodels",
+    "LoraAdapter": "loraadapters",
+    "Namespace": "namespaces",
+}
+
+
+def _path(kind: str, namespace: str | None, name: str | None = None) -> str:
+    plural = PLURALS[kind]
+    prefix = "/api/v1" if kind in ("Pod", "Secret", "Namespace") else "/apis/loraplane.dev/v1alpha1"
+    ns = f"/namespaces/{namespace}" if namespace and kind != "Namespace" else ""
+    return f"{prefix}{ns}/{plural}" + (f"/{name}" if name else "")
+
+
+def _merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    patch: dict[str, Any] = {k: None for k in old if k not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        patch[key] = _merge_patch(before, value) if isinstance(value, dict) and isinstance(before, dict) else value
+    return patch
+
+
+class Kube:
+    def __init__(self, url: str, kubeconfig: Path) -> None:
+        self.url, self.kubeconfig = url, kubeconfig
+        self.http = httpx.Client(base_url=url, timeout=30)
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create, or merge-patch the spec of an existing object (what `kubectl apply` amounts to here)."""
+        meta = obj["metadata"]
+        path = _path(obj["kind"], meta.get("namespace"), meta["name"])
+        current = self.http.get(path)
+        if current.status_code == 200:
+            # kubectl apply removes the fields the new manifest no longer sets: null them in the merge patch.
+            spec = _merge_patch(current.json().get("spec") or {}, obj.get("spec") or {})
+            r = self.http.patch(path, json={"spec": spec, "metadata": {"labels": meta.get("labels", {})}},
+                                headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
+        else:
+            # What an API server adds and kmock does not: kopf's patches test resourceVersion, and
+            # the printer columns read creationTimestamp.
+            stamped = {**meta, "resourceVersion": "1", "uid": str(uuid.uuid4()),
+                       "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+            r = self.http.post(_path(obj["kind"], meta.get("namespace")), json={**obj, "metadata": stamped})
+        r.raise_for_status()
+        result: dict[str, Any] = r.json()
+        return result
+
+    def get(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        r = self.http.get(_path(kind, namespace, name))
+        if r.status_code == 404:
+            return None
+        r.raise_for_status()
+        result: dict[str, Any] = r.json()
+        return result
+
+    def delete(self, kind: str, namespace: str | None, name: str) -> None:
+        self.http.delete(_path(kind, namespace, name)).raise_for_status()
+
+    def wait_for(self, what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = check()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+            time.sleep(0.2)
+
+
+@contextmanager
+def kube_emulator(folder: Path) -> Iterator[Kube]:
+    """kmock on a free port in its own thread and event loop; a kubeconfig pointing at it in ``folder``."""
+    started: dict[str, Any] = {}
+    stop = threading.Event()
+
+    async def serve() -> None:
+        async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator):
+            for key, (kind, namespaced, subresources) in RESOURCES.items():
+                emulator.resources[key] = kmock.ResourceInfo(
+                    kind=kind, namespaced=namespaced, verbs=VERBS, subresources=subresources
+                )
+            started["url"] = str(emulator.url).rstrip("/")
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+
+    thread = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while "url" not in started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("kmock did not start")
+        time.sleep(0.02)
+    url = started["url"]
+    kubeconfig = folder / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "kmock", "cluster": {"server": url}}],
+        "users": [{"name": "test", "user": {"token": "test"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "test"}}],
+        "current-context": "kmock",
+    }))  # fmt: skip
+    try:
+        yield Kube(url, kubeconfig)
+    finally:
+        stop.set()
+        thread.join(timeout=10)

@@ -1,0 +1,271 @@
+"""The real operator process (`loraplane operator`) against kmock's Kubernetes API, with real serving
+replicas on loopback (tiny model; their Pod objects point at the local ports) and a real S3 server
+(moto). Every manifest is checked against the generated CRD schema before it is applied, because
+kmock validates nothing."""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from broken_adapters import corrupt
+from crd_schema import errors
+from engine_helpers import tiny_engine
+from kube_emulator import Kube, kube_emulator
+from s3_server import ACCESS, SECRET, moto_server, upload_folder
+
+from loraplane.adapter_format import file_digest
+from loraplane.operator.cluster import ADMIN_URL_ANNOTATION, BASE_LABEL, COMPONENT_LABEL
+from loraplane.serving.api.app import create_app
+from loraplane.serving.api.loopback import free_port, serve_app
+
+NS = "team-a"
+ADMIN = "admin-secret"
+pytestmark = pytest.mark.slow
+
+
+def digest_of(folder: Path) -> str:
+    return file_digest(folder / "adapter_model.safetensors")
+
+
+@dataclass
+class Stack:
+    kube: Kube
+    endpoint: str
+    tiny_llama: Path
+    folder: Path
+    uris: dict[str, str] = field(default_factory=dict)
+    digests: dict[str, str] = field(default_factory=dict)
+    replicas: dict[str, str] = field(default_factory=dict)  # pod name -> URL
+    operator: subprocess.Popen[bytes] | None = None
+    exits: ExitStack = field(default_factory=ExitStack)
+
+    def apply(self, manifest: dict[str, Any]) -> None:
+        if manifest["kind"] in ("BaseModel", "LoraAdapter"):
+            assert errors(manifest) == [], errors(manifest)
+        self.kube.apply(manifest)
+
+    def start_replica(self, name: str) -> str:
+        cache = self.folder / f"cache-{name}"
+
+        def make():  # type: ignore[no-untyped-def]
+            return tiny_engine(
+                self.tiny_llama, cache, max_loras=2, max_lora_rank=8, s3_endpoint=self.endpoint, s3_access_key=ACCESS,
+                s3_secret_key=SECRET, s3_region="us-east-1",
+            )  # fmt: skip
+
+        url = self.exits.enter_context(serve_app(create_app(make, admin_token=ADMIN)))
+        self.replicas[name] = url
+        self.apply({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS, "labels": {BASE_LABEL: "tiny", COMPONENT_LABEL: "serving"},
+                         "annotations": {ADMIN_URL_ANNOTATION: url}},
+            "spec": {"containers": [{"name": "serving", "image": "loraplane/serving"}]},
+            "status": {"phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
+        })  # fmt: skip
+        return url
+
+    def start_operator(self) -> None:
+        port = free_port()
+        env = dict(os.environ, KUBECONFIG=str(self.kube.kubeconfig), LORAPLANE_ADMIN_TOKEN=ADMIN,
+                   LORAPLANE_SYNC_INTERVAL="1", LORAPLANE_METRICS_INTERVAL="0", LORAPLANE_RETRY_DELAY="1")  # fmt: skip
+        log = (self.folder / "operator.log").open("ab")
+        # Cluster-wide: with a namespace list kopf lists /api/v1/namespaces, a path kmock 0.8 cannot parse.
+        args = ["operator", "--standalone", "--liveness", f"http://127.0.0.1:{port}/healthz"]
+        self.operator = subprocess.Popen([sys.executable, "-m", "loraplane.cli", *args], env=env, stdout=log, stderr=log)
+
+        def alive() -> bool:
+            assert self.operator is not None and self.operator.poll() is None, self.log()
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        self.kube.wait_for("the operator's liveness endpoint", alive, timeout=60)
+
+    def stop_operator(self, sig: int = signal.SIGTERM) -> None:
+        assert self.operator is not None
+        self.operator.send_signal(sig)
+        self.operator.wait(timeout=30)
+
+    def log(self) -> str:
+        return (self.folder / "operator.log").read_text()[-4000:]
+
+    def adapter(self, name: str) -> dict[str, Any]:
+        obj = self.kube.get("LoraAdapter", NS, name)
+        assert obj is not None
+        return obj
+
+    def wait_phase(self, name: str, phase: str, timeout: float = 60) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            obj = self.kube.get("LoraAdapter", NS, name)
+            return obj if obj and obj.get("status", {}).get("phase") == phase else None
+
+        try:
+            return self.kube.wait_for(f"{name} to be {phase}", check, timeout)  # type: ignore[no-any-return]
+        except AssertionError:
+            raise AssertionError(f"{self.kube.get('LoraAdapter', NS, name)}\n--- operator log ---\n{self.log()}") from None
+
+    def on_replica(self, url: str, served: str) -> dict[str, Any] | None:
+        r = httpx.get(f"{url}/admin/adapters/{served}", headers={"Authorization": f"Bearer {ADMIN}"})
+        return r.json() if r.status_code == 200 else None
+
+
+def lora(name: str, uri: str, digest: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "loraplane.dev/v1alpha1", "kind": "LoraAdapter",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"baseModel": "tiny", "tenant": "acme", "source": {"uri": uri, "digest": digest}, **spec},
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    folder = tmp_path_factory.mktemp("operator")
+    with ExitStack() as outer:
+        endpoint = outer.enter_context(moto_server())
+        kube = outer.enter_context(kube_emulator(folder))
+        s = Stack(kube, endpoint, tiny_llama, folder)
+        outer.enter_context(s.exits)
+        for name, path in tiny_adapters.items():
+            s.uris[name] = upload_folder(endpoint, "adapters", f"acme/{name}", path)
+            s.digests[name] = digest_of(path)
+        for how in ("base", "missing", "nan", "pickle"):
+            bad = corrupt(tiny_adapters["qv4"], folder / f"bad-{how}", how)
+            s.uris[how] = upload_folder(endpoint, "adapters", f"broken/{how}", bad)
+            s.digests[how] = digest_of(tiny_adapters["qv4"]) if how == "missing" else digest_of(bad)
+        secret = {
+            k: base64.b64encode(v.encode()).decode()
+            for k, v in {"AWS_ACCESS_KEY_ID": ACCESS, "AWS_SECRET_ACCESS_KEY": SECRET}.items()
+        }
+        s.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "adapter-store", "namespace": NS}, "data": secret})
+        s.apply({
+            "apiVersion": "loraplane.dev/v1alpha1", "kind": "BaseModel", "metadata": {"name": "tiny", "namespace": NS},
+            "spec": {
+                "source": {"uri": str(tiny_llama)}, "replicas": 2,
+                "engine": {"maxLoras": 2, "maxLoraRank": 8, "maxCpuLoras": 8},
+                "adapterStore": {"endpoint": endpoint, "region": "us-east-1", "credentialsSecret": {"name": "adapter-store"}},
+                "autoPinning": {"enabled": False},
+            },
+        })  # fmt: skip
+        s.start_replica("tiny-serving-0")
+        s.start_replica("tiny-serving-1")
+        s.start_operator()
+        try:
+            yield s
+        finally:
+            if s.operator is not None and s.operator.poll() is None:
+                s.stop_operator()
+
+
+def test_a_valid_adapter_is_validated_staged_and_ready_on_every_replica(stack: Stack) -> None:
+    stack.apply(lora("support", stack.uris["qv4"], stack.digests["qv4"], rank=4, pinned=True))
+    obj = stack.wait_phase("support", "Ready")
+    status = obj["status"]
+    assert {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]} == {
+        "Validated": ("True", "Valid"), "Staged": ("True", "Staged"), "Ready": ("True", "Serving"),
+    }  # fmt: skip
+    assert status["servingDigest"] == stack.digests["qv4"] and status["rank"] == 4 and status["pinned"] is True
+    assert sorted(r["replica"] for r in status["replicas"]) == ["tiny-serving-0", "tiny-serving-1"]
+    for url in stack.replicas.values():
+        state = stack.on_replica(url, "support")
+        assert state is not None and state["tenant"] == "acme" and state["pinned"] and state["digest"] == stack.digests["qv4"]
+
+        def staged(url: str = url) -> bool:  # prefetch runs in the background; pinned adapters end on the device
+            state = stack.on_replica(url, "support")
+            return state is not None and state["tier"] in ("host", "device")
+
+        stack.kube.wait_for(f"the prefetch to land: {stack.on_replica(url, 'support')}", staged, timeout=20)
+
+
+def test_request_figures_reach_the_adapters_status(stack: Stack) -> None:
+    stack.wait_phase("support", "Ready")
+    client = openai.OpenAI(base_url=f"{stack.replicas['tiny-serving-0']}/v1", api_key="none", max_retries=0)
+    for _ in range(3):
+        client.completions.create(model="support", prompt="hello there", max_tokens=4, extra_body={"ignore_eos": True})
+
+    def figures() -> dict[str, Any] | None:
+        m = stack.adapter("support").get("status", {}).get("metrics")
+        return m if m and m["completionTokens"] == 12 else None
+
+    metrics = stack.kube.wait_for("metrics in status", figures, timeout=30)
+    assert metrics["deviceHitRate"] is not None and metrics["lastUpdated"]
+
+
+@pytest.mark.parametrize(
+    ("how", "reason"),
+    [("digest", "DigestMismatch"), ("base", "BaseMismatch"), ("rank", "RankOverCap"), ("missing", "MissingFile"),
+     ("nan", "CorruptSafetensors"), ("pickle", "PickleRefused")],
+)  # fmt: skip
+def test_a_bad_adapter_fails_alone_with_its_reason(stack: Stack, how: str, reason: str) -> None:
+    uri, digest = stack.uris.get(how, stack.uris["qv4"]), stack.digests.get(how, "sha256:" + "0" * 64)
+    if how == "rank":
+        uri, digest = stack.uris["mlp16"], stack.digests["mlp16"]  # rank 16 on a base capped at 8
+    name = f"bad-{how}"
+    stack.apply(lora(name, uri, digest))
+    status = stack.wait_phase(name, "Failed")["status"]
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", reason), ready
+    assert all(stack.on_replica(url, name) is None for url in stack.replicas.values())  # never registered
+    stack.wait_phase("support", "Ready")  # the good one is untouched
+
+
+def test_a_deleted_adapter_leaves_every_replica_before_its_finalizer_goes(stack: Stack) -> None:
+    stack.apply(lora("temporary", stack.uris["all8"], stack.digests["all8"]))
+    stack.wait_phase("temporary", "Ready")
+    assert all(stack.on_replica(url, "temporary") for url in stack.replicas.values())
+    stack.kube.delete("LoraAdapter", NS, "temporary")
+    stack.kube.wait_for("the object to go", lambda: stack.kube.get("LoraAdapter", NS, "temporary") is None, timeout=30)
+    assert all(stack.on_replica(url, "temporary") is None for url in stack.replicas.values())
+
+
+def test_a_new_replica_learns_every_ready_adapter(stack: Stack) -> None:
+    stack.wait_phase("support", "Ready")
+    url = stack.start_replica("tiny-serving-2")
+    state = stack.kube.wait_for("the new replica to hold support", lambda: stack.on_replica(url, "support"), timeout=20)
+    assert state["tenant"] == "acme" and state["pinned"]
+
+
+def test_promotion_switches_versions_and_a_bad_version_leaves_the_old_one_serving(stack: Stack) -> None:
+    stack.wait_phase("support", "Ready")
+    stack.apply(lora("support", stack.uris["all8"], stack.digests["all8"], pinned=True))
+
+    def promoted() -> dict[str, Any] | None:
+        status = stack.adapter("support").get("status", {})
+        return status if status.get("servingDigest") == stack.digests["all8"] else None
+
+    status = stack.kube.wait_for("promotion to all8", promoted, timeout=30)
+    assert next(c for c in status["conditions"] if c["type"] == "Promoted")["status"] == "True"
+    assert all(stack.on_replica(url, "support")["digest"] == stack.digests["all8"] for url in stack.replicas.values())
+
+    stack.apply(lora("support", stack.uris["all8"], "sha256:" + "1" * 64, pinned=True))
+
+    def refused() -> dict[str, Any] | None:
+        status = stack.adapter("support").get("status", {})
+        promo = next((c for c in status.get("conditions", []) if c["type"] == "Promoted"), None)
+        return status if promo and promo["status"] == "False" else None
+
+    status = stack.kube.wait_for("the bad version to be refused", refused, timeout=30)
+    promo = next(c for c in status["conditions"] if c["type"] == "Promoted")
+    assert promo["reason"] == "DigestMismatch" and status["phase"] == "Ready"
+    assert status["servingDigest"] == stack.digests["all8"]
+    assert all(stack.on_replica(url, "support")["digest"] == stack.digests["all8"] for url in stack.replicas.values())
+
+
+def test_an_operator_restart_loses_nothing(stack: Stack) -> None:
+    stack.stop_operator(signal.SIGKILL)  # no graceful shutdown: as if its node died
+    stack.apply(lora("late", stack.uris["ku2"], stack.digests["ku2"]))
+    stack.start_operator()
+    stack.wait_phase("late", "Ready")
+    stack.wait_phase("support", "Ready")
