@@ -77,6 +77,29 @@ async def read_secret(namespace: str, name: str) -> dict[str, str]:
     return await asyncio.to_thread(read)
 
 
+async def apply_child(manifest: dict[str, Any]) -> None:
+    """Create the object, or patch it to the manifest when it exists (a spec change rolls out)."""
+
+    def write() -> None:
+        kind, ns, name = manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        apps, core = client.AppsV1Api(_api()), _core()
+        create: Any
+        patch: Any
+        create, patch = {
+            "Deployment": (apps.create_namespaced_deployment, apps.patch_namespaced_deployment),
+            "Service": (core.create_namespaced_service, core.patch_namespaced_service),
+            "ConfigMap": (core.create_namespaced_config_map, core.patch_namespaced_config_map),
+        }[kind]
+        try:
+            create(ns, manifest)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            patch(name, ns, manifest)
+
+    await asyncio.to_thread(write)
+
+
 @dataclass(frozen=True)
 class Replica:
     name: str

@@ -10,8 +10,11 @@ import kopf
 
 from loraplane.operator import cluster
 from loraplane.operator.adapter_flow import reconcile, unregister_everywhere
-from loraplane.operator.api import GROUP, VERSION
+from loraplane.operator.api import GROUP, VERSION, Condition
+from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.base_sync import BaseMemory, sync_base
+from loraplane.operator.children import UnsupportedSource, children
+from loraplane.operator.conditions import set_condition
 from loraplane.operator.settings import OperatorSettings
 
 SETTINGS = OperatorSettings()
@@ -48,6 +51,35 @@ async def adapter_changed(
 async def adapter_deleted(name: str, namespace: str | None, spec: kopf.Spec, **_: Any) -> None:
     """Unregistered from every replica before the finalizer is removed."""
     await unregister_everywhere(name, namespace or "default", spec, SETTINGS)
+
+
+@kopf.on.resume(GROUP, VERSION, "basemodels")
+@kopf.on.create(GROUP, VERSION, "basemodels")
+@kopf.on.update(GROUP, VERSION, "basemodels", field="spec")
+async def base_changed(
+    body: kopf.Body, name: str, namespace: str | None, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status, **_: Any
+) -> None:
+    """The serving ConfigMap, Deployment and Service, owned by the BaseModel (deleted with it)."""
+    namespace = namespace or "default"
+    base = BaseModelSpec.model_validate(dict(spec))
+    generation = meta.get("generation")
+    conditions = [Condition.model_validate(c) for c in status.get("conditions", [])]
+    try:
+        manifests = children(name, namespace, base, SETTINGS.admin_token_secret)
+    except UnsupportedSource as err:
+        conditions = set_condition(conditions, "Applied", "False", "UnsupportedSource", str(err), generation)
+        patch = {"phase": "Degraded", "conditions": [c.body() for c in conditions]}
+        await cluster.patch_status(namespace, "basemodels", name, patch)
+        kopf.event(body, type="Warning", reason="UnsupportedSource", message=str(err))
+        return
+    for manifest in manifests:
+        kopf.adopt(manifest, owner=body)
+        await cluster.apply_child(manifest)
+    message = f"{name}-serving with {base.replicas} replicas"
+    conditions = set_condition(conditions, "Applied", "True", "Applied", message, generation)
+    await cluster.patch_status(
+        namespace, "basemodels", name, {"conditions": [c.body() for c in conditions], "observedGeneration": generation}
+    )
 
 
 @kopf.timer(GROUP, VERSION, "basemodels", interval=SETTINGS.sync_interval, initial_delay=1.0)

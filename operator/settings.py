@@ -10,6 +10,7 @@ class OperatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LORAPLANE_")
 
     admin_token: str | None = Field(default=None, description="bearer token of the serving replicas' admin API")
+    admin_token_secret: str = Field(default="loraplane-admin", description="the Secret serving pods read that token from")
     sync_interval: float = Field(default=10.0, gt=0, description="seconds between a BaseModel's sync with its replicas")
     metrics_interval: float = Field(default=30.0, ge=0, description="at most one metrics write per adapter per this many seconds")
     retry_delay: float = Field(default=5.0, gt=0, description="seconds before retrying a step that waits on something")

@@ -45,3 +45,12 @@ def errors(manifest: dict[str, Any]) -> list[str]:
     """Schema violations of ``manifest`` (empty when valid), each with its path."""
     found = validator(manifest["kind"]).iter_errors(manifest)
     return [f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in found]
+
+
+def examples() -> list[dict[str, Any]]:
+    docs = []
+    for path in sorted((ROOT / "examples").rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict) and doc.get("apiVersion", "").startswith("loraplane.dev/"):
+                docs.append(doc)
+    return docs

@@ -24,21 +24,19 @@ RESOURCES = {
     "v1/pods": ("Pod", True, {"status"}),
     "v1/secrets": ("Secret", True, set()),
     "v1/events": ("Event", True, set()),
+    "v1/configmaps": ("ConfigMap", True, set()),
+    "v1/services": ("Service", True, {"status"}),
+    "apps/v1/deployments": ("Deployment", True, {"status", "scale"}),
     "loraplane.dev/v1alpha1/basemodels": ("BaseModel", True, {"status"}),
     "loraplane.dev/v1alpha1/loraadapters": ("LoraAdapter", True, {"status"}),
 }
-PLURALS = {
-    "Pod": "pods",
-    "Secret": "secrets",
-    "BaseModel": "basemodels",
-    "LoraAdapter": "loraadapters",
-    "Namespace": "namespaces",
-}
+PLURALS = {kind: key.rsplit("/", 1)[1] for key, (kind, _, _) in RESOURCES.items()}
 
 
 def _path(kind: str, namespace: str | None, name: str | None = None) -> str:
     plural = PLURALS[kind]
-    prefix = "/api/v1" if kind in ("Pod", "Secret", "Namespace") else "/apis/loraplane.dev/v1alpha1"
+    group_version = next(key.rsplit("/", 1)[0] for key, (k, _, _) in RESOURCES.items() if k == kind)
+    prefix = f"/api/{group_version}" if "/" not in group_version else f"/apis/{group_version}"
     ns = f"/namespaces/{namespace}" if namespace and kind != "Namespace" else ""
     return f"{prefix}{ns}/{plural}" + (f"/{name}" if name else "")
 

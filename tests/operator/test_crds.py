@@ -10,23 +10,13 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-import yaml
-from crd_schema import ROOT, crds, errors
+from crd_schema import ROOT, crds, errors, examples
 from pydantic import ValidationError
 
 from loraplane.operator.api import BaseModelResource, LoraAdapterResource
 from loraplane.operator.crdgen import drifted
 
 MODELS = {"BaseModel": BaseModelResource, "LoraAdapter": LoraAdapterResource}
-
-
-def examples() -> list[dict[str, Any]]:
-    docs = []
-    for path in sorted((ROOT / "examples").rglob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if isinstance(doc, dict) and doc.get("apiVersion", "").startswith("loraplane.dev/"):
-                docs.append(doc)
-    return docs
 
 
 def test_checked_in_crds_match_the_models() -> None:

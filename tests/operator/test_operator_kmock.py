@@ -189,6 +189,26 @@ def test_a_valid_adapter_is_validated_staged_and_ready_on_every_replica(stack: S
         stack.kube.wait_for(f"the prefetch to land: {stack.on_replica(url, 'support')}", staged, timeout=20)
 
 
+def test_the_base_model_owns_its_serving_deployment_service_and_config(stack: Stack) -> None:
+    deployment = stack.kube.wait_for(
+        "the serving Deployment", lambda: stack.kube.get("Deployment", NS, "tiny-serving"), timeout=20
+    )
+    base = stack.kube.get("BaseModel", NS, "tiny")
+    assert base is not None
+    assert deployment["metadata"]["ownerReferences"][0]["uid"] == base["metadata"]["uid"]
+    assert deployment["spec"]["replicas"] == 2
+    assert stack.kube.get("Service", NS, "tiny-serving") is not None
+    config = stack.kube.get("ConfigMap", NS, "tiny-engine")
+    assert config is not None and "max_lora_rank: 8" in config["data"]["engine.yaml"]
+
+    def status() -> dict[str, Any] | None:
+        s = (stack.kube.get("BaseModel", NS, "tiny") or {}).get("status", {})
+        return s if s.get("readyReplicas") == len(stack.replicas) and s.get("fingerprint") else None
+
+    s = stack.kube.wait_for("the BaseModel's status", status, timeout=20)
+    assert s["phase"] == "Ready" and next(c for c in s["conditions"] if c["type"] == "Applied")["status"] == "True"
+
+
 def test_request_figures_reach_the_adapters_status(stack: Stack) -> None:
     stack.wait_phase("support", "Ready")
     client = openai.OpenAI(base_url=f"{stack.replicas['tiny-serving-0']}/v1", api_key="none", max_retries=0)

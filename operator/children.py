@@ -1,0 +1,139 @@
+"""The objects a BaseModel owns, built as plain manifests: the engine config (ConfigMap), the serving
+Deployment and its Service. Pure functions of the BaseModel, so tests check them against the
+Kubernetes schemas and the engine's own config model without a cluster.
+
+The engine config uses the server's setting names (vLLM's where the idea is the same); the test
+`tests/operator/test_children.py` loads it with the real ``EngineConfig``, so the two cannot drift
+apart silently.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from loraplane.operator.api.basemodel import BaseModelSpec
+from loraplane.operator.cluster import BASE_LABEL, COMPONENT_LABEL, SERVING_PORT
+
+ADMIN_TOKEN_KEY = "admin-token"
+
+
+class UnsupportedSource(ValueError):
+    """A base source the serving image cannot open by itself."""
+
+
+def labels(base: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "loraplane", COMPONENT_LABEL: "serving", BASE_LABEL: base}
+
+
+def engine_config(spec: BaseModelSpec) -> dict[str, Any]:
+    uri = spec.source.uri
+    if uri.startswith("s3://"):
+        raise UnsupportedSource(f"{uri}: the serving image opens 'embedded' or a path in the image or a mounted volume")
+    e = spec.engine
+    config: dict[str, Any] = {
+        "model": uri.removeprefix("file://"),
+        "base_revision": spec.source.revision,
+        "dtype": spec.source.dtype,
+        "quantization": spec.source.quantization,
+        "max_model_len": e.max_model_len,
+        "max_num_seqs": e.max_num_seqs,
+        "max_num_batched_tokens": e.max_num_batched_tokens,
+        "max_loras": e.max_loras,
+        "max_lora_rank": e.max_lora_rank,
+        "max_cpu_loras": e.max_cpu_loras,
+        "lora_memory": e.lora_memory,
+        "eviction_policy": e.eviction_policy,
+        "s3_endpoint": spec.adapter_store.endpoint,
+        "s3_region": spec.adapter_store.region,
+        "cache_dir": "/var/cache/loraplane",
+    }
+    return {k: v for k, v in config.items() if v is not None}
+
+
+def config_map(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": f"{name}-engine", "namespace": namespace, "labels": labels(name)},
+        "data": {"engine.yaml": yaml.safe_dump(engine_config(spec), sort_keys=True)},
+    }
+
+
+def deployment(name: str, namespace: str, spec: BaseModelSpec, admin_secret: str) -> dict[str, Any]:
+    r = spec.resources
+    limits: dict[str, str] = {}
+    requests: dict[str, str] = {}
+    if r.gpus:
+        limits["nvidia.com/gpu"] = str(r.gpus)
+    if r.cpu:
+        requests["cpu"] = r.cpu
+    if r.memory:
+        requests["memory"] = limits["memory"] = r.memory
+    args = ["serve", "--config", "/etc/loraplane/engine.yaml", "--host", "0.0.0.0", "--port", str(SERVING_PORT)]
+    mounts = [
+        {"name": "engine", "mountPath": "/etc/loraplane", "readOnly": True},
+        {"name": "cache", "mountPath": "/var/cache/loraplane"},
+    ]
+    volumes: list[dict[str, Any]] = [
+        {"name": "engine", "configMap": {"name": f"{name}-engine"}},
+        {"name": "cache", "emptyDir": {}},
+    ]
+    if spec.tenancy.api_keys_secret is not None:
+        args += ["--tenants", "/etc/loraplane-tenants/tenants.yaml"]
+        mounts.append({"name": "tenants", "mountPath": "/etc/loraplane-tenants", "readOnly": True})
+        volumes.append({"name": "tenants", "secret": {"secretName": spec.tenancy.api_keys_secret.name}})
+    env: list[dict[str, Any]] = [
+        {"name": "LORAPLANE_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {"name": admin_secret, "key": ADMIN_TOKEN_KEY}}},
+    ]
+    env_from = []
+    if spec.adapter_store.credentials_secret is not None:
+        env_from.append({"secretRef": {"name": spec.adapter_store.credentials_secret.name}})
+    probe = {"httpGet": {"path": "/ready", "port": SERVING_PORT}, "periodSeconds": 5}
+    container: dict[str, Any] = {
+        "name": "serving",
+        "image": r.image,
+        "args": args,
+        "ports": [{"name": "http", "containerPort": SERVING_PORT}],
+        "env": env,
+        "envFrom": env_from,
+        "readinessProbe": probe,
+        "startupProbe": {**probe, "failureThreshold": 120},  # a first start converts the base
+        "livenessProbe": {"httpGet": {"path": "/health", "port": SERVING_PORT}, "periodSeconds": 10},
+        "resources": {"limits": limits, "requests": requests},
+        "volumeMounts": mounts,
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": 60,  # graceful shutdown finishes in-flight requests
+    }
+    if r.node_selector:
+        pod_spec["nodeSelector"] = r.node_selector
+    if r.tolerations:
+        pod_spec["tolerations"] = [t.body() for t in r.tolerations]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": f"{name}-serving", "namespace": namespace, "labels": labels(name)},
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": labels(name)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {"metadata": {"labels": labels(name)}, "spec": pod_spec},
+        },
+    }
+
+
+def service(name: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": f"{name}-serving", "namespace": namespace, "labels": labels(name)},
+        "spec": {"selector": labels(name), "ports": [{"name": "http", "port": SERVING_PORT, "targetPort": "http"}]},
+    }
+
+
+def children(name: str, namespace: str, spec: BaseModelSpec, admin_secret: str) -> list[dict[str, Any]]:
+    return [config_map(name, namespace, spec), deployment(name, namespace, spec, admin_secret), service(name, namespace)]

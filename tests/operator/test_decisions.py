@@ -1,0 +1,77 @@
+"""The operator's decisions with plain inputs: status figures from the replicas' counters, when a write
+is worth it, what a replica lacks, the auto-pinned hot set, and condition transition times."""
+
+from __future__ import annotations
+
+import pytest
+
+from loraplane.operator.api.loraadapter import AdapterMetrics
+from loraplane.operator.conditions import set_condition
+from loraplane.operator.decisions import Sample, hot_set, metrics, missing, sample, worth_writing
+
+
+def entry(requests: int, device: int, host: int = 0, cold: int = 0, loads: tuple[int, float] = (0, 0.0)) -> dict[str, object]:
+    return {
+        "requests": requests, "prompt_tokens": 10 * requests, "completion_tokens": 4 * requests,
+        "device_hits": device, "host_hits": host, "cold_loads": cold,
+        "load_seconds": {"host": {"count": loads[0], "sum": loads[1]}},
+    }  # fmt: skip
+
+
+def test_counters_sum_over_replicas_and_rates_come_from_the_interval() -> None:
+    first = sample(0.0, [entry(10, 8, 1, 1, (2, 0.2)), entry(5, 5)])
+    assert (first.requests, first.device_hits, first.load_count) == (15, 13, 2)
+    later = sample(10.0, [entry(30, 26, 2, 2, (4, 0.4)), entry(15, 15)])
+    m = metrics(first, later, "2026-11-29T00:00:00Z")
+    assert m.requests_per_second == 3.0  # 30 more requests in 10 s
+    assert m.device_hit_rate == pytest.approx(41 / 45, abs=1e-4) and m.host_hit_rate == pytest.approx(2 / 45, abs=1e-4)
+    assert m.cold_loads == 2 and m.load_latency_mean_ms == 100.0 and m.completion_tokens == 180
+
+
+def test_a_restarted_replica_does_not_make_a_negative_rate() -> None:
+    before, after = Sample(at=0.0, requests=100), Sample(at=5.0, requests=10)
+    assert metrics(before, after, "t").requests_per_second == 2.0
+
+
+def test_no_previous_sample_means_no_rate_yet_and_no_hits_means_no_hit_rate() -> None:
+    m = metrics(None, Sample(at=1.0), "t")
+    assert m.requests_per_second == 0.0 and m.device_hit_rate is None
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "write"),
+    [
+        (None, {}, True),
+        ({"requests_per_second": 10.0}, {"requests_per_second": 10.4}, False),  # 4%: noise
+        ({"requests_per_second": 10.0}, {"requests_per_second": 12.0}, True),
+        ({"device_hit_rate": 0.90}, {"device_hit_rate": 0.91}, False),
+        ({"device_hit_rate": 0.90}, {"device_hit_rate": 0.70}, True),
+        ({"cold_loads": 3}, {"cold_loads": 4}, True),
+        ({"completion_tokens": 10_000}, {"completion_tokens": 10_050}, False),
+        ({"device_hit_rate": None}, {"device_hit_rate": 0.5}, True),
+    ],
+)
+def test_status_is_written_only_when_a_figure_moved(old: dict | None, new: dict, write: bool) -> None:
+    assert worth_writing(AdapterMetrics(**old) if old is not None else None, AdapterMetrics(**new)) is write
+
+
+def test_missing_lists_ready_adapters_a_replica_lacks() -> None:
+    assert missing(["a", "c"], ["c", "b", "a", "d"]) == ["b", "d"]
+
+
+def test_hot_set_takes_the_hottest_and_holds_pins_with_hysteresis() -> None:
+    rates = {"a": 10.0, "b": 8.0, "c": 7.5, "d": 0.0}
+    assert hot_set(rates, 2, [], 0.2) == {"a", "b"}
+    assert hot_set(rates, 2, ["a", "c"], 0.2) == {"a", "c"}  # c (7.5 x 1.2 = 9) keeps its pin against b (8)
+    assert hot_set({**rates, "b": 9.5}, 2, ["a", "c"], 0.2) == {"a", "b"}  # a clear winner takes it
+    assert hot_set(rates, 10, [], 0.2) == {"a", "b", "c"}  # idle adapters are never pinned
+    assert hot_set(rates, 0, ["a"], 0.2) == set()
+
+
+def test_a_conditions_transition_time_moves_only_when_its_status_does() -> None:
+    first = set_condition([], "Ready", "False", "NoReadyReplicas", "waiting", 1)
+    first[0].last_transition_time = "2026-01-01T00:00:00Z"
+    same = set_condition(first, "Ready", "False", "ReplicaError", "still waiting", 2)
+    assert same[0].last_transition_time == "2026-01-01T00:00:00Z" and same[0].reason == "ReplicaError"
+    flipped = set_condition(same, "Ready", "True", "Serving", "", 2)
+    assert flipped[0].last_transition_time != "2026-01-01T00:00:00Z" and len(flipped) == 1
