@@ -429,12 +429,21 @@ def crds(folder: Path, check: bool) -> None:
 @click.option("--standalone", is_flag=True, help="No peering: for a single replica or tests.")
 @click.option("--peering", "peering_name", default="loraplane", show_default=True, help="Peering object for HA.")
 @click.option("--liveness", "liveness_endpoint", default="http://0.0.0.0:8080/healthz", show_default=True)
-def operator(namespaces: tuple[str, ...], standalone: bool, peering_name: str, liveness_endpoint: str) -> None:
+@click.option(
+    "--webhook-port", type=click.IntRange(1, 65535), envvar="LORAPLANE_WEBHOOK_PORT", help="Serve the validating webhook."
+)
+def operator(
+    namespaces: tuple[str, ...], standalone: bool, peering_name: str, liveness_endpoint: str, webhook_port: int | None
+) -> None:
     """Run the kopf operator reconciling BaseModel and LoraAdapter resources (no torch imported)."""
     import logging
+    import os
 
     import kopf
 
+    if webhook_port is not None:
+        os.environ["LORAPLANE_WEBHOOK_PORT"] = str(webhook_port)  # read by the operator's settings
+        import loraplane.operator.webhook
     import loraplane.operator.handlers  # noqa: F401  (registers the handlers)
 
     kopf.configure(verbose=False)  # kopf's log format and levels, as `kopf run` sets them

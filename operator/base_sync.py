@@ -35,6 +35,7 @@ class BaseMemory:
     last_write: dict[str, float] = field(default_factory=dict)
     auto_pinned: set[str] = field(default_factory=set)
     status_writes: int = 0
+    last_status: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -62,8 +62,8 @@ def metrics(previous: Sample | None, now: Sample, last_updated: str) -> AdapterM
 def worth_writing(old: AdapterMetrics | None, new: AdapterMetrics, *, min_relative_change: float = 0.1) -> bool:
     """Write status only when a figure a person reads moved: a cluster with thousands of adapters
     must not send thousands of writes per interval for counters that crept up by one."""
-    if old is None:
-        return True
+    if old is None:  # nothing shown yet: write once there is something to show
+        return bool(new.requests_per_second or new.completion_tokens or new.cold_loads or new.device_hit_rate is not None)
 
     def moved(a: float | None, b: float | None, floor: float) -> bool:
         if (a is None) != (b is None):

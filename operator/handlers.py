@@ -28,7 +28,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
     settings.persistence.finalizer = f"{GROUP}/finalizer"
-    settings.posting.level = logging.INFO
+    # Events for the transitions a person wants to see are posted explicitly (kopf.event); handler
+    # chatter stays in the log: a fleet of thousands must not write an Event per handler run.
+    settings.posting.level = logging.WARNING
 
 
 @kopf.on.resume(GROUP, VERSION, "loraadapters")
@@ -86,5 +88,7 @@ async def base_changed(
 async def base_sync(name: str, namespace: str | None, spec: kopf.Spec, **_: Any) -> None:
     namespace = namespace or "default"
     memory = MEMORY.setdefault((namespace, name), BaseMemory())
-    status = await sync_base(name, namespace, spec, memory, SETTINGS)
-    await cluster.patch_status(namespace, "basemodels", name, {k: v for k, v in status.items() if v is not None})
+    status = {k: v for k, v in (await sync_base(name, namespace, spec, memory, SETTINGS)).items() if v is not None}
+    if status != memory.last_status:  # an idle fleet costs no writes
+        await cluster.patch_status(namespace, "basemodels", name, status)
+        memory.last_status = status

@@ -50,8 +50,8 @@ def _merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 
 class Kube:
-    def __init__(self, url: str, kubeconfig: Path) -> None:
-        self.url, self.kubeconfig = url, kubeconfig
+    def __init__(self, url: str, kubeconfig: Path, emulator: Any) -> None:
+        self.url, self.kubeconfig, self.emulator = url, kubeconfig, emulator
         self.http = httpx.Client(base_url=url, timeout=30)
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
@@ -73,6 +73,15 @@ class Kube:
         r.raise_for_status()
         result: dict[str, Any] = r.json()
         return result
+
+    def writes(self) -> int:
+        """Every write the emulator has served so far (POST, PUT, PATCH, DELETE), from anyone."""
+        return sum(len(self.emulator[method]) for method in ("post", "put", "patch", "delete"))
+
+    def write_log(self) -> list[str]:
+        """Method and path of every write so far, oldest first."""
+        requests = [r for method in ("post", "put", "patch", "delete") for r in self.emulator[method]]
+        return [f"{r.method} {r.url.path}" for r in sorted(requests, key=lambda r: r.id)]
 
     def get(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         r = self.http.get(_path(kind, namespace, name))
@@ -109,6 +118,7 @@ def kube_emulator(folder: Path) -> Iterator[Kube]:
                     kind=kind, namespaced=namespaced, verbs=VERBS, subresources=subresources
                 )
             started["url"] = str(emulator.url).rstrip("/")
+            started["emulator"] = emulator
             while not stop.is_set():
                 await asyncio.sleep(0.05)
 
@@ -129,7 +139,7 @@ def kube_emulator(folder: Path) -> Iterator[Kube]:
         "current-context": "kmock",
     }))  # fmt: skip
     try:
-        yield Kube(url, kubeconfig)
+        yield Kube(url, kubeconfig, started["emulator"])
     finally:
         stop.set()
         thread.join(timeout=10)

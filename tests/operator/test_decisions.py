@@ -41,7 +41,8 @@ def test_no_previous_sample_means_no_rate_yet_and_no_hits_means_no_hit_rate() ->
 @pytest.mark.parametrize(
     ("old", "new", "write"),
     [
-        (None, {}, True),
+        (None, {}, False),  # an adapter nobody called yet: nothing to show, no write
+        (None, {"completion_tokens": 4}, True),
         ({"requests_per_second": 10.0}, {"requests_per_second": 10.4}, False),  # 4%: noise
         ({"requests_per_second": 10.0}, {"requests_per_second": 12.0}, True),
         ({"device_hit_rate": 0.90}, {"device_hit_rate": 0.91}, False),

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -289,3 +290,63 @@ def test_an_operator_restart_loses_nothing(stack: Stack) -> None:
     stack.start_operator()
     stack.wait_phase("late", "Ready")
     stack.wait_phase("support", "Ready")
+
+
+def test_auto_pinning_follows_the_traffic(stack: Stack) -> None:
+    stack.wait_phase("late", "Ready")
+    base = stack.kube.get("BaseModel", NS, "tiny")
+    assert base is not None
+    spec = {**base["spec"], "autoPinning": {"enabled": True, "hotSetSize": 2, "hysteresis": 0.2}}
+    stack.apply(
+        {"apiVersion": "loraplane.dev/v1alpha1", "kind": "BaseModel", "metadata": {"name": "tiny", "namespace": NS}, "spec": spec}
+    )
+    client = openai.OpenAI(base_url=f"{stack.replicas['tiny-serving-0']}/v1", api_key="none", max_retries=0)
+
+    def pinned_while_busy() -> bool:
+        client.completions.create(model="late", prompt="hi", max_tokens=2, extra_body={"ignore_eos": True})
+        return bool(stack.adapter("late").get("status", {}).get("pinned"))
+
+    stack.kube.wait_for("traffic to pin 'late'", pinned_while_busy, timeout=30)
+    assert stack.on_replica(stack.replicas["tiny-serving-0"], "late")["pinned"]
+    stack.kube.wait_for(
+        "idleness to unpin it", lambda: stack.adapter("late").get("status", {}).get("pinned") is False, timeout=30
+    )
+    assert stack.adapter("support")["status"]["pinned"]  # pinned by its manifest: never auto-unpinned
+
+
+def test_a_fleet_settles_in_bounded_time_with_bounded_writes(stack: Stack) -> None:
+    """LORAPLANE_FLEET adapters (default 40) created at once: time to all Ready, API writes per adapter
+    while settling, and writes while the fleet then sits idle. Small by default because kmock's own
+    writes slow down linearly with the objects it holds (5 ms per PATCH at 10 objects, 183 ms at
+    400), which would measure kmock rather than the operator."""
+    n = int(os.environ.get("LORAPLANE_FLEET", "40"))
+    manifests = [lora(f"fleet-{i:04d}", stack.uris["ku2"], stack.digests["ku2"], prefetch=False) for i in range(n)]
+    assert errors(manifests[0]) == []
+    before, start = stack.kube.writes(), time.monotonic()
+    for manifest in manifests:
+        stack.kube.apply(manifest)
+
+    def settled() -> bool:
+        items = stack.kube.http.get(f"/apis/loraplane.dev/v1alpha1/namespaces/{NS}/loraadapters").json()["items"]
+        return (
+            sum(1 for o in items if o["metadata"]["name"].startswith("fleet-") and o.get("status", {}).get("phase") == "Ready")
+            == n
+        )
+
+    stack.kube.wait_for(f"{n} adapters Ready", settled, timeout=max(120, n * 0.5))
+    seconds = time.monotonic() - start
+
+    def quiet() -> bool:  # the Events of the last transitions land just after the statuses
+        count = stack.kube.writes()
+        time.sleep(1.5)
+        return stack.kube.writes() == count
+
+    stack.kube.wait_for("the writes to stop", quiet, timeout=60)
+    settle_writes = stack.kube.writes() - before - n  # less the test's own creates
+    time.sleep(5)  # five syncs of an idle fleet
+    idle_writes = stack.kube.writes() - before - n - settle_writes
+    per = settle_writes / n
+    print(f"\n{n} adapters: Ready in {seconds:.1f} s, {per:.1f} API writes each, {idle_writes} writes in 5 idle seconds")
+    assert seconds < 30 + 2 * n
+    assert settle_writes <= 12 * n  # finalizer, progress, status, a few Events, one metrics write
+    assert idle_writes <= 5, stack.kube.write_log()[-idle_writes:]  # the BaseModel's status, if something changed

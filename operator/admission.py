@@ -1,0 +1,50 @@
+"""Checks cheap enough to answer at `kubectl apply` time (kopf's validating webhook), so a bad manifest
+fails in the user's terminal instead of turning Failed a minute later. The expensive checks (fetch,
+digest, tensors) stay in the reconcile; these never touch the object store."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from loraplane.operator.api.basemodel import BaseModelSpec
+from loraplane.operator.api.loraadapter import SOURCE_SCHEMES, LoraAdapterSpec
+
+
+def _pydantic_errors(err: ValidationError) -> list[str]:
+    return [f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
+
+
+def review_adapter(
+    spec_raw: Mapping[str, Any], base_spec_raw: Mapping[str, Any] | None, allowed_schemes: tuple[str, ...] = SOURCE_SCHEMES
+) -> list[str]:
+    """Reasons to refuse the LoraAdapter (empty: admit). ``base_spec_raw`` is the referenced
+    BaseModel's spec, None when it does not exist."""
+    try:
+        spec = LoraAdapterSpec.model_validate(dict(spec_raw))
+    except ValidationError as err:
+        return _pydantic_errors(err)
+    problems = []
+    scheme = spec.source.uri.split("://", 1)[0]
+    if scheme not in allowed_schemes:
+        problems.append(f"spec.source.uri: scheme {scheme!r} is not allowed here (allowed: {', '.join(allowed_schemes)})")
+    if base_spec_raw is None:
+        problems.append(f"spec.baseModel: BaseModel {spec.base_model!r} does not exist in this namespace")
+        return problems
+    base = BaseModelSpec.model_validate(dict(base_spec_raw))
+    cap = base.engine.max_lora_rank
+    if spec.rank is not None and spec.rank > cap and spec.rank_policy == "Reject":
+        problems.append(
+            f"spec.rank: {spec.rank} is above {spec.base_model}'s maxLoraRank {cap}; retrain, or set rankPolicy: Truncate"
+        )
+    return problems
+
+
+def review_base(spec_raw: Mapping[str, Any]) -> list[str]:
+    try:
+        BaseModelSpec.model_validate(dict(spec_raw))
+    except ValidationError as err:
+        return _pydantic_errors(err)
+    return []
