@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def crds() -> dict[str, dict[str, Any]]:
     """Kind -> CRD, read from the checked-in files."""
     out = {}
-    for path in sorted((ROOT / "crds").glob("*.yaml")):
+    for path in sorted((ROOT / "crds").glob("*.loraplane.dev.yaml")):
         crd = yaml.safe_load(path.read_text())
         out[crd["spec"]["names"]["kind"]] = crd
     return out

@@ -10,6 +10,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 from crd_schema import ROOT, crds, errors, examples
 from pydantic import ValidationError
 
@@ -107,5 +108,14 @@ def test_a_rule_across_fields_is_in_the_crd_and_the_model() -> None:
 
 
 def test_crd_files_say_they_are_generated() -> None:
-    for path in Path(ROOT / "crds").glob("*.yaml"):
+    for path in Path(ROOT / "crds").glob("*.loraplane.dev.yaml"):
         assert path.read_text().startswith("# GENERATED")
+
+
+def test_the_operator_role_is_valid_and_grants_no_spec_writes_or_secret_listing() -> None:
+    role = yaml.safe_load((ROOT / "crds" / "rbac.yaml").read_text())
+    kubernetes_validate.validate(role, kubernetes_validate.latest_version(), strict=True)
+    grants = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    assert "update" not in grants[("loraplane.dev", "loraadapters")] and "delete" not in grants[("loraplane.dev", "loraadapters")]
+    assert grants[("", "secrets")] == {"get"}  # referenced Secrets by name, never listed
+    assert not any("*" in verbs for verbs in grants.values())
