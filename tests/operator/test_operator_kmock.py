@@ -254,8 +254,13 @@ def test_a_deleted_adapter_leaves_every_replica_before_its_finalizer_goes(stack:
 def test_a_new_replica_learns_every_ready_adapter(stack: Stack) -> None:
     stack.wait_phase("support", "Ready")
     url = stack.start_replica("tiny-serving-2")
-    state = stack.kube.wait_for("the new replica to hold support", lambda: stack.on_replica(url, "support"), timeout=20)
-    assert state["tenant"] == "acme" and state["pinned"]
+
+    def staged() -> dict[str, Any] | None:  # registered, then pinned: two calls, so wait for both
+        state = stack.on_replica(url, "support")
+        return state if state and state["pinned"] else None
+
+    state = stack.kube.wait_for("the new replica to hold support, pinned", staged, timeout=20)
+    assert state["tenant"] == "acme" and state["digest"] == stack.digests["qv4"]
 
 
 def test_promotion_switches_versions_and_a_bad_version_leaves_the_old_one_serving(stack: Stack) -> None:
