@@ -16,14 +16,10 @@ import argparse
 import random
 import time
 
+from loraplane.serving.bench.report import percentile
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.serving.engine.sampling_params import SamplingParams
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def run(engine: LLMEngine, seconds: float, rates: dict[str, float], prompt_len: int, out_len: int) -> dict[str, list[float]]:

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from loraplane.serving.bench.report import percentile
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.serving.engine.sampling_params import SamplingParams
@@ -50,13 +51,6 @@ class Record:
     arrival_tier: str | None
     ttft: float
     tokens: int
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def replay(

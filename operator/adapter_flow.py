@@ -20,7 +20,6 @@ from loraplane.adapter_format.sources import S3Settings
 from loraplane.operator import cluster
 from loraplane.operator.adapter_check import CheckFailed, check_adapter
 from loraplane.operator.api.basemodel import BaseModelSpec
-from loraplane.operator.api.common import Condition
 from loraplane.operator.api.loraadapter import LoraAdapterSpec, LoraAdapterStatus, ReplicaPlacement
 from loraplane.operator.conditions import Status, set_condition
 from loraplane.operator.serving_client import ReplicaError, ServingClient
@@ -152,7 +151,3 @@ async def unregister_everywhere(name: str, namespace: str, spec_raw: Mapping[str
         raise kopf.TemporaryError(f"unregistering {served}: {err}", delay=settings.retry_delay) from None
     finally:
         await asyncio.gather(*(c.close() for c in clients))
-
-
-def condition_list(conditions: list[Condition]) -> list[dict[str, object]]:
-    return [c.body() for c in conditions]

@@ -34,7 +34,6 @@ class BaseMemory:
     samples: dict[str, decisions.Sample] = field(default_factory=dict)
     last_write: dict[str, float] = field(default_factory=dict)
     auto_pinned: set[str] = field(default_factory=set)
-    status_writes: int = 0
     last_status: dict[str, Any] = field(default_factory=dict)
 
 
@@ -155,4 +154,3 @@ async def _write_metrics(
         patch = {"metrics": new.body(), "replicas": placements, "pinned": served in pins}
         await cluster.patch_status(namespace, "loraadapters", view.name, patch)
         memory.last_write[served] = now
-        memory.status_writes += 1

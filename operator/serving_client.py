@@ -13,7 +13,7 @@ class ReplicaError(RuntimeError):
 
     def __init__(self, replica: str, message: str, status: int | None = None, code: str | None = None) -> None:
         super().__init__(f"{replica}: {message}")
-        self.status, self.code, self.detail = status, code, message
+        self.status, self.code = status, code
 
 
 class ServingClient:

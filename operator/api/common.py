@@ -36,13 +36,6 @@ class Condition(KubeModel):
     observed_generation: int | None = Field(default=None, ge=0)
 
 
-class SecretKeyRef(KubeModel):
-    """A key in a Secret of the resource's namespace: credentials are referenced, never inlined."""
-
-    name: str = Field(min_length=1, max_length=253)
-    key: str = Field(min_length=1, max_length=253)
-
-
 class SecretRef(KubeModel):
     name: str = Field(min_length=1, max_length=253)
 

@@ -242,15 +242,15 @@ class LLMEngine:
 
     def _hold_adapter(self, seq: Sequence) -> None:
         if seq.adapter is not None and not seq.holds_adapter:
-            self.adapters.acquire(seq.adapter)
+            seq.adapter_lease = self.adapters.acquire(seq.adapter)
             seq.holds_adapter = True
             if seq.arrival_tier != Residency.DEVICE and seq.num_computed_tokens == 0 and not seq.output_token_ids:
                 self.metrics.observe_queue_wait(seq.adapter, seq.tenant, time.monotonic() - seq.arrival_time)
 
     def _drop_adapter(self, seq: Sequence) -> None:
         if seq.adapter is not None and seq.holds_adapter:
-            self.adapters.release(seq.adapter)
-            seq.holds_adapter = False
+            self.adapters.release(seq.adapter_lease)
+            seq.holds_adapter, seq.adapter_lease = False, None
 
     # requests -------------------------------------------------------------------------------
     def add_request(

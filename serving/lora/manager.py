@@ -76,6 +76,7 @@ class _Entry:
     pinned: bool = False
     running: int = 0
     pages: list[int] = field(default_factory=list)  # unified paging: pool pages holding its rows
+    retired_key: str | None = None  # set once a new version took its name (see _retire)
 
     @property
     def residency(self) -> Residency:
@@ -134,6 +135,8 @@ class AdapterManager:
         self.disk = DiskCache(cache_dir)
         self.metrics = metrics or EngineMetrics()
         self.entries: dict[str, _Entry] = {}
+        self.retired: dict[str, _Entry] = {}  # replaced versions still finishing running requests
+        self._retired_count = 0
         self.device = Tier(table.num_slots, make_policy(policy), name="device", in_use=self._busy, on_evict=self._off_device)
         self.host = Tier(max_cpu_loras, make_policy(policy), name="host", in_use=self._busy, on_evict=self._off_host)
         self.pool = ThreadPoolExecutor(max_workers=max_loads_in_flight, thread_name_prefix="adapter-load")
@@ -159,16 +162,33 @@ class AdapterManager:
             if old.spec == spec:
                 return
             if old.running:
-                raise AdapterBusy(f"adapter {spec.name!r} has {old.running} running requests; it cannot be replaced now")
-            self._drop(spec.name)
+                self._retire(spec.name)  # its running requests finish on it; new ones get this spec
+            else:
+                self._drop(spec.name)
         self.entries[spec.name] = _Entry(spec, pinned=old.pinned if old else False)
 
     def unregister(self, name: str) -> None:
+        """New requests stop finding the adapter at once; running ones finish on it first."""
         entry = self._get(name)
         if entry.running:
-            raise AdapterBusy(f"adapter {name!r} has {entry.running} running requests")
-        self._drop(name)
+            self._retire(name)
+        else:
+            self._drop(name)
         del self.entries[name]
+
+    def _retire(self, name: str) -> None:
+        """Move a replaced (or removed) version with running requests aside under a private key: it
+        keeps its device slot and weights until its last running request releases it, while the
+        name is free for the new version. This is how a promotion never fails a request in flight."""
+        entry = self.entries[name]
+        self._retired_count += 1
+        key = f"{name}#retired-{self._retired_count}"
+        entry.retired_key = key
+        self.retired[key] = entry
+        if entry.slot is not None:
+            self.device.remove(name)
+            self.device.insert(key)  # the room it just left: nothing is evicted
+        self.host.remove(name)
 
     def _drop(self, name: str) -> None:
         self.device.remove(name)
@@ -183,12 +203,15 @@ class AdapterManager:
             raise AdapterNotFound(name) from None
 
     # tier callbacks -------------------------------------------------------------------------
+    def _lookup(self, key: object) -> _Entry | None:
+        return self.entries.get(str(key)) or self.retired.get(str(key))
+
     def _busy(self, name: object) -> bool:
-        entry = self.entries.get(str(name))
+        entry = self._lookup(name)
         return bool(entry and entry.running)
 
     def _off_device(self, name: object) -> None:
-        entry = self.entries.get(str(name))
+        entry = self._lookup(name)
         if entry is not None and entry.slot is not None:
             self.table.clear(entry.slot)
             entry.slot = None
@@ -330,7 +353,7 @@ class AdapterManager:
             return None
         if self._drain is not None and self._drain[1] == name:
             self._drain = None
-        used = {e.slot for e in self.entries.values() if e.slot is not None}
+        used = {e.slot for e in [*self.entries.values(), *self.retired.values()] if e.slot is not None}
         slot = next(s for s in range(self.table.num_slots) if s not in used)
         if self.pages is not None:
             assert isinstance(self.table, PagedSlotTable)
@@ -377,13 +400,22 @@ class AdapterManager:
         assert entry.loaded is not None
         return f"{name}@{entry.loaded.digest}"
 
-    def acquire(self, name: str) -> None:
-        self._get(name).running += 1
+    def acquire(self, name: str) -> object:
+        """Count a running request against the adapter; returns the lease to release, which stays
+        with this version even if the name is re-registered meanwhile."""
+        entry = self._get(name)
+        entry.running += 1
+        return entry
 
-    def release(self, name: str) -> None:
-        entry = self.entries.get(name)
-        if entry is not None:
-            entry.running -= 1
+    def release(self, lease: object) -> None:
+        assert isinstance(lease, _Entry)
+        lease.running -= 1
+        key = lease.retired_key
+        if key is not None and lease.running == 0 and key in self.retired:
+            self.device.remove(key)
+            self._off_device(key)
+            del self.retired[key]
+            lease.loaded = None
 
     # pinning and prefetch -------------------------------------------------------------------
     def pin(self, name: str) -> None:

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -264,14 +265,37 @@ def test_a_new_replica_learns_every_ready_adapter(stack: Stack) -> None:
 
 
 def test_promotion_switches_versions_and_a_bad_version_leaves_the_old_one_serving(stack: Stack) -> None:
+    """Traffic keeps flowing through the promotion and not one request fails."""
     stack.wait_phase("support", "Ready")
+    client = openai.OpenAI(base_url=f"{stack.replicas['tiny-serving-0']}/v1", api_key="none", max_retries=0)
+    failures: list[str] = []
+    sent = 0
+    stop = threading.Event()
+
+    def traffic() -> None:
+        nonlocal sent
+        while not stop.is_set():
+            try:
+                client.completions.create(model="support", prompt="steady", max_tokens=8, extra_body={"ignore_eos": True})
+            except openai.APIError as err:
+                failures.append(str(err))
+            sent += 1
+
+    sender = threading.Thread(target=traffic, daemon=True)
+    sender.start()
     stack.apply(lora("support", stack.uris["all8"], stack.digests["all8"], pinned=True))
 
     def promoted() -> dict[str, Any] | None:
         status = stack.adapter("support").get("status", {})
         return status if status.get("servingDigest") == stack.digests["all8"] else None
 
-    status = stack.kube.wait_for("promotion to all8", promoted, timeout=30)
+    try:
+        status = stack.kube.wait_for("promotion to all8 under traffic", promoted, timeout=30)
+        time.sleep(1)  # requests on the new version too
+    finally:
+        stop.set()
+        sender.join(timeout=30)
+    assert failures == [] and sent > 5
     assert next(c for c in status["conditions"] if c["type"] == "Promoted")["status"] == "True"
     assert all(stack.on_replica(url, "support")["digest"] == stack.digests["all8"] for url in stack.replicas.values())
 

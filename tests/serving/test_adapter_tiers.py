@@ -242,3 +242,35 @@ def test_a_busy_adapter_cannot_starve_one_waiting_for_its_slot(tiny_llama, tiny_
             break
     assert finished_at is not None and finished_at < 20, "all8 starved behind qv4's continuous traffic"
     assert hot_done > 0  # and qv4 kept being served meanwhile
+
+
+def test_a_new_version_takes_new_requests_while_running_ones_finish_on_the_old(
+    tiny_llama, tiny_adapters, reference, tmp_path
+) -> None:
+    """Promotion without failing a request: re-registering a name while it has a request running
+    moves the old version aside; the running request ends exactly as the old version alone would
+    have, the next request gets the new version, and the old one's slot frees when it is done."""
+    engine = tiny_engine(tiny_llama, tmp_path, max_loras=2, max_cpu_loras=4)
+    engine.load_lora("bot", str(tiny_adapters["qv4"]))
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    old = engine.add_request(PROMPT, params, adapter="bot")
+    for _ in range(3):
+        engine.step()
+    engine.register_lora(AdapterSpec("bot", str(tiny_adapters["all8"])))  # no AdapterBusy
+    new = engine.add_request(PROMPT, params, adapter="bot")
+    done = {}
+    while len(done) < 2:
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.token_ids
+    assert done[old] == reference["qv4"] and done[new] == reference["all8"]
+    assert engine.adapters.retired == {} and len(engine.adapters.device) == 1  # the old slot is free again
+    # Removing a name with a request running lets that request finish too.
+    running = engine.add_request(PROMPT, params, adapter="bot")
+    engine.step()
+    engine.unload_lora("bot")
+    outs = []
+    while engine.has_unfinished():
+        outs += [o for o in engine.step() if o.finished]
+    assert outs[0].token_ids == reference["all8"] and outs[0].request_id == running
+    assert engine.adapters.retired == {} and len(engine.adapters.device) == 0
