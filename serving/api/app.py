@@ -242,6 +242,21 @@ def create_app(
     def tokens_left(engine: AsyncEngine, prompt_len: int) -> int:
         return max(1, engine.engine.max_model_len - prompt_len)
 
+    async def deltas(
+        engine: AsyncEngine, first: RequestOutput | None, stream: AsyncIterator[RequestOutput],
+        tenant: TenantConfig | None, adapter: str | None,
+    ) -> AsyncIterator[tuple[RequestOutput, str]]:  # fmt: skip
+        """Each step's new text (empty only on the final step), settling the request's usage when
+        the stream ends however it ends. Text is re-decoded from all tokens, so a character split
+        across tokens is sent once whole."""
+        sent = ""
+        pending = [first] if first is not None else []
+        async for item in _settled(_chain(pending, stream), lambda last: settle(tenant, adapter, last)):
+            text = item.text if item.finished else engine.engine.tokenizer.decode(item.token_ids)
+            delta, sent = text[len(sent) :], text if text.startswith(sent) else sent
+            if delta or item.finished:
+                yield item, delta
+
     async def sse(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
         async for event in events:
             yield f"data: {json.dumps(event)}\n\n".encode()
@@ -275,19 +290,12 @@ def create_app(
             return JSONResponse(body)
 
         async def events() -> AsyncIterator[dict[str, Any]]:
-            sent = ""
-            out = first
-            pending = [first] if first is not None else []
-            async for item in _settled(_chain(pending, stream), lambda last: settle(tenant, adapter, last)):
-                out = item
-                text = engine.engine.tokenizer.decode(item.token_ids) if not item.finished else item.text
-                delta, sent = text[len(sent) :], text if text.startswith(sent) else sent
-                if delta or item.finished:
-                    part = {"index": 0, "text": delta, "finish_reason": finish_reason(item), "logprobs": None}
-                    yield {"id": rid, "object": "text_completion", "created": created, "model": req.model, "choices": [part]}
+            base = {"id": rid, "object": "text_completion", "created": created, "model": req.model}
+            out = None
+            async for out, delta in deltas(engine, first, stream, tenant, adapter):
+                yield {**base, "choices": [{"index": 0, "text": delta, "finish_reason": finish_reason(out), "logprobs": None}]}
             if out is not None and req.stream_options and req.stream_options.include_usage:
-                yield {"id": rid, "object": "text_completion", "created": created, "model": req.model, "choices": [],
-                       "usage": usage(out).model_dump()}  # fmt: skip
+                yield {**base, "choices": [], "usage": usage(out).model_dump()}
 
         return StreamingResponse(sse(events()), media_type="text/event-stream")
 
@@ -324,16 +332,10 @@ def create_app(
         async def events() -> AsyncIterator[dict[str, Any]]:
             base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model}
             yield {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
-            sent = ""
-            out = first
-            pending = [first] if first is not None else []
-            async for item in _settled(_chain(pending, stream), lambda last: settle(tenant, adapter, last)):
-                out = item
-                text = engine.engine.tokenizer.decode(item.token_ids) if not item.finished else item.text
-                delta, sent = text[len(sent) :], text if text.startswith(sent) else sent
-                if delta or item.finished:
-                    choice = {"index": 0, "delta": {"content": delta} if delta else {}, "finish_reason": finish_reason(item)}
-                    yield {**base, "choices": [choice]}
+            out = None
+            async for out, delta in deltas(engine, first, stream, tenant, adapter):
+                choice = {"index": 0, "delta": {"content": delta} if delta else {}, "finish_reason": finish_reason(out)}
+                yield {**base, "choices": [choice]}
             if out is not None and req.stream_options and req.stream_options.include_usage:
                 yield {**base, "choices": [], "usage": usage(out).model_dump()}
 
