@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint crds clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/pytest
+
+# The CRDs from the operator's models, and the chart's copies of them (tests fail when they differ).
+crds: $(STAMP)
+	$(BIN)/loraplane crds
+	cp crds/*.loraplane.dev.yaml crds/rbac.yaml charts/loraplane/files/crds/
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -408,6 +408,57 @@ def bench(
 
 
 @main.command()
+@click.option("--replica", "replicas", multiple=True, metavar="URL", help="A serving replica (repeatable).")
+@click.option("--service", help="Discover replicas from this Service's EndpointSlices instead (in a cluster).")
+@click.option("--namespace", default="default", help="The Service's namespace.")
+@click.option("--policy", default="affinity", type=click.Choice(["affinity", "round-robin"]))
+@click.option("--epsilon", default=0.25, type=click.FloatRange(min=0), help="No replica above (1+epsilon) x the mean load.")
+@click.option("--stats-interval", default=1.0, type=click.FloatRange(min=0, min_open=True), help="Seconds between stats reads.")
+@click.option("--host", default="0.0.0.0")
+@click.option("--port", default=8000, type=click.IntRange(1, 65535))
+@click.option("--admin-token", envvar="LORAPLANE_ADMIN_TOKEN", help="Guards /router/replicas; reads the replicas' stats.")
+@click.option(
+    "--tenants",
+    "tenants_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The servers' tenants file: keys and quotas are checked here too.",
+)
+@click.option("--usage-log", type=click.Path(dir_okay=False, path_type=Path), help="Append-only JSONL of per-request usage.")
+def router(
+    replicas: tuple[str, ...],
+    service: str | None,
+    namespace: str,
+    policy: str,
+    epsilon: float,
+    stats_interval: float,
+    host: str,
+    port: int,
+    admin_token: str | None,
+    tenants_path: Path | None,
+    usage_log: Path | None,
+) -> None:
+    """One OpenAI endpoint in front of many replicas: each adapter goes where it is warm, within a load bound."""
+    import uvicorn
+    import yaml
+    from pydantic import ValidationError
+
+    from loraplane.serving.api.tenants import Tenants, load_tenants
+    from loraplane.serving.router.app import create_router_app
+    from loraplane.serving.router.config import RouterConfig
+
+    try:
+        config = RouterConfig(
+            replicas=list(replicas), service=service, namespace=namespace, policy=policy,
+            epsilon=epsilon, stats_interval=stats_interval,
+        )  # fmt: skip
+        tenants = Tenants(load_tenants(tenants_path) if tenants_path else None, usage_log=usage_log)
+        app = create_router_app(config, tenants=tenants, admin_token=admin_token)
+    except (ValidationError, ValueError, yaml.YAMLError) as err:
+        raise click.ClickException(str(err)) from None
+    uvicorn.run(app, host=host, port=port, log_level="info")
+
+
+@main.command()
 @click.option("--out", "folder", default="crds", type=click.Path(file_okay=False, path_type=Path), show_default=True)
 @click.option("--check", is_flag=True, help="Fail if the files in --out differ from the models instead of writing them.")
 def crds(folder: Path, check: bool) -> None:

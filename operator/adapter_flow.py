@@ -20,6 +20,7 @@ from loraplane.adapter_format.sources import S3Settings
 from loraplane.operator import cluster
 from loraplane.operator.adapter_check import CheckFailed, check_adapter
 from loraplane.operator.api.basemodel import BaseModelSpec
+from loraplane.operator.api.common import Quotas
 from loraplane.operator.api.loraadapter import LoraAdapterSpec, LoraAdapterStatus, ReplicaPlacement
 from loraplane.operator.conditions import Status, set_condition
 from loraplane.operator.serving_client import ReplicaError, ServingClient
@@ -55,13 +56,35 @@ async def s3_settings(namespace: str, base: BaseModelSpec) -> S3Settings:
     return S3Settings(endpoint=store.endpoint, access_key=access, secret_key=secret, region=store.region)
 
 
-async def stage(client: ServingClient, served: str, spec: LoraAdapterSpec, *, pinned: bool) -> str:
-    """Register, prefetch, pin or unpin on one replica; returns the tier it reports."""
-    await client.register(served, spec.source.uri, spec.source.digest, spec.tenant, truncate=spec.rank_policy == "Truncate")
+async def stage(client: ServingClient, served: str, spec: LoraAdapterSpec, *, pinned: bool, quotas: Quotas | None) -> str:
+    """Register (with the adapter's quotas), prefetch, pin or unpin on one replica; returns the tier it reports."""
+    limits = quotas.model_dump(exclude_none=True) if quotas is not None else None
+    truncate = spec.rank_policy == "Truncate"
+    await client.register(served, spec.source.uri, spec.source.digest, spec.tenant, truncate=truncate, quotas=limits)
     if spec.prefetch or pinned:
         await client.action(served, "prefetch")
     state = await client.action(served, "pin" if pinned else "unpin")
     return str(state.get("tier", "cold"))
+
+
+async def quality_gate(client: ServingClient, spec: LoraAdapterSpec) -> str:
+    """Replay the version's golden outputs on a serving replica when the spec asks for it; a short
+    note for the Validated condition, or CheckFailed with the drift."""
+    gate = spec.quality_gate
+    if gate is None:
+        return ""
+    try:
+        report = await client.verify(
+            spec.source.uri, spec.source.digest, truncate=spec.rank_policy == "Truncate",
+            min_token_agreement=gate.min_token_agreement, max_mean_kl=gate.max_mean_kl,
+        )  # fmt: skip
+    except ReplicaError as err:
+        if err.status in (400, 422):
+            raise CheckFailed("QualityGateFailed" if err.status == 422 else "GoldenOutputsMissing", str(err)) from None
+        raise
+    kl = report.get("mean_kl")
+    note = f"; golden outputs agree on {100 * report['token_agreement']:.1f}% of tokens"
+    return note + (f", KL {kl:.3f}" if kl is not None else "")
 
 
 async def reconcile(
@@ -107,6 +130,7 @@ async def _reconcile_on(
         s3 = await s3_settings(namespace, base)
         try:
             manifest = await asyncio.to_thread(check_adapter, spec, shape, base.engine.max_lora_rank, s3)
+            gate = await quality_gate(clients[0], spec)
         except CheckFailed as err:
             if promoting:
                 status.promoting_digest = None
@@ -122,13 +146,13 @@ async def _reconcile_on(
                 out.condition("Validated", "False", err.reason, err.message, generation)
                 out.condition("Ready", "False", err.reason, err.message, generation)
             return out
-        out.condition(
-            "Validated", "True", "Valid", f"rank {manifest.rank}, {len(manifest.target_modules)} target modules", generation
-        )
+        checked = f"rank {manifest.rank}, {len(manifest.target_modules)} target modules{gate}"
+        out.condition("Validated", "True", "Valid", checked, generation)
         status.rank, status.size_bytes = manifest.rank, manifest.size_bytes
     served = spec.served_name or name
     pinned = spec.pinned
-    tiers = await asyncio.gather(*(stage(c, served, spec, pinned=pinned) for c in clients))
+    quotas = spec.quotas or base.tenancy.default_quotas
+    tiers = await asyncio.gather(*(stage(c, served, spec, pinned=pinned, quotas=quotas) for c in clients))
     status.replicas = [ReplicaPlacement(replica=r.name, tier=t) for r, t in zip(replicas, tiers, strict=True)]  # type: ignore[arg-type]
     status.pinned = pinned
     status.serving_digest, status.promoting_digest = digest, None

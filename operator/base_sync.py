@@ -85,7 +85,9 @@ async def sync_base(
         for replica, known in stats.items():
             for served in decisions.missing(known, ready):
                 try:
-                    await stage(clients[replica], served, ready[served].spec, pinned=served in pins)
+                    spec = ready[served].spec
+                    quotas = spec.quotas or base.tenancy.default_quotas
+                    await stage(clients[replica], served, spec, pinned=served in pins, quotas=quotas)
                 except ReplicaError:
                     continue
         await _apply_pins(pins, ready, stats, clients)

@@ -1,6 +1,7 @@
 """The objects a BaseModel owns, built as plain manifests: the engine config (ConfigMap), the serving
-Deployment and its Service. Pure functions of the BaseModel, so tests check them against the
-Kubernetes schemas and the engine's own config model without a cluster.
+Deployment and its Service, and the router in front of them (``router_objects``). Pure functions
+of the BaseModel, so tests check them against the Kubernetes schemas and the engine's own config
+model without a cluster.
 
 The engine config uses the server's setting names (vLLM's where the idea is the same); the test
 `tests/operator/test_children.py` loads it with the real ``EngineConfig``, so the two cannot drift
@@ -15,6 +16,7 @@ import yaml
 
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.cluster import BASE_LABEL, COMPONENT_LABEL, SERVING_PORT
+from loraplane.operator.router_objects import router_objects
 
 ADMIN_TOKEN_KEY = "admin-token"
 
@@ -136,4 +138,5 @@ def service(name: str, namespace: str) -> dict[str, Any]:
 
 
 def children(name: str, namespace: str, spec: BaseModelSpec, admin_secret: str) -> list[dict[str, Any]]:
-    return [config_map(name, namespace, spec), deployment(name, namespace, spec, admin_secret), service(name, namespace)]
+    serving = [config_map(name, namespace, spec), deployment(name, namespace, spec, admin_secret), service(name, namespace)]
+    return serving + router_objects(name, namespace, spec, admin_secret)

@@ -82,13 +82,16 @@ async def apply_child(manifest: dict[str, Any]) -> None:
 
     def write() -> None:
         kind, ns, name = manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"]
-        apps, core = client.AppsV1Api(_api()), _core()
+        apps, core, rbac = client.AppsV1Api(_api()), _core(), client.RbacAuthorizationV1Api(_api())
         create: Any
         patch: Any
         create, patch = {
             "Deployment": (apps.create_namespaced_deployment, apps.patch_namespaced_deployment),
             "Service": (core.create_namespaced_service, core.patch_namespaced_service),
             "ConfigMap": (core.create_namespaced_config_map, core.patch_namespaced_config_map),
+            "ServiceAccount": (core.create_namespaced_service_account, core.patch_namespaced_service_account),
+            "Role": (rbac.create_namespaced_role, rbac.patch_namespaced_role),
+            "RoleBinding": (rbac.create_namespaced_role_binding, rbac.patch_namespaced_role_binding),
         }[kind]
         try:
             create(ns, manifest)

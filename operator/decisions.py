@@ -24,18 +24,27 @@ class Sample:
     cold_loads: int = 0
     load_count: int = 0
     load_seconds: float = 0.0
+    recent_load_ms: tuple[float, ...] = ()  # the replicas' latest load durations, pooled
 
 
 def sample(at: float, per_replica: Iterable[Mapping[str, Any]]) -> Sample:
     """Sum one adapter's ``/admin/stats`` entries from every replica that knows it."""
     fields: dict[str, float] = {}
+    recent: list[float] = []
     for entry in per_replica:
+        recent += [float(ms) for ms in entry.get("recent_load_ms") or []]
         for key in ("requests", "prompt_tokens", "completion_tokens", "device_hits", "host_hits", "cold_loads"):
             fields[key] = fields.get(key, 0) + int(entry.get(key, 0))
         for tier in (entry.get("load_seconds") or {}).values():
             fields["load_count"] = fields.get("load_count", 0) + int(tier["count"])
             fields["load_seconds"] = fields.get("load_seconds", 0.0) + float(tier["sum"])
-    return Sample(at=at, **{k: (v if k == "load_seconds" else int(v)) for k, v in fields.items()})  # type: ignore[arg-type]
+    counts = {k: (v if k == "load_seconds" else int(v)) for k, v in fields.items()}
+    return Sample(at=at, recent_load_ms=tuple(sorted(recent)), **counts)  # type: ignore[arg-type]
+
+
+def _percentile(ordered: tuple[float, ...], q: float) -> float | None:
+    """Nearest rank on a sorted sample, the same rule as the benchmarks' reports."""
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else None
 
 
 def metrics(previous: Sample | None, now: Sample, last_updated: str) -> AdapterMetrics:
@@ -47,6 +56,7 @@ def metrics(previous: Sample | None, now: Sample, last_updated: str) -> AdapterM
         rate = (delta if delta >= 0 else now.requests) / (now.at - previous.at)
     arrivals = now.device_hits + now.host_hits + now.cold_loads
     mean_load = 1e3 * now.load_seconds / now.load_count if now.load_count else None
+    p50, p99 = _percentile(now.recent_load_ms, 0.5), _percentile(now.recent_load_ms, 0.99)
     return AdapterMetrics(
         requests_per_second=round(rate, 3),
         prompt_tokens=now.prompt_tokens,
@@ -55,6 +65,8 @@ def metrics(previous: Sample | None, now: Sample, last_updated: str) -> AdapterM
         host_hit_rate=round(now.host_hits / arrivals, 4) if arrivals else None,
         cold_loads=now.cold_loads,
         load_latency_mean_ms=round(mean_load, 2) if mean_load is not None else None,
+        load_latency_p50_ms=round(p50, 2) if p50 is not None else None,
+        load_latency_p99_ms=round(p99, 2) if p99 is not None else None,
         last_updated=last_updated,
     )
 
@@ -77,6 +89,7 @@ def worth_writing(old: AdapterMetrics | None, new: AdapterMetrics, *, min_relati
         or moved(old.device_hit_rate, new.device_hit_rate, 0.02)
         or moved(old.host_hit_rate, new.host_hit_rate, 0.02)
         or new.cold_loads != old.cold_loads
+        or moved(old.load_latency_p99_ms, new.load_latency_p99_ms, 1.0)
         or moved(float(old.completion_tokens), float(new.completion_tokens), 100)
     )
 

@@ -43,9 +43,21 @@ class ServingClient:
         result: dict[str, Any] = await self._call("GET", "/admin/base")
         return result
 
-    async def register(self, name: str, uri: str, digest: str, tenant: str, *, truncate: bool = False) -> dict[str, Any]:
+    async def register(
+        self, name: str, uri: str, digest: str, tenant: str, *, truncate: bool = False, quotas: dict[str, int] | None = None
+    ) -> dict[str, Any]:
         body = {"lora_name": name, "lora_path": uri, "digest": digest, "tenant": tenant, "allow_rank_truncation": truncate}
+        body["quotas"] = quotas or None
         result: dict[str, Any] = await self._call("POST", "/admin/adapters", body)
+        return result
+
+    async def verify(
+        self, uri: str, digest: str, *, truncate: bool, min_token_agreement: float, max_mean_kl: float
+    ) -> dict[str, Any]:
+        """Replay a candidate's golden outputs on this replica's base (the quality gate)."""
+        body = {"lora_path": uri, "digest": digest, "allow_rank_truncation": truncate,
+                "min_token_agreement": min_token_agreement, "max_mean_kl": max_mean_kl}  # fmt: skip
+        result: dict[str, Any] = await self._call("POST", "/admin/verify", body)
         return result
 
     async def action(self, name: str, action: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ since they are read on demand rather than stored by a time-series database for e
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 OTHER = "__other__"
 NONE = "__base__"
+RECENT_LOADS = 64
 LOAD_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -30,6 +31,9 @@ class AdapterCounts:
     arrivals: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # tier at arrival -> requests
     load_seconds: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0, 0.0]))  # tier -> [n, sum]
     queue_wait: list[float] = field(default_factory=lambda: [0, 0.0])
+    # The last loads' durations: sum and count give a mean, but the operator's status shows p50 and
+    # p99, and a percentile needs the values. A bounded window keeps the stats call small.
+    recent_loads: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_LOADS))
 
 
 class _Bounded:
@@ -108,6 +112,7 @@ class EngineMetrics:
         for c in self._both(adapter, tenant):
             c.load_seconds[tier][0] += 1
             c.load_seconds[tier][1] += seconds
+            c.recent_loads.append(seconds)
 
     def observe_queue_wait(self, adapter: str, tenant: str | None, seconds: float) -> None:
         self.queue_wait.labels(*self._labels(adapter, tenant)).observe(seconds)
@@ -126,6 +131,7 @@ class EngineMetrics:
             "cold_loads": c.arrivals.get("cold", 0),
             "load_seconds": {tier: {"count": n, "sum": s} for tier, (n, s) in c.load_seconds.items()},
             "queue_wait_seconds": {"count": c.queue_wait[0], "sum": c.queue_wait[1]},
+            "recent_load_ms": [round(1e3 * s, 3) for s in c.recent_loads],
         }
 
 

@@ -77,7 +77,7 @@ class Routing(KubeModel):
 
 class Tenancy(KubeModel):
     api_keys_secret: SecretRef | None = Field(default=None, description="a Secret whose tenants.yaml maps API keys to tenants")
-    default_quotas: Quotas | None = None
+    default_quotas: Quotas | None = Field(default=None, description="for each adapter of this base that sets no quotas")
 
 
 class AutoPinning(KubeModel):

@@ -54,6 +54,8 @@ class AdapterMetrics(KubeModel):
     host_hit_rate: float | None = Field(default=None, ge=0, le=1)
     cold_loads: int = 0
     load_latency_mean_ms: float | None = Field(default=None, description="host or cold load into a device slot")
+    load_latency_p50_ms: float | None = Field(default=None, description="over each replica's latest 64 loads")
+    load_latency_p99_ms: float | None = Field(default=None, description="over each replica's latest 64 loads")
     last_updated: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
 
 

@@ -31,9 +31,11 @@ from loraplane.serving.api.protocol import (
     ModelList,
     UnloadLoraRequest,
     Usage,
+    VerifyRequest,
     new_id,
     now,
 )
+from loraplane.serving.api.quality_gate import verify_candidate
 from loraplane.serving.api.tenants import TenantConfig, Tenants
 from loraplane.serving.engine.llm_engine import LLMEngine, RequestError, RequestOutput
 from loraplane.serving.engine.sampling_params import SamplingError, SamplingParams
@@ -192,7 +194,7 @@ def create_app(
             raise APIError(
                 503, "the server is at capacity; retry shortly", type_="server_error", code="overloaded", retry_after=1
             )
-        tenants.admit(tenant)
+        tenants.admit(tenant, adapter)
         state.pending += 1
         try:
             stream = engine.generate(prompt, params, adapter, new_id("req"), tenant=tenant.name if tenant else None)
@@ -355,6 +357,7 @@ def create_app(
             raise APIError(400, str(err), code=err.code.value, param="lora_path") from None
         except (AdapterBusy, ValueError) as err:
             raise APIError(409 if isinstance(err, AdapterBusy) else 400, str(err)) from None
+        tenants.set_adapter_limits(req.lora_name, req.quotas)
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
 
     @app.post("/v1/unload_lora_adapter")
@@ -365,6 +368,7 @@ def create_app(
             raise APIError(404, str(err), code="model_not_found") from None
         except AdapterBusy as err:
             raise APIError(409, str(err)) from None
+        tenants.set_adapter_limits(req.lora_name, None)
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
 
     @app.post("/admin/adapters")
@@ -375,12 +379,23 @@ def create_app(
             await engine.call(lambda: engine.engine.register_lora(spec))
         except (AdapterBusy, ValueError) as err:
             raise APIError(409 if isinstance(err, AdapterBusy) else 400, str(err)) from None
+        tenants.set_adapter_limits(req.lora_name, req.quotas)
         return await adapter_state(req.lora_name, engine)
+
+    @app.post("/admin/verify")
+    async def verify(req: VerifyRequest, engine: Admin) -> dict[str, Any]:
+        """Replay a candidate version's golden outputs here (the operator's quality gate); 422
+        with the drift when it fails. Nothing is registered."""
+        try:
+            report = await verify_candidate(engine, req)
+        except AdapterValidationError as err:
+            raise APIError(422, str(err), code=err.code.value, param="lora_path") from None
+        return report.model_dump()
 
     @app.get("/admin/adapters/{name}")
     async def adapter_state(name: str, engine: Admin) -> dict[str, Any]:
         def read() -> dict[str, Any]:
-            stats = engine.engine.stats()["adapters"]
+            stats = with_quotas(engine.engine.stats())["adapters"]
             assert isinstance(stats, dict)
             if name not in stats:
                 raise AdapterNotFound(name)
@@ -397,9 +412,18 @@ def create_app(
         validates adapters against before registering them here."""
         return engine.engine.base.shape.model_dump()
 
+    def with_quotas(stats: dict[str, object]) -> dict[str, object]:
+        """Each adapter's own quotas in its stats: what the router enforces at the edge too."""
+        adapters = stats["adapters"]
+        assert isinstance(adapters, dict)
+        for name, entry in adapters.items():
+            limits = tenants.adapter_limits.get(name)
+            entry["quotas"] = limits.model_dump(exclude_none=True) if limits is not None else None
+        return stats
+
     @app.get("/admin/stats")
     async def stats(engine: Admin) -> dict[str, object]:
-        return await engine.call(engine.engine.stats)
+        return with_quotas(await engine.call(engine.engine.stats))
 
     for action in ("pin", "unpin", "prefetch"):
 

@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from loraplane.serving.api.tenants import Limits
+
 MAX_TOKENS_LIMIT = 1 << 20
 
 
@@ -98,6 +100,17 @@ class LoadLoraRequest(_Strict):
     tenant: str | None = None
     allow_rank_truncation: bool = False
     version: str | None = Field(default=None, max_length=128, description="a label for this revision, e.g. a date")
+    quotas: Limits | None = Field(default=None, description="this adapter's own concurrency and token quotas")
+
+
+class VerifyRequest(_Strict):
+    """A candidate version to replay its golden outputs on this base before anyone registers it."""
+
+    lora_path: str = Field(description="local folder, file:// or s3:// URI")
+    digest: str | None = None
+    allow_rank_truncation: bool = False
+    min_token_agreement: float = Field(default=0.9, ge=0, le=1)
+    max_mean_kl: float = Field(default=0.1, ge=0)
 
 
 class UnloadLoraRequest(_Strict):

@@ -6,8 +6,10 @@ sees and calls only its own adapters, adapters registered without a tenant (shar
 base if ``allow_base``. Another tenant's adapter answers exactly as a missing one does, so its
 existence does not leak.
 
-Quotas answer 429 with ``Retry-After``: concurrent requests per tenant, and tokens per minute
-(prompt plus completion tokens of the requests finished in the last 60 seconds).
+Quotas answer 429 with ``Retry-After``: concurrent requests, and tokens per minute (prompt plus
+completion tokens of the requests finished in the last 60 seconds), per tenant from the file and
+per adapter from its registration (a LoraAdapter's ``spec.quotas``), so one hot fine-tune cannot
+use its whole tenant's share.
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ class TenantConfig(BaseModel):
     tokens_per_minute: int | None = Field(default=None, ge=1)
 
 
+class Limits(BaseModel):
+    """An adapter's own quotas, as its registration carries them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_concurrent: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+
+
 class TenantsFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -43,6 +54,11 @@ class TenantsFile(BaseModel):
 def load_tenants(path: Path) -> list[TenantConfig]:
     raw = yaml.safe_load(path.read_text())  # JSON is YAML too
     return TenantsFile.model_validate(raw).tenants
+
+
+# The owner of adapters the server registers for itself (a quality gate's candidate): no API key
+# maps to it and ``may_use`` hides it from every caller, open server included.
+INTERNAL_TENANT = "loraplane:internal"
 
 
 class _Usage:
@@ -60,7 +76,8 @@ class Tenants:
     def __init__(self, tenants: list[TenantConfig] | None, usage_log: Path | None = None) -> None:
         self.open = not tenants
         self.by_key = {key: t for t in tenants or [] for key in t.api_keys}
-        self.usage: dict[str, _Usage] = {}
+        self.adapter_limits: dict[str, Limits] = {}
+        self.usage: dict[str, _Usage] = {}  # "tenant:<name>" or "adapter:<name>"
         self.lock = threading.Lock()
         self.usage_log = usage_log
 
@@ -76,36 +93,59 @@ class Tenants:
 
     @staticmethod
     def may_use(tenant: TenantConfig | None, owner: str | None) -> bool:
+        if owner == INTERNAL_TENANT:
+            return False
         return tenant is None or owner is None or owner == tenant.name
 
-    def admit(self, tenant: TenantConfig | None) -> None:
-        """Count a request against its tenant's quotas, or answer 429."""
-        if tenant is None:
-            return
+    def set_adapter_limits(self, adapter: str, limits: Limits | None) -> None:
+        with self.lock:
+            if limits is None or (limits.max_concurrent is None and limits.tokens_per_minute is None):
+                self.adapter_limits.pop(adapter, None)
+            else:
+                self.adapter_limits[adapter] = limits
+
+    def _keys(self, tenant: TenantConfig | None, adapter: str | None) -> list[str]:
+        return ([f"tenant:{tenant.name}"] if tenant is not None else []) + ([f"adapter:{adapter}"] if adapter else [])
+
+    def admit(self, tenant: TenantConfig | None, adapter: str | None = None) -> None:
+        """Count a request against its tenant's and its adapter's quotas, or answer 429."""
         now = time.monotonic()
         with self.lock:
-            u = self.usage.setdefault(tenant.name, _Usage())
-            if tenant.max_concurrent is not None and u.in_flight >= tenant.max_concurrent:
-                raise APIError(
-                    429, f"tenant {tenant.name!r} already has {u.in_flight} requests in flight",
-                    type_="rate_limit_error", code="concurrency_limit", retry_after=1,
-                )  # fmt: skip
-            if tenant.tokens_per_minute is not None and u.tokens(now) >= tenant.tokens_per_minute:
-                wait = 60 - (now - u.window[0][0]) if u.window else 1
-                raise APIError(
-                    429, f"tenant {tenant.name!r} used its {tenant.tokens_per_minute} tokens per minute",
-                    type_="rate_limit_error", code="rate_limit_exceeded", retry_after=max(1, int(wait) + 1),
-                )  # fmt: skip
-            u.in_flight += 1
+            checks: list[tuple[str, int | None, int | None, str]] = []
+            if tenant is not None:
+                limit = (tenant.max_concurrent, tenant.tokens_per_minute)
+                checks.append((f"tenant {tenant.name!r}", *limit, f"tenant:{tenant.name}"))
+            limits = self.adapter_limits.get(adapter) if adapter else None
+            if limits is not None:
+                checks.append((f"adapter {adapter!r}", limits.max_concurrent, limits.tokens_per_minute, f"adapter:{adapter}"))
+            for who, max_concurrent, tokens_per_minute, key in checks:
+                u = self.usage.setdefault(key, _Usage())
+                if max_concurrent is not None and u.in_flight >= max_concurrent:
+                    raise APIError(
+                        429, f"{who} already has {u.in_flight} requests in flight",
+                        type_="rate_limit_error", code="concurrency_limit", retry_after=1,
+                    )  # fmt: skip
+                if tokens_per_minute is not None and u.tokens(now) >= tokens_per_minute:
+                    wait = 60 - (now - u.window[0][0]) if u.window else 1
+                    raise APIError(
+                        429, f"{who} used its {tokens_per_minute} tokens per minute",
+                        type_="rate_limit_error", code="rate_limit_exceeded", retry_after=max(1, int(wait) + 1),
+                    )  # fmt: skip
+            for key in self._keys(tenant, adapter):
+                self.usage.setdefault(key, _Usage()).in_flight += 1
 
     def finish(self, tenant: TenantConfig | None, record: dict[str, object]) -> None:
-        """Release the request's concurrency slot, count its tokens, append it to the usage log."""
+        """Release the request's concurrency slots, count its tokens, append it to the usage log.
+        ``record["adapter"]`` must be the adapter it was admitted with."""
         tokens = int(record.get("prompt_tokens", 0) or 0) + int(record.get("completion_tokens", 0) or 0)  # type: ignore[call-overload]
+        adapter = record.get("adapter")
         with self.lock:
-            if tenant is not None:
-                u = self.usage.setdefault(tenant.name, _Usage())
+            for key in self._keys(tenant, adapter if isinstance(adapter, str) else None):
+                u = self.usage.setdefault(key, _Usage())
                 u.in_flight -= 1
                 u.window.append((time.monotonic(), tokens))
+                if key.startswith("adapter:") and not u.in_flight and key[8:] not in self.adapter_limits:
+                    del self.usage[key]  # an adapter without quotas needs no history
             if self.usage_log is not None:
                 with self.usage_log.open("a") as f:
                     f.write(json.dumps({"time": time.time(), "tenant": tenant.name if tenant else None, **record}) + "\n")

@@ -61,6 +61,66 @@ def remote(url: str, tenants: list[TenantConfig] | None, api_key: str | None, ad
     return Deployment(url, keys, models, owners, admin_token, [t for t in keys if t is not None])
 
 
+@dataclass
+class Fleet:
+    """Serving replicas started here with one config, one tenants file and one admin token, as a
+    Deployment's pods would be. ``kill`` and ``start`` let a test take one away and bring it back."""
+
+    ports: list[int]
+    adapters: Mapping[str, tuple[Path, str | None]]
+    keys: dict[str | None, str]
+    admin_token: str
+    tenant_names: list[str]
+    work: Path  # engine.yaml, tenants.yaml and each replica's log
+    procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{port}" for port in self.ports]
+
+    @property
+    def models(self) -> list[str]:
+        return list(self.adapters)
+
+    def deployment(self, url: str) -> Deployment:
+        owners = [owner for _, owner in self.adapters.values()]
+        return Deployment(url, self.keys, self.models, owners, self.admin_token, self.tenant_names)
+
+    def start(self, i: int) -> None:
+        """Launch replica ``i`` on its port (again, after a kill); ``ready`` waits for it."""
+        args = ["serve", "--config", str(self.work / "engine.yaml"), "--port", str(self.ports[i])]
+        args += ["--admin-token", self.admin_token]
+        if self.tenant_names:
+            args += ["--tenants", str(self.work / "tenants.yaml")]
+        with (self.work / f"server-{i}.log").open("ab") as log:
+            cmd = [sys.executable, "-m", "loraplane.cli", *args]
+            self.procs[i] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+    def ready(self, i: int, timeout: float = 900) -> None:
+        """Wait for replica ``i`` to answer, then register every adapter on it as an operator would."""
+        url = self.urls[i]
+        _wait_ready(url, self.procs[i], self.work / f"server-{i}.log", timeout)
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {self.admin_token}"}, timeout=120) as admin:
+            for name, (folder, owner) in self.adapters.items():
+                r = admin.post("/admin/adapters", json={"lora_name": name, "lora_path": str(folder), "tenant": owner})
+                if r.status_code != 200:
+                    raise RuntimeError(f"registering {name} on {url}: {r.status_code} {r.text}")
+
+    def kill(self, i: int) -> None:
+        """SIGKILL: the replica gets no chance to finish or refuse anything."""
+        self.procs[i].kill()
+        self.procs[i].wait()
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
 @contextmanager
 def spawn_server(
     config: EngineConfig,
@@ -76,34 +136,60 @@ def spawn_server(
     A separate process rather than a thread: the client's event loop and the server's would
     otherwise share one interpreter lock, and every figure would include that contention.
     """
+    with spawn_replicas(config, adapters, tenant_names, 1, start_timeout=start_timeout) as fleet:
+        yield fleet.deployment(fleet.urls[0])
+
+
+@contextmanager
+def spawn_replicas(
+    config: EngineConfig,
+    adapters: Mapping[str, tuple[Path, str | None]],
+    tenant_names: list[str],
+    count: int,
+    *,
+    start_timeout: float = 900,
+) -> Iterator[Fleet]:
+    """``count`` replicas of ``loraplane serve``, each a child process with every adapter registered."""
     admin_token = secrets.token_hex(16)
     tenants = [TenantConfig(name=t, api_keys=[f"sk-{t}-{secrets.token_hex(8)}"]) for t in tenant_names]
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    keys: dict[str | None, str] = {t.name: t.api_keys[0] for t in tenants} if tenants else {None: "none"}
     with tempfile.TemporaryDirectory(prefix="loraplane-server-") as tmp:
         work = Path(tmp)
         (work / "engine.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
         (work / "tenants.yaml").write_text(yaml.safe_dump({"tenants": [t.model_dump() for t in tenants]}))
-        args = ["serve", "--config", str(work / "engine.yaml"), "--port", str(port), "--admin-token", admin_token]
-        if tenants:
-            args += ["--tenants", str(work / "tenants.yaml")]
-        with (work / "server.log").open("wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "loraplane.cli", *args], stdout=log, stderr=subprocess.STDOUT)
+        fleet = Fleet([free_port() for _ in range(count)], adapters, keys, admin_token, tenant_names, work)
         try:
-            _wait_ready(url, proc, work / "server.log", start_timeout)
-            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=120) as admin:
-                for name, (folder, owner) in adapters.items():
-                    r = admin.post("/admin/adapters", json={"lora_name": name, "lora_path": str(folder), "tenant": owner})
-                    if r.status_code != 200:
-                        raise RuntimeError(f"registering {name}: {r.status_code} {r.text}")
-            keys: dict[str | None, str] = {t.name: t.api_keys[0] for t in tenants} if tenants else {None: "none"}
-            yield Deployment(url, keys, list(adapters), [owner for _, owner in adapters.values()], admin_token, tenant_names)
+            for i in range(count):
+                fleet.start(i)
+            for i in range(count):
+                fleet.ready(i, start_timeout)
+            yield fleet
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            fleet.stop()
+
+
+@contextmanager
+def spawn_router(fleet: Fleet, *, policy: str = "affinity", epsilon: float = 0.25, start_timeout: float = 60) -> Iterator[str]:
+    """``loraplane router`` in front of the fleet as a child process, with the fleet's tenants and
+    admin token; yields its URL once it sees a replica."""
+    port = free_port()
+    args = ["router", "--port", str(port), "--policy", policy, "--epsilon", str(epsilon)]
+    args += ["--admin-token", fleet.admin_token, *(a for url in fleet.urls for a in ("--replica", url))]
+    if fleet.tenant_names:
+        args += ["--tenants", str(fleet.work / "tenants.yaml")]
+    log_path = fleet.work / f"router-{port}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "loraplane.cli", *args], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, proc, log_path, start_timeout)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:

@@ -7,7 +7,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from loraplane.sim.trace import weighted_trace, zipf_weights
+from loraplane.sim.trace import Trace, weighted_trace, zipf_weights
 
 # Plain words for synthetic prompts: text rather than token ids, so the same workload runs against
 # any server whatever its tokenizer. Roughly one token per word on Llama-family vocabularies.
@@ -63,6 +63,25 @@ class BenchRequest:
     chat: bool = False
 
 
+def bench_trace(
+    models: Sequence[str],
+    owners: Sequence[str | None],
+    num_requests: int,
+    *,
+    rate: float,
+    exponent: float = 1.1,
+    seed: int = 11,
+    max_tokens: int = 16,
+) -> Trace:
+    """The simulator's trace behind :func:`zipf_requests` with the same arguments, for
+    ``loraplane sim``'s prediction of the very requests a benchmark sends."""
+    if len(models) != len(owners):
+        raise ValueError("one owner per model")
+    weights = zipf_weights(len(models), exponent)
+    owner_names = [o or "" for o in owners]
+    return weighted_trace(weights, list(models), num_requests, seed=seed, rate_rps=rate, tokens=max_tokens, tenants=owner_names)
+
+
 def zipf_requests(
     models: Sequence[str],
     owners: Sequence[str | None],
@@ -79,12 +98,7 @@ def zipf_requests(
     """``models[i]`` is drawn with Zipf weight ``1 / (i+1) ** exponent``; arrivals are Poisson at
     ``rate`` per second; each request goes out as its adapter's owner. Prompts are random words,
     or ``prompts`` in turn."""
-    if len(models) != len(owners):
-        raise ValueError("one owner per model")
-    owner_names = [o or "" for o in owners]
-    trace = weighted_trace(
-        zipf_weights(len(models), exponent), list(models), num_requests, seed=seed, rate_rps=rate, tenants=owner_names
-    )
+    trace = bench_trace(models, owners, num_requests, rate=rate, exponent=exponent, seed=seed, max_tokens=max_tokens)
     rng = random.Random(seed)
     return [
         BenchRequest(

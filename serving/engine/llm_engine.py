@@ -381,7 +381,13 @@ class LLMEngine:
                 "digest": info.digest,
             }
         tenants = {t: self.metrics.as_json(c) for t, c in self.metrics.tenants.items()}
-        return {"adapters": adapters, "tenants": tenants, "preemptions": self.scheduler.num_preemptions}
+        return {
+            "adapters": adapters,
+            "tenants": tenants,
+            "preemptions": self.scheduler.num_preemptions,
+            "waiting": len(self.scheduler.waiting),  # queue depth, which the router reads
+            "running": len(self.scheduler.running),
+        }
 
     def generate(
         self,

@@ -37,13 +37,17 @@ def _kl(reference: dict[int, float], logits: torch.Tensor) -> float:
     return float((p * (p.clamp_min(1e-300).log() - q.clamp_min(1e-300).log())).sum())
 
 
-def replay_golden(engine: LLMEngine, adapter: str | None, golden: GoldenOutputs) -> DriftReport:
+def forced_requests(golden: GoldenOutputs) -> tuple[list[ForcedPath], list[SamplingParams]]:
+    """One teacher-forced request per golden case: run them on any engine, then :func:`drift`."""
     paths = [ForcedPath(case.greedy_token_ids) for case in golden.cases]
     params = [
         SamplingParams(max_tokens=len(case.greedy_token_ids), temperature=0, ignore_eos=True, logits_processors=[path])
         for case, path in zip(golden.cases, paths, strict=True)
     ]
-    engine.generate([case.prompt_token_ids for case in golden.cases], params, [adapter] * len(golden.cases))
+    return paths, params
+
+
+def drift(golden: GoldenOutputs, paths: list[ForcedPath]) -> DriftReport:
     steps = agree = 0
     kls: list[float] = []
     for case, path in zip(golden.cases, paths, strict=True):
@@ -56,3 +60,10 @@ def replay_golden(engine: LLMEngine, adapter: str | None, golden: GoldenOutputs)
     if mean_kl is not None and not math.isfinite(mean_kl):
         mean_kl = float("inf")
     return DriftReport(cases=len(golden.cases), steps=steps, token_agreement=agree / max(steps, 1), mean_kl=mean_kl)
+
+
+def replay_golden(engine: LLMEngine, adapter: str | None, golden: GoldenOutputs) -> DriftReport:
+    """Synchronously, on an engine nobody else is stepping (loading at startup, tests)."""
+    paths, params = forced_requests(golden)
+    engine.generate([case.prompt_token_ids for case in golden.cases], params, [adapter] * len(golden.cases))
+    return drift(golden, paths)

@@ -139,3 +139,17 @@ def test_overload_is_shed_with_503_and_accepted_requests_complete(server, monkey
     for t in threads:
         t.join()
     assert set(results) <= {200, 503} and 503 in results and 200 in results
+
+
+def test_an_adapters_own_quota_holds_without_touching_its_tenants_other_adapters(server, tiny_adapters) -> None:
+    url, _ = server
+    body = {"lora_name": "acme-metered", "lora_path": str(tiny_adapters["mlp16"]), "tenant": "acme",
+            "quotas": {"tokens_per_minute": 20}}  # fmt: skip
+    assert httpx.post(f"{url}/admin/adapters", json=body).json()["quotas"] == {"tokens_per_minute": 20}
+    acme = _client(url, "key-acme")
+    acme.completions.create(model="acme-metered", prompt="the quick brown fox", max_tokens=20, extra_body={"ignore_eos": True})
+    with pytest.raises(openai.RateLimitError, match="adapter 'acme-metered' used its 20 tokens per minute"):
+        acme.completions.create(model="acme-metered", prompt="hi", max_tokens=2)
+    acme.completions.create(model="acme-bot", prompt="hi", max_tokens=2)  # the tenant's other adapter is not metered
+    httpx.post(f"{url}/admin/adapters", json={**body, "quotas": None})  # re-registered without quotas: no limit
+    acme.completions.create(model="acme-metered", prompt="hi", max_tokens=2)

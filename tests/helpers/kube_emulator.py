@@ -27,10 +27,26 @@ RESOURCES = {
     "v1/configmaps": ("ConfigMap", True, set()),
     "v1/services": ("Service", True, {"status"}),
     "apps/v1/deployments": ("Deployment", True, {"status", "scale"}),
+    "discovery.k8s.io/v1/endpointslices": ("EndpointSlice", True, set()),
+    "v1/serviceaccounts": ("ServiceAccount", True, set()),
+    "rbac.authorization.k8s.io/v1/roles": ("Role", True, set()),
+    "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", True, set()),
     "loraplane.dev/v1alpha1/basemodels": ("BaseModel", True, {"status"}),
     "loraplane.dev/v1alpha1/loraadapters": ("LoraAdapter", True, {"status"}),
 }
 PLURALS = {kind: key.rsplit("/", 1)[1] for key, (kind, _, _) in RESOURCES.items()}
+
+
+class IndexedEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
+    """kmock answers a request for one object by scanning every stored object of every kind (Events
+    included), so each call costs O(objects) and a fleet of thousands of adapters goes quadratic:
+    that measures kmock, not the operator. A real API server looks objects up by key; so does this."""
+
+    def _KubernetesEmulator__get_objs(self, request: Any, strict: bool) -> list[Any]:
+        if request.name is not None and request.namespace is not None and request.resource is not None:
+            key = (request.resource, request.namespace, request.name)
+            return [self._objects[key]] if key in self._objects else []
+        return super()._KubernetesEmulator__get_objs(request, strict)  # type: ignore[no-any-return]
 
 
 def _path(kind: str, namespace: str | None, name: str | None = None) -> str:
@@ -112,7 +128,7 @@ def kube_emulator(folder: Path) -> Iterator[Kube]:
     stop = threading.Event()
 
     async def serve() -> None:
-        async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator):
+        async with IndexedEmulator() as emulator, kmock.Server(emulator):
             for key, (kind, namespaced, subresources) in RESOURCES.items():
                 emulator.resources[key] = kmock.ResourceInfo(
                     kind=kind, namespaced=namespaced, verbs=VERBS, subresources=subresources

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -18,7 +19,7 @@ BASE = next(d for d in examples() if d["kind"] == "BaseModel")
 
 def built(spec: dict | None = None) -> dict[str, dict]:
     model = BaseModelSpec.model_validate(spec or BASE["spec"])
-    return {m["kind"]: m for m in children("smollm2", "loraplane-demo", model, "loraplane-admin")}
+    return {f"{m['kind']}/{m['metadata']['name']}": m for m in children("smollm2", "loraplane-demo", model, "loraplane-admin")}
 
 
 def test_every_child_is_a_valid_kubernetes_object() -> None:
@@ -27,7 +28,7 @@ def test_every_child_is_a_valid_kubernetes_object() -> None:
 
 
 def test_the_engine_config_is_what_the_server_reads() -> None:
-    config = EngineConfig.model_validate(yaml.safe_load(built()["ConfigMap"]["data"]["engine.yaml"]))
+    config = EngineConfig.model_validate(yaml.safe_load(built()["ConfigMap/smollm2-engine"]["data"]["engine.yaml"]))
     engine = BASE["spec"]["engine"]
     assert (config.model, config.max_loras, config.max_lora_rank, config.max_cpu_loras, config.max_num_seqs) == (
         "embedded", engine["maxLoras"], engine["maxLoraRank"], engine["maxCpuLoras"], engine["maxNumSeqs"],
@@ -36,7 +37,7 @@ def test_the_engine_config_is_what_the_server_reads() -> None:
 
 
 def test_the_deployment_carries_secrets_by_reference_and_the_sizing() -> None:
-    pod = built()["Deployment"]["spec"]["template"]["spec"]
+    pod = built()["Deployment/smollm2-serving"]["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert "--tenants" in container["args"]
     assert {"secretRef": {"name": "adapter-store"}} in container["envFrom"]
@@ -44,10 +45,12 @@ def test_the_deployment_carries_secrets_by_reference_and_the_sizing() -> None:
     assert "nvidia.com/gpu" not in container["resources"]["limits"]  # gpus: 0 in the embedded example
     gpu = copy.deepcopy(BASE["spec"])
     gpu["resources"] = {"gpus": 2, "nodeSelector": {"gpu": "h100"}, "tolerations": [{"key": "gpu", "operator": "Exists"}]}
-    pod = built(gpu)["Deployment"]["spec"]["template"]["spec"]
+    pod = built(gpu)["Deployment/smollm2-serving"]["spec"]["template"]["spec"]
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2" and pod["nodeSelector"] == {"gpu": "h100"}
     assert pod["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
-    assert built()["Service"]["spec"]["selector"] == built()["Deployment"]["spec"]["selector"]["matchLabels"]
+    serving = built()
+    selector = serving["Deployment/smollm2-serving"]["spec"]["selector"]["matchLabels"]
+    assert serving["Service/smollm2-serving"]["spec"]["selector"] == selector
 
 
 def test_a_base_in_object_storage_is_refused_with_a_reason() -> None:
@@ -55,3 +58,39 @@ def test_a_base_in_object_storage_is_refused_with_a_reason() -> None:
     spec["source"] = {"uri": "s3://models/llama-8b"}
     with pytest.raises(UnsupportedSource, match="s3://models/llama-8b"):
         built(spec)
+
+
+def test_the_router_watches_only_endpointslices_and_calls_the_serving_service() -> None:
+    objects = built()
+    role = objects["Role/smollm2-router"]
+    watch = {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+    assert role["rules"] == [watch]
+    pod = objects["Deployment/smollm2-router"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "smollm2-router"
+    args = pod["containers"][0]["args"]
+    assert args[:5] == ["router", "--service", "smollm2-serving", "--namespace", "loraplane-demo"]
+    assert "--tenants" in args  # the same tenants file as the servers: keys and quotas checked at the edge
+    selector = objects["Deployment/smollm2-router"]["spec"]["selector"]["matchLabels"]
+    assert objects["Service/smollm2-router"]["spec"]["selector"] == selector
+    no_router = copy.deepcopy(BASE["spec"])
+    no_router["routing"] = {"replicas": 0, "affinity": False, "loadBound": 1.5}
+    router = built(no_router)["Deployment/smollm2-router"]
+    assert router["spec"]["replicas"] == 0
+    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--policy") :][:4] == ["--policy", "round-robin", "--epsilon", "0.5"]
+
+
+def test_the_operators_cluster_role_covers_everything_it_creates_and_grants() -> None:
+    rbac = yaml.safe_load((Path(__file__).parents[2] / "crds" / "rbac.yaml").read_text())
+    rules = rbac["rules"]
+
+    def allowed(group: str, resource: str, verb: str) -> bool:
+        return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in rules)
+
+    plural = {"ConfigMap": "configmaps", "Deployment": "deployments", "Service": "services",
+              "ServiceAccount": "serviceaccounts", "Role": "roles", "RoleBinding": "rolebindings"}  # fmt: skip
+    for manifest in built().values():
+        group = manifest["apiVersion"].rpartition("/")[0]
+        assert allowed(group, plural[manifest["kind"]], "create") and allowed(group, plural[manifest["kind"]], "patch")
+    for rule in built()["Role/smollm2-router"]["rules"]:  # Kubernetes refuses to let it grant more than it holds
+        assert all(allowed(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"])

@@ -28,6 +28,14 @@ def test_counters_sum_over_replicas_and_rates_come_from_the_interval() -> None:
     assert m.cold_loads == 2 and m.load_latency_mean_ms == 100.0 and m.completion_tokens == 180
 
 
+def test_load_latency_percentiles_pool_every_replicas_recent_loads() -> None:
+    slow_one = [*entry(1, 0, cold=1).items(), ("recent_load_ms", [250.0])]
+    fast = [*entry(99, 90, host=9).items(), ("recent_load_ms", [2.0] * 30)]
+    m = metrics(None, sample(0.0, [dict(slow_one), dict(fast)]), "t")
+    assert (m.load_latency_p50_ms, m.load_latency_p99_ms) == (2.0, 250.0)  # the mean alone would hide the slow cold load
+    assert metrics(None, sample(0.0, [entry(1, 1)]), "t").load_latency_p99_ms is None  # no loads, no figure
+
+
 def test_a_restarted_replica_does_not_make_a_negative_rate() -> None:
     before, after = Sample(at=0.0, requests=100), Sample(at=5.0, requests=10)
     assert metrics(before, after, "t").requests_per_second == 2.0

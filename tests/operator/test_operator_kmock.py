@@ -6,7 +6,9 @@ kmock validates nothing."""
 from __future__ import annotations
 
 import base64
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,6 +52,7 @@ class Stack:
     uris: dict[str, str] = field(default_factory=dict)
     digests: dict[str, str] = field(default_factory=dict)
     replicas: dict[str, str] = field(default_factory=dict)  # pod name -> URL
+    apps: dict[str, Any] = field(default_factory=dict)  # pod name -> the replica's app (its engine, for tests)
     operator: subprocess.Popen[bytes] | None = None
     exits: ExitStack = field(default_factory=ExitStack)
 
@@ -67,8 +70,9 @@ class Stack:
                 s3_secret_key=SECRET, s3_region="us-east-1",
             )  # fmt: skip
 
-        url = self.exits.enter_context(serve_app(create_app(make, admin_token=ADMIN)))
-        self.replicas[name] = url
+        app = create_app(make, admin_token=ADMIN)
+        url = self.exits.enter_context(serve_app(app))
+        self.replicas[name], self.apps[name] = url, app
         self.apply({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": NS, "labels": {BASE_LABEL: "tiny", COMPONENT_LABEL: "serving"},
@@ -147,6 +151,12 @@ def stack(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory: py
             bad = corrupt(tiny_adapters["qv4"], folder / f"bad-{how}", how)
             s.uris[how] = upload_folder(endpoint, "adapters", f"broken/{how}", bad)
             s.digests[how] = digest_of(tiny_adapters["qv4"]) if how == "missing" else digest_of(bad)
+        # Golden outputs this base would never produce (always token 1): the quality gate must fail it.
+        drifted = shutil.copytree(tiny_adapters["qv4"], folder / "bad-drifted")
+        cases = [{"prompt_token_ids": [5, 6, 7], "greedy_token_ids": [1] * 8}]
+        (drifted / "golden_outputs.json").write_text(json.dumps({"cases": cases}))
+        s.uris["drifted"] = upload_folder(endpoint, "adapters", "broken/drifted", drifted)
+        s.digests["drifted"] = digest_of(drifted)
         secret = {
             k: base64.b64encode(v.encode()).decode()
             for k, v in {"AWS_ACCESS_KEY_ID": ACCESS, "AWS_SECRET_ACCESS_KEY": SECRET}.items()
@@ -172,7 +182,8 @@ def stack(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory: py
 
 
 def test_a_valid_adapter_is_validated_staged_and_ready_on_every_replica(stack: Stack) -> None:
-    stack.apply(lora("support", stack.uris["qv4"], stack.digests["qv4"], rank=4, pinned=True))
+    quotas = {"maxConcurrent": 50, "tokensPerMinute": 100_000}
+    stack.apply(lora("support", stack.uris["qv4"], stack.digests["qv4"], rank=4, pinned=True, quotas=quotas))
     obj = stack.wait_phase("support", "Ready")
     status = obj["status"]
     assert {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]} == {
@@ -183,6 +194,7 @@ def test_a_valid_adapter_is_validated_staged_and_ready_on_every_replica(stack: S
     for url in stack.replicas.values():
         state = stack.on_replica(url, "support")
         assert state is not None and state["tenant"] == "acme" and state["pinned"] and state["digest"] == stack.digests["qv4"]
+        assert state["quotas"] == {"max_concurrent": 50, "tokens_per_minute": 100_000}  # enforced by the replica
 
         def staged(url: str = url) -> bool:  # prefetch runs in the background; pinned adapters end on the device
             state = stack.on_replica(url, "support")
@@ -191,7 +203,7 @@ def test_a_valid_adapter_is_validated_staged_and_ready_on_every_replica(stack: S
         stack.kube.wait_for(f"the prefetch to land: {stack.on_replica(url, 'support')}", staged, timeout=20)
 
 
-def test_the_base_model_owns_its_serving_deployment_service_and_config(stack: Stack) -> None:
+def test_the_base_model_owns_its_serving_deployment_service_config_and_router(stack: Stack) -> None:
     deployment = stack.kube.wait_for(
         "the serving Deployment", lambda: stack.kube.get("Deployment", NS, "tiny-serving"), timeout=20
     )
@@ -202,6 +214,9 @@ def test_the_base_model_owns_its_serving_deployment_service_and_config(stack: St
     assert stack.kube.get("Service", NS, "tiny-serving") is not None
     config = stack.kube.get("ConfigMap", NS, "tiny-engine")
     assert config is not None and "max_lora_rank: 8" in config["data"]["engine.yaml"]
+    for kind in ("Deployment", "Service", "ServiceAccount", "Role", "RoleBinding"):  # and the router in front
+        router = stack.kube.wait_for(f"the router {kind}", lambda k=kind: stack.kube.get(k, NS, "tiny-router"), timeout=20)
+        assert router["metadata"]["ownerReferences"][0]["uid"] == base["metadata"]["uid"]
 
     def status() -> dict[str, Any] | None:
         s = (stack.kube.get("BaseModel", NS, "tiny") or {}).get("status", {})
@@ -223,19 +238,26 @@ def test_request_figures_reach_the_adapters_status(stack: Stack) -> None:
 
     metrics = stack.kube.wait_for("metrics in status", figures, timeout=30)
     assert metrics["deviceHitRate"] is not None and metrics["lastUpdated"]
+    assert metrics["loadLatencyP99Ms"] >= metrics["loadLatencyP50Ms"] > 0  # the first request loaded it
+
+
+GATE = {"qualityGate": {"minTokenAgreement": 0.9}}
 
 
 @pytest.mark.parametrize(
-    ("how", "reason"),
-    [("digest", "DigestMismatch"), ("base", "BaseMismatch"), ("rank", "RankOverCap"), ("missing", "MissingFile"),
-     ("nan", "CorruptSafetensors"), ("pickle", "PickleRefused")],
+    ("how", "reason", "spec"),
+    [("digest", "DigestMismatch", {}), ("base", "BaseMismatch", {}), ("rank", "RankOverCap", {}),
+     ("missing", "MissingFile", {}), ("nan", "CorruptSafetensors", {}), ("pickle", "PickleRefused", {}),
+     ("drifted", "QualityGateFailed", GATE), ("no-golden", "GoldenOutputsMissing", GATE)],
 )  # fmt: skip
-def test_a_bad_adapter_fails_alone_with_its_reason(stack: Stack, how: str, reason: str) -> None:
+def test_a_bad_adapter_fails_alone_with_its_reason(stack: Stack, how: str, reason: str, spec: dict[str, Any]) -> None:
     uri, digest = stack.uris.get(how, stack.uris["qv4"]), stack.digests.get(how, "sha256:" + "0" * 64)
     if how == "rank":
         uri, digest = stack.uris["mlp16"], stack.digests["mlp16"]  # rank 16 on a base capped at 8
+    if how == "no-golden":
+        digest = stack.digests["qv4"]  # a valid adapter, but nothing to replay for the gate it asks for
     name = f"bad-{how}"
-    stack.apply(lora(name, uri, digest))
+    stack.apply(lora(name, uri, digest, **spec))
     status = stack.wait_phase(name, "Failed")["status"]
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("False", reason), ready
@@ -311,6 +333,30 @@ def test_promotion_switches_versions_and_a_bad_version_leaves_the_old_one_servin
     assert promo["reason"] == "DigestMismatch" and status["phase"] == "Ready"
     assert status["servingDigest"] == stack.digests["all8"]
     assert all(stack.on_replica(url, "support")["digest"] == stack.digests["all8"] for url in stack.replicas.values())
+
+
+def test_an_operator_killed_in_the_middle_of_a_reconcile_finishes_it_after_restarting(stack: Stack) -> None:
+    engine = stack.apps["tiny-serving-1"].state.server.engine.engine
+    real, entered, release = engine.register_lora, threading.Event(), threading.Event()
+
+    def held(spec: Any) -> None:  # the operator's call to this replica hangs until the operator is dead
+        if spec.name == "midway":
+            entered.set()
+            release.wait(60)
+        real(spec)
+
+    engine.register_lora = held
+    try:
+        stack.apply(lora("midway", stack.uris["ku2"], stack.digests["ku2"]))
+        assert entered.wait(60), stack.log()
+        stack.stop_operator(signal.SIGKILL)  # validated, registered on one replica, not on the other
+    finally:
+        release.set()
+        engine.register_lora = real
+    stack.start_operator()
+    status = stack.wait_phase("midway", "Ready")["status"]
+    assert sorted(r["replica"] for r in status["replicas"]) == sorted(stack.replicas)
+    assert all(stack.on_replica(url, "midway")["digest"] == stack.digests["ku2"] for url in stack.replicas.values())
 
 
 def test_an_operator_restart_loses_nothing(stack: Stack) -> None:

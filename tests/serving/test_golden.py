@@ -83,3 +83,30 @@ def test_load_replays_golden_outputs_with_the_configured_threshold(tiny_llama, t
     lenient = tiny_engine(tiny_llama, tmp_path / "lenient", golden_min_token_agreement=0.0, golden_max_mean_kl=1e9)
     assert lenient.load_lora("drifted", str(drifted)).name == "drifted"
     del trainer
+
+
+def test_the_quality_gate_replays_a_candidates_golden_outputs_and_registers_nothing(tiny_llama, tiny_adapters, tmp_path) -> None:
+    import httpx
+
+    from loraplane.serving.api.app import create_app
+    from loraplane.serving.api.loopback import serve_app
+
+    trainer = tiny_engine(tiny_llama, tmp_path / "train", tiny_adapters)
+    good = shutil.copytree(tiny_adapters["all8"], tmp_path / "good")
+    _record_golden(trainer, "all8", good)
+    drifted = shutil.copytree(tiny_adapters["all8"], tmp_path / "drifted")
+    cases = [{"prompt_token_ids": [5, 6, 7], "greedy_token_ids": [1] * 10}]  # never what this base says
+    (drifted / GOLDEN_FILE).write_text(json.dumps({"cases": cases}))
+
+    app = create_app(lambda: tiny_engine(tiny_llama, tmp_path / "serve", {"live": tiny_adapters["qv4"]}))
+    with serve_app(app) as url:
+        passed = httpx.post(f"{url}/admin/verify", json={"lora_path": str(good)}, timeout=60)
+        assert passed.status_code == 200 and passed.json()["token_agreement"] == 1.0 and passed.json()["steps"] == 30
+        failed = httpx.post(f"{url}/admin/verify", json={"lora_path": str(drifted)}, timeout=60)
+        assert failed.status_code == 422 and failed.json()["error"]["code"] == "GoldenOutputDrift"
+        missing = httpx.post(f"{url}/admin/verify", json={"lora_path": str(tiny_adapters["qv4"])}, timeout=60)
+        assert missing.status_code == 400 and missing.json()["error"]["code"] == "golden_outputs_missing"
+        stats = httpx.get(f"{url}/admin/stats").json()["adapters"]
+        assert list(stats) == ["live"]  # candidates leave nothing behind
+        models = [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]]
+        assert not any(m.startswith("quality-gate") for m in models)

@@ -1,0 +1,23 @@
+# syntax=docker/dockerfile:1
+# `loraplane operator`: kopf, the kubernetes client and the adapter checks; no torch, no CUDA.
+# Build from the repository root: docker build -f docker/operator.Dockerfile -t ghcr.io/loraplane/operator:0.1.0 .
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# The source is bind-mounted (read-write, for setuptools' build folder, discarded after the step),
+# so no layer keeps it. certbuilder makes kopf's self-signed webhook certificate (--webhook-port);
+# the operator extra does not list it.
+RUN --mount=type=bind,source=.,target=/src,rw \
+    pip install "/src[operator]" "certbuilder>=0.14"
+
+# Numeric, so that Kubernetes' runAsNonRoot can check it without reading /etc/passwd.
+RUN useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin loraplane
+USER 10001
+
+# The subcommand is an argument: the chart passes `operator ...`, its bucket Job runs `python`.
+ENTRYPOINT ["loraplane"]
+CMD ["operator"]

@@ -1,0 +1,93 @@
+"""The router a BaseModel owns: its Deployment and Service (the endpoint clients call), and the
+ServiceAccount with a Role that lets it watch the serving Service's EndpointSlices, nothing more.
+
+The router runs from the serving image (`loraplane router`), finds the replicas through the
+EndpointSlices of ``<base>-serving``, and reads their stats with the stack's admin token.
+``routing.replicas: 0`` scales it away and clients call the serving Service directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loraplane.operator.api.basemodel import BaseModelSpec
+from loraplane.operator.cluster import BASE_LABEL, COMPONENT_LABEL, SERVING_PORT
+
+ROUTER_PORT = 8000
+
+
+def router_labels(base: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "loraplane", COMPONENT_LABEL: "router", BASE_LABEL: base}
+
+
+def _meta(name: str, namespace: str, base: str) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace, "labels": router_labels(base)}
+
+
+def router_access(base: str, namespace: str) -> list[dict[str, Any]]:
+    who = f"{base}-router"
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(who, namespace, base)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(who, namespace, base),
+            "rules": [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(who, namespace, base),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": who},
+            "subjects": [{"kind": "ServiceAccount", "name": who, "namespace": namespace}],
+        },
+    ]  # fmt: skip
+
+
+def router_deployment(base: str, namespace: str, spec: BaseModelSpec, admin_secret: str) -> dict[str, Any]:
+    routing = spec.routing
+    args = [
+        "router", "--service", f"{base}-serving", "--namespace", namespace, "--host", "0.0.0.0", "--port", str(ROUTER_PORT),
+        "--policy", "affinity" if routing.affinity else "round-robin", "--epsilon", f"{routing.load_bound - 1:g}",
+    ]  # fmt: skip
+    mounts: list[dict[str, Any]] = []
+    volumes: list[dict[str, Any]] = []
+    if spec.tenancy.api_keys_secret is not None:  # the servers' own tenants file: one config
+        args += ["--tenants", "/etc/loraplane-tenants/tenants.yaml"]
+        mounts.append({"name": "tenants", "mountPath": "/etc/loraplane-tenants", "readOnly": True})
+        volumes.append({"name": "tenants", "secret": {"secretName": spec.tenancy.api_keys_secret.name}})
+    probe = {"httpGet": {"path": "/health", "port": ROUTER_PORT}, "periodSeconds": 10}
+    container = {
+        "name": "router",
+        "image": spec.resources.image,
+        "args": args,
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
+        "env": [{"name": "LORAPLANE_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {"name": admin_secret, "key": "admin-token"}}}],
+        "readinessProbe": {**probe, "httpGet": {"path": "/ready", "port": ROUTER_PORT}, "periodSeconds": 5},
+        "livenessProbe": probe,
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
+        "volumeMounts": mounts,
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(f"{base}-router", namespace, base),
+        "spec": {
+            "replicas": routing.replicas,
+            "selector": {"matchLabels": router_labels(base)},
+            "template": {
+                "metadata": {"labels": router_labels(base)},
+                "spec": {"serviceAccountName": f"{base}-router", "containers": [container], "volumes": volumes},
+            },
+        },
+    }
+
+
+def router_service(base: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(f"{base}-router", namespace, base),
+        "spec": {"selector": router_labels(base), "ports": [{"name": "http", "port": SERVING_PORT, "targetPort": "http"}]},
+    }
+
+
+def router_objects(base: str, namespace: str, spec: BaseModelSpec, admin_secret: str) -> list[dict[str, Any]]:
+    deployment = router_deployment(base, namespace, spec, admin_secret)
+    return [*router_access(base, namespace), deployment, router_service(base, namespace)]

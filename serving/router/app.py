@@ -1,0 +1,164 @@
+"""The router's HTTP face: the OpenAI routes forwarded to replicas, tenant keys and quotas checked
+at the edge with the servers' own tenants file and rules, its metrics, and a view of the table."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from loraplane.serving.api.errors import APIError, api_error_handler, validation_error_handler
+from loraplane.serving.api.tenants import TenantConfig, Tenants
+from loraplane.serving.router.config import RouterConfig
+from loraplane.serving.router.discovery import EndpointSliceWatch, static_members
+from loraplane.serving.router.forward import Forwarder
+from loraplane.serving.router.metrics import RouterMetrics
+from loraplane.serving.router.policy import Router
+from loraplane.serving.router.table import ReplicaTable
+from loraplane.serving.router.upkeep import Upkeep
+
+
+def create_router_app(
+    config: RouterConfig,
+    *,
+    tenants: Tenants | None = None,
+    admin_token: str | None = None,
+    kube_api_client: Any = None,
+) -> FastAPI:
+    """``admin_token`` guards the router's own view and is what it sends to read the replicas'
+    stats (one token for the stack). ``kube_api_client`` is the kubernetes ApiClient used for
+    discovery by Service; by default the in-cluster config, or the kubeconfig outside a cluster."""
+    table = ReplicaTable()
+    metrics = RouterMetrics(table)
+    tenants = tenants or Tenants(None)
+    if config.replicas:
+        table.set_members(static_members(config.replicas))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        timeout = httpx.Timeout(connect=config.connect_timeout, read=None, write=60, pool=None)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+            app.state.forwarder = Forwarder(table, Router(config.policy, config.epsilon), metrics, client)
+            upkeep = Upkeep(table, client, admin_token, tenants, interval=config.stats_interval)
+            watch = None
+            if config.service:
+                loop = asyncio.get_running_loop()
+                watch = EndpointSliceWatch(
+                    kube_api_client or _kube_client(), config.namespace, config.service,
+                    lambda members: _call_soon(loop, table.set_members, members),
+                )  # fmt: skip
+                watch.start()
+            await upkeep.once()
+            task = asyncio.create_task(upkeep.run())
+            try:
+                yield
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                if watch is not None:
+                    watch.stop()
+
+    app = FastAPI(title="loraplane router", lifespan=lifespan)
+    app.add_exception_handler(APIError, api_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
+
+    def forwarded_headers(request: Request) -> dict[str, str]:
+        headers = {"content-type": "application/json"}
+        if "authorization" in request.headers:
+            headers["authorization"] = request.headers["authorization"]
+        return headers
+
+    async def relay(request: Request, path: str) -> Response:
+        tenant = tenants.authenticate(request.headers.get("authorization"))
+        try:
+            payload = json.loads(await request.body())
+        except ValueError:
+            raise APIError(400, "the body is not valid JSON", code="invalid_request") from None
+        if not isinstance(payload, dict):
+            raise APIError(400, "the body must be a JSON object", code="invalid_request")
+        model = payload.get("model")
+        adapter = model if isinstance(model, str) else None
+        tenants.admit(tenant, adapter)
+        forwarder: Forwarder = request.app.state.forwarder
+
+        def done(usage: dict[str, Any] | None, tenant: TenantConfig | None = tenant) -> None:
+            usage = usage or {}
+            tenants.finish(tenant, {"adapter": adapter, "prompt_tokens": usage.get("prompt_tokens", 0),
+                                    "completion_tokens": usage.get("completion_tokens", 0)})  # fmt: skip
+
+        try:
+            return await forwarder.post(path, payload, forwarded_headers(request), done)
+        except APIError:
+            done(None)
+            raise
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await relay(request, "/v1/completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await relay(request, "/v1/chat/completions")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        """Every replica serves the same adapters (the operator sees to it); ask one that is up."""
+        tenants.authenticate(request.headers.get("authorization"))
+        forwarder: Forwarder = request.app.state.forwarder
+        for replica in sorted(table.up(), key=lambda r: r.in_flight):
+            try:
+                r = await forwarder.client.get(f"{replica.url}/v1/models", headers=forwarded_headers(request))
+            except httpx.TransportError as err:
+                table.mark_down(replica, repr(err))
+                continue
+            return Response(r.content, status_code=r.status_code, media_type="application/json")
+        raise APIError(503, "no serving replica is up", type_="server_error", code="no_replica", retry_after=1)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> dict[str, object]:
+        if not table.up():
+            raise APIError(503, "no serving replica is up", type_="server_error", code="no_replica", retry_after=1)
+        return {"status": "ready", "replicas": len(table.up())}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/router/replicas")
+    async def replicas(request: Request) -> dict[str, object]:
+        if admin_token and request.headers.get("authorization") != f"Bearer {admin_token}":
+            raise APIError(401, "admin calls need the admin token", type_="authentication_error", code="invalid_api_key")
+        return {"policy": config.policy, "epsilon": config.epsilon,
+                "replicas": [r.view() for r in sorted(table.replicas.values(), key=lambda r: r.name)]}  # fmt: skip
+
+    return app
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
+    loop.call_soon_threadsafe(fn, *args)
+
+
+def _kube_client() -> Any:
+    from kubernetes import client
+    from kubernetes import config as kube_config
+
+    loader: Any = kube_config  # untyped
+    try:
+        loader.load_incluster_config()
+    except loader.ConfigException:
+        loader.load_kube_config()
+    return client.ApiClient()

@@ -1,0 +1,146 @@
+"""Sending one API request to a replica and its answer back, with the failure rules of a proxy
+that must not lose accepted work.
+
+- Before the first byte of the answer nothing has been generated for the client, so a replica
+  that refuses the connection, drops it, or sheds the request (502/503/504) costs only a retry
+  on the next replica; a replica whose connection failed is marked down until it answers again.
+- After the first byte the stream belongs to that replica. If it dies, the client gets one last
+  server-sent event carrying an OpenAI error body (the official clients raise it as an APIError)
+  rather than a stream that just stops.
+
+Server-sent events pass through one event at a time, as they arrive. Streams are asked for
+their usage chunk so the tenant's token quota can count them; a client that did not ask for it
+does not see it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+from fastapi import Response
+from fastapi.responses import StreamingResponse
+
+from loraplane.serving.api.errors import APIError, error_body
+from loraplane.serving.router.metrics import RouterMetrics
+from loraplane.serving.router.policy import Router
+from loraplane.serving.router.table import Replica, ReplicaTable
+
+RETRY_ELSEWHERE = {502, 503, 504}
+PASSED_HEADERS = ("content-type", "retry-after")
+REPLICA_HEADER = "x-loraplane-replica"
+
+Done = Callable[[dict[str, Any] | None], None]  # called once with the answer's usage (None if unknown)
+
+
+class Forwarder:
+    def __init__(self, table: ReplicaTable, router: Router, metrics: RouterMetrics, client: httpx.AsyncClient) -> None:
+        self.table, self.router, self.metrics, self.client = table, router, metrics, client
+
+    async def _open(self, path: str, body: bytes, headers: dict[str, str], model: str) -> tuple[Replica, httpx.Response]:
+        tried: set[str] = set()
+        failures: list[str] = []
+        while True:
+            route = self.router.choose(model, [r for r in self.table.up() if r.name not in tried])
+            if route is None:
+                why = "; ".join(failures) or "none is up"
+                raise APIError(503, f"no serving replica could take the request ({why})", type_="server_error",
+                               code="no_replica", retry_after=1)  # fmt: skip
+            replica, decision = route
+            tried.add(replica.name)
+            self.table.sent(replica, model)
+            try:
+                request = self.client.build_request("POST", f"{replica.url}{path}", content=body, headers=headers)
+                response = await self.client.send(request, stream=True)
+            except httpx.TransportError as err:
+                replica.in_flight -= 1
+                self.table.mark_down(replica, repr(err))
+                self.metrics.retries.labels(replica.name).inc()
+                failures.append(f"{replica.name}: {type(err).__name__}")
+                continue
+            more = any(r.name not in tried for r in self.table.up())
+            if response.status_code in RETRY_ELSEWHERE and more:
+                await response.aclose()
+                replica.in_flight -= 1
+                if response.status_code != 503:  # 503 is a replica shedding load, not a broken one
+                    self.table.mark_down(replica, f"answered {response.status_code}")
+                self.metrics.retries.labels(replica.name).inc()
+                failures.append(f"{replica.name}: {response.status_code}")
+                continue
+            self.metrics.routed.labels(replica.name, decision).inc()
+            return replica, response
+
+    async def post(self, path: str, payload: dict[str, Any], headers: dict[str, str], done: Done) -> Response:
+        model = payload.get("model")
+        if not isinstance(model, str):
+            raise APIError(400, "model: a model name is required", code="invalid_request", param="model")
+        streaming = payload.get("stream") is True
+        strip_usage = False
+        if streaming and isinstance(payload.get("stream_options") or {}, dict):
+            options = dict(payload.get("stream_options") or {})
+            strip_usage = not options.get("include_usage")
+            payload = {**payload, "stream_options": {**options, "include_usage": True}}
+        replica, response = await self._open(path, json.dumps(payload).encode(), headers, model)
+        passed = {k: v for k, v in response.headers.items() if k.lower() in PASSED_HEADERS}
+        passed[REPLICA_HEADER] = replica.name
+        if streaming and response.status_code == 200:
+            events = self._relay(replica, response, strip_usage, done)
+            return StreamingResponse(events, status_code=200, headers=passed)
+        try:
+            content = await response.aread()
+        except httpx.TransportError as err:
+            self.table.mark_down(replica, repr(err))
+            raise APIError(502, f"replica {replica.name} failed while answering", type_="server_error",
+                           code="upstream_failed") from None  # fmt: skip
+        finally:
+            await response.aclose()
+            replica.in_flight -= 1
+        usage = None
+        if response.status_code == 200:
+            try:
+                usage = json.loads(content).get("usage")
+            except (ValueError, AttributeError):
+                usage = None
+        done(usage)
+        return Response(content, status_code=response.status_code, headers=passed)
+
+    async def _relay(self, replica: Replica, response: httpx.Response, strip_usage: bool, done: Done) -> AsyncIterator[bytes]:
+        usage: dict[str, Any] | None = None
+        pending = b""
+        try:
+            async for chunk in response.aiter_raw():
+                pending += chunk
+                while b"\n\n" in pending:
+                    event, pending = pending.split(b"\n\n", 1)
+                    found = _usage_of(event)
+                    if found is not None:
+                        usage = found
+                        if strip_usage:
+                            continue
+                    yield event + b"\n\n"
+            if pending:
+                yield pending
+        except httpx.TransportError as err:
+            self.table.mark_down(replica, repr(err))
+            self.metrics.broken_streams.labels(replica.name).inc()
+            body = error_body(f"replica {replica.name} failed mid-stream ({type(err).__name__}); the answer is incomplete",
+                              "server_error", "upstream_failed")  # fmt: skip
+            yield f"data: {json.dumps(body)}\n\n".encode()
+        finally:
+            await response.aclose()
+            replica.in_flight -= 1
+            done(usage)
+
+
+def _usage_of(event: bytes) -> dict[str, Any] | None:
+    """The usage of a stream's final usage-only chunk, or None for any other event."""
+    if not event.startswith(b"data: {") or b'"usage"' not in event:
+        return None
+    try:
+        data = json.loads(event[6:])
+    except ValueError:
+        return None
+    usage = data.get("usage")
+    return usage if isinstance(usage, dict) and data.get("choices") == [] else None

@@ -1,0 +1,82 @@
+"""What the router knows about each serving replica: up or down, requests it has in flight there,
+and which adapters the replica holds in which tier.
+
+Residency comes from two places. The replica's ``/admin/stats`` is the truth, read every few
+seconds; between reads the router assumes an adapter it just sent somewhere is now on that
+replica's device, which is what the replica does on the first request. Without that guess every
+request in the first interval after a cold start would hash, and a burst would scatter.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Replica:
+    name: str
+    url: str
+    up: bool = True
+    in_flight: int = 0
+    served: int = 0
+    waiting: int = 0  # the replica's own queue depth at the last stats read
+    registered: set[str] = field(default_factory=set)  # every adapter it lists, in any tier
+    device: set[str] = field(default_factory=set)
+    host: set[str] = field(default_factory=set)
+    error: str | None = None
+    down_since: float | None = None
+    stats_at: float | None = None
+
+    def view(self) -> dict[str, object]:
+        return {
+            "name": self.name, "url": self.url, "up": self.up, "in_flight": self.in_flight, "served": self.served,
+            "waiting": self.waiting, "device": sorted(self.device), "host": sorted(self.host),
+            "registered": len(self.registered), "error": self.error,
+        }  # fmt: skip
+
+
+class ReplicaTable:
+    """Every replica the discovery reports, by name. Only the router's event loop touches it."""
+
+    def __init__(self) -> None:
+        self.replicas: dict[str, Replica] = {}
+
+    def set_members(self, members: dict[str, str]) -> None:
+        """Replace the membership (name -> URL) with what discovery reports now; a replica that
+        stays keeps its counts, one whose URL changed starts afresh (a new pod behind the name)."""
+        for name in list(self.replicas):
+            if name not in members or self.replicas[name].url != members[name]:
+                del self.replicas[name]
+        for name, url in members.items():
+            self.replicas.setdefault(name, Replica(name, url.rstrip("/")))
+
+    def up(self) -> list[Replica]:
+        return [r for r in self.replicas.values() if r.up]
+
+    def mark_down(self, replica: Replica, why: str) -> None:
+        if replica.up:
+            replica.up, replica.down_since = False, time.monotonic()
+        replica.error = why
+
+    def mark_up(self, replica: Replica) -> None:
+        replica.up, replica.error, replica.down_since = True, None, None
+
+    def apply_stats(self, replica: Replica, stats: dict[str, object]) -> None:
+        adapters = stats.get("adapters")
+        if not isinstance(adapters, dict):
+            return
+        replica.registered = set(adapters)
+        replica.device = {n for n, a in adapters.items() if isinstance(a, dict) and a.get("tier") == "device"}
+        replica.host = {n for n, a in adapters.items() if isinstance(a, dict) and a.get("tier") == "host"}
+        waiting = stats.get("waiting")
+        replica.waiting = waiting if isinstance(waiting, int) else 0
+        replica.stats_at = time.monotonic()
+
+    def sent(self, replica: Replica, adapter: str) -> None:
+        """The guess between two stats reads: the adapter now sits on this replica's device."""
+        replica.in_flight += 1
+        replica.served += 1
+        if adapter in replica.registered or not replica.registered:
+            replica.host.discard(adapter)
+            replica.device.add(adapter)

@@ -1,0 +1,83 @@
+"""The optional BaseModel: valid for the CRD and the operator's model, and, in a self-contained
+install, everything the operator then creates from it finds the Secrets and store the chart made."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pytest
+import yaml
+from crd_schema import errors
+
+from loraplane.operator.api import BaseModelResource
+from loraplane.operator.children import children
+
+SELF_CONTAINED = {"baseModel": {"enabled": True}, "objectStore": {"enabled": True}}
+
+
+def test_no_base_model_unless_enabled(render: Any) -> None:
+    assert render().kind("BaseModel") == []
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"baseModel": {"enabled": True}},
+        SELF_CONTAINED,
+        {"baseModel": {"enabled": True, "name": "qwen", "spec": {"source": {"uri": "/models/qwen2.5-7b"}, "replicas": 3}}},
+    ],
+    ids=["defaults", "self-contained", "own-spec"],
+)
+def test_the_base_model_is_valid_for_the_crd_and_the_operator(render: Any, values: dict[str, Any]) -> None:
+    base = render(values).one("BaseModel")
+    assert errors(base) == []
+    BaseModelResource.model_validate(base)  # also the rules the CRD states in CEL
+
+
+def test_spec_values_merge_over_the_defaults(render: Any) -> None:
+    spec = render({"baseModel": {"enabled": True, "spec": {"resources": {"gpus": 1}}}}).one("BaseModel")["spec"]
+    assert spec["resources"]["gpus"] == 1 and spec["resources"]["memory"] == "4Gi"
+    assert spec["source"] == {"uri": "embedded"}
+
+
+def test_a_given_image_and_adapter_store_are_kept(render: Any) -> None:
+    store = {"endpoint": "https://s3.example.com", "credentialsSecret": {"name": "mine"}}
+    values = {**SELF_CONTAINED, "baseModel": {"enabled": True, "spec": {"resources": {"image": "r/s:1"}, "adapterStore": store}}}
+    spec = render(values).one("BaseModel")["spec"]
+    assert spec["resources"]["image"] == "r/s:1" and spec["adapterStore"] == store
+
+
+def secrets_used(manifests: list[dict[str, Any]]) -> set[tuple[str, str | None]]:
+    """(Secret, key) pairs the pods of ``manifests`` read; key None for a whole Secret."""
+    used: set[tuple[str, str | None]] = set()
+    for m in manifests:
+        if m["kind"] != "Deployment":
+            continue
+        pod = m["spec"]["template"]["spec"]
+        used |= {(v["secret"]["secretName"], None) for v in pod.get("volumes", []) if "secret" in v}
+        for c in pod["containers"]:
+            used |= {(e["secretRef"]["name"], None) for e in c.get("envFrom", [])}
+            refs = [e["valueFrom"]["secretKeyRef"] for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})]
+            used |= {(r["name"], r["key"]) for r in refs}
+    return used
+
+
+def test_what_the_operator_creates_from_it_finds_the_charts_secrets_and_store(render: Any) -> None:
+    objects = render(SELF_CONTAINED)
+    base = BaseModelResource.model_validate(objects.one("BaseModel"))
+    operator = objects.one("Deployment", "loraplane-operator")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in operator["env"]}
+    owned = children(base.metadata.name, "lp", base.spec, env["LORAPLANE_ADMIN_TOKEN_SECRET"])
+    secrets = {s["metadata"]["name"]: s["data"] for s in objects.kind("Secret")}
+    used = secrets_used(owned)
+    assert {name for name, _ in used} == set(secrets)  # the admin token and the store's keys, nothing missing
+    for name, key in used:
+        assert key is None or key in secrets[name], (name, key)
+    # The adapter store the replicas read: the names the S3 sources read, at the chart's Service.
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(secrets["loraplane-object-store"])
+    engine = yaml.safe_load(next(m for m in owned if m["kind"] == "ConfigMap")["data"]["engine.yaml"])
+    service = objects.one("Service", "loraplane-object-store")
+    port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "s3")
+    assert engine["s3_endpoint"] == f"http://loraplane-object-store.lp.svc:{port}"
+    assert all(base64.b64decode(v) for data in secrets.values() for v in data.values())

@@ -1,0 +1,136 @@
+"""The operator as the chart runs it: flags the real CLI accepts, the settings it reads, the
+admin token Secret, the least-privilege role of crds/rbac.yaml, and one replica."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+from urllib.parse import urlsplit
+
+import helm_python as helm
+import pytest
+import yaml
+from crd_schema import ROOT
+
+from loraplane.cli import main
+from loraplane.operator.children import ADMIN_TOKEN_KEY
+from loraplane.operator.settings import OperatorSettings
+
+WEBHOOK = {"operator": {"webhook": {"enabled": True}}}
+
+
+def container(objects: Any) -> dict[str, Any]:
+    return objects.one("Deployment", "loraplane-operator")["spec"]["template"]["spec"]["containers"][0]
+
+
+def cli_params(args: list[str]) -> dict[str, Any]:
+    """Parse ``args`` with the real `loraplane` command, without running it."""
+    command = main.commands[args[0]]
+    return dict(command.make_context(args[0], args[1:]).params)
+
+
+def grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
+REFERENCE = grants(yaml.safe_load((ROOT / "crds" / "rbac.yaml").read_text())["rules"])
+
+
+def test_the_role_is_crds_rbac_less_peering_and_admission_without_the_webhook(render: Any) -> None:
+    default = grants(render().one("ClusterRole")["rules"])
+    assert default == {g for g in REFERENCE if g[0] not in ("kopf.dev", "admissionregistration.k8s.io")}
+    with_webhook = grants(render(WEBHOOK).one("ClusterRole")["rules"])
+    assert with_webhook == {g for g in REFERENCE if g[0] != "kopf.dev"}
+
+
+def test_the_role_never_writes_spec_lists_secrets_or_deletes(render: Any) -> None:
+    role = grants(render(WEBHOOK).one("ClusterRole")["rules"])
+    assert ("", "secrets", "get") in role and ("", "secrets", "list") not in role
+    assert not {v for _, r, v in role if r in ("basemodels", "loraadapters")} & {"update", "create", "delete"}
+    assert not any(v in ("delete", "deletecollection", "*") for _, _, v in role)
+
+
+def test_the_role_is_bound_to_the_pods_service_account(render: Any) -> None:
+    objects = render()
+    binding = objects.one("ClusterRoleBinding")
+    account = objects.one("ServiceAccount")["metadata"]["name"]
+    assert binding["roleRef"]["name"] == objects.one("ClusterRole")["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "lp"}]
+    pod = objects.one("Deployment", "loraplane-operator")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account
+
+
+def test_it_runs_standalone_with_the_liveness_endpoint_its_probe_reads(render: Any) -> None:
+    c = container(render())
+    params = cli_params(c["args"])
+    assert params["standalone"] is True and params["namespaces"] == ()
+    url = urlsplit(params["liveness_endpoint"])
+    probe = c["livenessProbe"]["httpGet"]
+    port = next(p["containerPort"] for p in c["ports"] if p["name"] == probe["port"])
+    assert (url.path, url.port) == (probe["path"], port) == ("/healthz", 8080)
+
+
+def test_watch_namespaces_become_namespace_flags(render: Any) -> None:
+    c = container(render({"operator": {"watchNamespaces": ["team-a", "team-b"]}}))
+    assert cli_params(c["args"])["namespaces"] == ("team-a", "team-b")
+
+
+def test_the_settings_it_reads_are_the_values_and_the_secret(render: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    objects = render({"operator": {"syncInterval": 20, "retryDelay": 2.5}})
+    secret = objects.one("Secret", "loraplane-admin")
+    token = base64.b64decode(secret["data"][ADMIN_TOKEN_KEY]).decode()
+    assert len(token) >= 32
+    known = {f"LORAPLANE_{name.upper()}" for name in OperatorSettings.model_fields}
+    for var in container(objects)["env"]:
+        assert var["name"] in known, f"{var['name']} is not an operator setting"
+        if "valueFrom" in var:
+            ref = var["valueFrom"]["secretKeyRef"]
+            assert (ref["name"], ref["key"]) == ("loraplane-admin", ADMIN_TOKEN_KEY)
+            monkeypatch.setenv(var["name"], token)
+        else:
+            monkeypatch.setenv(var["name"], var["value"])
+    settings = OperatorSettings()
+    assert (settings.admin_token, settings.admin_token_secret) == (token, "loraplane-admin")
+    assert (settings.sync_interval, settings.retry_delay, settings.metrics_interval) == (20, 2.5, 30)
+
+
+def test_an_existing_admin_secret_is_used_and_none_is_created(render: Any) -> None:
+    objects = render({"adminToken": {"existingSecret": "stack-admin"}})
+    assert objects.kind("Secret") == []
+    env = {v["name"]: v for v in container(objects)["env"]}
+    assert env["LORAPLANE_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "stack-admin"
+    assert env["LORAPLANE_ADMIN_TOKEN_SECRET"]["value"] == "stack-admin"
+
+
+def test_the_webhook_is_reachable_at_the_host_kopf_registers(render: Any) -> None:
+    objects = render({"operator": {"webhook": {"enabled": True, "port": 8443}}})
+    c = container(objects)
+    service = objects.one("Service", "loraplane-webhook")
+    env = {v["name"]: v.get("value") for v in c["env"]}
+    assert cli_params(c["args"])["webhook_port"] == 8443
+    assert env["LORAPLANE_WEBHOOK_HOST"] == "loraplane-webhook.lp.svc"
+    # kopf registers https://<host>:<its port>, so the Service must listen on that same port.
+    assert service["spec"]["ports"] == [{"name": "webhook", "port": 8443, "targetPort": "webhook"}]
+    assert {"name": "webhook", "containerPort": 8443} in c["ports"]
+    pod_labels = objects.one("Deployment", "loraplane-operator")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+
+
+def test_a_second_replica_is_refused_with_the_reason(chart: helm.Chart) -> None:
+    with pytest.raises(helm.HelmRenderError, match=r"operator\.replicas must be 0 or 1: kopf's peering pauses"):
+        chart.render({"operator": {"replicas": 2}}, name="loraplane")
+
+
+def test_the_old_pod_is_gone_before_the_new_one_starts(render: Any) -> None:
+    deployment = render().one("Deployment", "loraplane-operator")
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert render({"operator": {"replicas": 0}}).one("Deployment", "loraplane-operator")["spec"]["replicas"] == 0
+
+
+def test_a_pdb_only_on_request_and_it_selects_the_operator(render: Any) -> None:
+    assert render().kind("PodDisruptionBudget") == []
+    objects = render({"operator": {"podDisruptionBudget": {"enabled": True}}})
+    pdb = objects.one("PodDisruptionBudget")
+    labels = objects.one("Deployment", "loraplane-operator")["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()

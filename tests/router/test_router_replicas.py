@@ -1,0 +1,231 @@
+"""The router in front of three real serving replicas (child processes, tiny model) on loopback:
+affinity, the load bound under one hot adapter, streaming and tenants through it, discovery from
+EndpointSlices, and a replica killed under load."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from kube_emulator import kube_emulator
+
+from loraplane.serving.api.loopback import serve_app
+from loraplane.serving.api.tenants import Tenants, load_tenants
+from loraplane.serving.bench.deployment import Fleet, spawn_replicas
+from loraplane.serving.config import EngineConfig
+from loraplane.serving.router.app import create_router_app
+from loraplane.serving.router.config import RouterConfig
+
+OWNERS = {"qv4": "acme", "all8": "acme", "mlp16": "globex", "ku2": "globex"}
+EPSILON = 0.25
+
+
+@pytest.fixture(scope="module")
+def fleet(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    config = EngineConfig(
+        model=str(tiny_llama), dtype="float32", cache_dir=tmp_path_factory.mktemp("replica-cache"), max_loras=2,
+        max_cpu_loras=4, max_lora_rank=16, block_size=4, num_kv_blocks=256, max_num_seqs=2,
+    )  # fmt: skip
+    adapters = {name: (tiny_adapters[name], owner) for name, owner in OWNERS.items()}
+    with spawn_replicas(config, adapters, ["acme", "globex"], 3, start_timeout=180) as f:
+        yield f
+
+
+def router_for(fleet: Fleet, tenants: Tenants | None = None, **config: Any) -> Any:
+    tenants = tenants or Tenants(load_tenants(fleet.work / "tenants.yaml"))
+    settings = RouterConfig(**{"replicas": fleet.urls, "stats_interval": 0.3, "epsilon": EPSILON, **config})
+    return serve_app(create_router_app(settings, tenants=tenants, admin_token=fleet.admin_token))
+
+
+@pytest.fixture(scope="module")
+def router(fleet: Fleet) -> Iterator[str]:
+    with router_for(fleet) as url:
+        yield url
+
+
+def name_of(url: str) -> str:
+    return url.removeprefix("http://")
+
+
+def replica_stats(fleet: Fleet, url: str) -> dict[str, Any]:
+    r = httpx.get(f"{url}/admin/stats", headers={"Authorization": f"Bearer {fleet.admin_token}"}, timeout=30)
+    r.raise_for_status()
+    result: dict[str, Any] = r.json()
+    return result
+
+
+def table(fleet: Fleet, router: str) -> dict[str, dict[str, Any]]:
+    r = httpx.get(f"{router}/router/replicas", headers={"Authorization": f"Bearer {fleet.admin_token}"}, timeout=30)
+    r.raise_for_status()
+    return {rep["name"]: rep for rep in r.json()["replicas"]}
+
+
+def complete(router: str, key: str, model: str, **body: Any) -> httpx.Response:
+    payload = {"model": model, "prompt": "the quick brown fox", "max_tokens": 4, "temperature": 0, **body}
+    return httpx.post(f"{router}/v1/completions", json=payload, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+
+
+def test_affinity_sends_an_adapters_requests_back_to_the_replica_that_holds_it(fleet: Fleet, router: str) -> None:
+    key = fleet.keys["acme"]
+    for model in ("qv4", "all8"):
+        served = []
+        for _ in range(6):
+            r = complete(router, key, model)
+            assert r.status_code == 200, r.text
+            served.append(r.headers["x-loraplane-replica"])
+        assert len(set(served)) == 1, served
+        home = served[0]
+        # The replicas agree: only the home saw the adapter, cold once, then on its device.
+        for url in fleet.urls:
+            figures = replica_stats(fleet, url)["adapters"][model]
+            if name_of(url) == home:
+                assert (figures["requests"], figures["cold_loads"], figures["device_hits"]) == (6, 1, 5)
+            else:
+                assert figures["requests"] == 0
+
+
+def test_one_hot_adapter_spreads_over_replicas_within_the_load_bound(fleet: Fleet, router: str) -> None:
+    key, burst = fleet.keys["globex"], 24
+
+    async def one(client: httpx.AsyncClient) -> str:
+        body = {"model": "ku2", "prompt": "hot adapter", "max_tokens": 64, "ignore_eos": True, "stream": True}
+        async with client.stream("POST", f"{router}/v1/completions", json=body) as r:
+            assert r.status_code == 200, await r.aread()
+            async for _ in r.aiter_bytes():
+                pass
+            return r.headers["x-loraplane-replica"]
+
+    async def all_at_once() -> list[str]:
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=300) as client:
+            return await asyncio.gather(*(one(client) for _ in range(burst)))
+
+    counts = Counter(asyncio.run(all_at_once()))
+    bound = math.ceil((1 + EPSILON) * burst / len(fleet.urls))  # the busiest replica when the last one arrived
+    assert max(counts.values()) <= bound, counts
+    assert len(counts) == len(fleet.urls), counts  # the heat overflowed to every replica
+
+
+def test_streams_pass_through_and_tenants_stay_apart_at_the_edge(fleet: Fleet, router: str) -> None:
+    globex = openai.OpenAI(base_url=f"{router}/v1", api_key=fleet.keys["globex"], max_retries=0)
+    direct = openai.OpenAI(base_url=f"{fleet.urls[0]}/v1", api_key=fleet.keys["globex"], max_retries=0)
+    ask = {"model": "mlp16", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "temperature": 0}
+    direct_chunks = direct.chat.completions.create(**ask, stream=True, extra_body={"ignore_eos": True})
+    expected = [c.choices[0].delta.content or "" for c in direct_chunks if c.choices]
+    chunks = list(globex.chat.completions.create(**ask, stream=True, extra_body={"ignore_eos": True}))
+    pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert pieces == expected  # the same events, one by one
+    assert sum(1 for p in pieces if p) > 1  # token by token, not one buffered blob
+    assert all(c.usage is None for c in chunks)  # the usage chunk the router asked for stays with it
+    usage_asked = {"stream": True, "stream_options": {"include_usage": True}, "extra_body": {"ignore_eos": True}}
+    with_usage = list(globex.chat.completions.create(**ask, **usage_asked))
+    assert with_usage[-1].usage is not None and with_usage[-1].usage.completion_tokens == 8
+    with pytest.raises(openai.NotFoundError):  # acme's adapter does not exist for globex
+        globex.completions.create(model="qv4", prompt="x", max_tokens=2)
+    with pytest.raises(openai.AuthenticationError):  # refused at the edge
+        openai.OpenAI(base_url=f"{router}/v1", api_key="sk-wrong", max_retries=0).models.list()
+    assert {m.id for m in globex.models.list().data} >= {"mlp16", "ku2"}
+    assert not {"qv4", "all8"} & {m.id for m in globex.models.list().data}
+
+
+def test_a_tenants_concurrency_quota_holds_at_the_edge(fleet: Fleet) -> None:
+    tenants = load_tenants(fleet.work / "tenants.yaml")
+    limited = [t.model_copy(update={"max_concurrent": 1}) if t.name == "acme" else t for t in tenants]
+    with router_for(fleet, Tenants(limited)) as url:
+        headers = {"Authorization": f"Bearer {fleet.keys['acme']}"}
+        body = {"model": "qv4", "prompt": "hold on", "max_tokens": 32, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=headers, timeout=120) as first:
+            assert first.status_code == 200
+            second = complete(url, fleet.keys["acme"], "qv4")
+            assert second.status_code == 429 and second.headers["retry-after"]
+            assert second.json()["error"]["code"] == "concurrency_limit"
+            assert complete(url, fleet.keys["globex"], "ku2").status_code == 200  # another tenant is not slowed
+            for _ in first.iter_bytes():
+                pass
+        assert complete(url, fleet.keys["acme"], "qv4").status_code == 200
+
+
+def test_replicas_are_discovered_from_the_services_endpointslices(fleet: Fleet, tmp_path: Path) -> None:
+    from kubernetes import config as kube_config
+
+    def endpoint_slice(name: str, service: str, url: str) -> dict[str, Any]:
+        port = int(url.rsplit(":", 1)[1])
+        return {
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": name, "namespace": "default", "labels": {"kubernetes.io/service-name": service}},
+            "addressType": "IPv4", "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+            "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True},
+                           "targetRef": {"kind": "Pod", "name": f"serving-{name}", "namespace": "default"}}],
+        }  # fmt: skip
+
+    with kube_emulator(tmp_path) as kube:
+        kube.apply(endpoint_slice("a", "tiny-serving", fleet.urls[0]))
+        kube.apply(endpoint_slice("b", "tiny-serving", fleet.urls[1]))
+        kube.apply(endpoint_slice("other", "someone-else", fleet.urls[2]))
+        api = kube_config.new_client_from_config(config_file=str(kube.kubeconfig))
+        settings = RouterConfig(service="tiny-serving", namespace="default", stats_interval=0.3)
+        app = create_router_app(settings, tenants=Tenants(load_tenants(fleet.work / "tenants.yaml")),
+                                admin_token=fleet.admin_token, kube_api_client=api)  # fmt: skip
+        with serve_app(app) as url:
+            kube.wait_for("both replicas", lambda: set(table(fleet, url)) == {"serving-a", "serving-b"}, timeout=20)
+            assert complete(url, fleet.keys["acme"], "all8").status_code == 200
+            kube.apply(endpoint_slice("c", "tiny-serving", fleet.urls[2]))
+            kube.wait_for("the new one", lambda: "serving-c" in table(fleet, url), timeout=20)
+            kube.delete("EndpointSlice", "default", "a")
+            kube.wait_for("the removal", lambda: set(table(fleet, url)) == {"serving-b", "serving-c"}, timeout=20)
+
+
+def test_killing_a_replica_loses_no_request_that_had_not_started_streaming(fleet: Fleet, router: str) -> None:
+    key, burst = fleet.keys["acme"], 12
+    started: list[bool] = [False] * burst
+
+    async def one(client: openai.AsyncOpenAI, i: int) -> str | None:
+        try:
+            stream = await client.completions.create(
+                model="all8", prompt="a long answer", max_tokens=48, stream=True, extra_body={"ignore_eos": True}
+            )
+            async for _ in stream:
+                started[i] = True
+            return None
+        except openai.APIError as err:
+            return repr(err)
+
+    async def scenario() -> tuple[list[str | None], str]:
+        client = openai.AsyncOpenAI(base_url=f"{router}/v1", api_key=key, max_retries=0, timeout=300)
+        tasks = [asyncio.create_task(one(client, i)) for i in range(burst)]
+        deadline = time.monotonic() + 60
+        while True:  # wait until one replica holds requests that are still queued there
+            state = await asyncio.to_thread(table, fleet, router)
+            busiest = max(state.values(), key=lambda r: r["in_flight"])
+            if busiest["in_flight"] >= 4:
+                break
+            assert time.monotonic() < deadline, state
+            await asyncio.sleep(0.02)
+        victim = [name_of(u) for u in fleet.urls].index(busiest["name"])
+        await asyncio.to_thread(fleet.kill, victim)
+        return await asyncio.gather(*tasks), busiest["name"]
+
+    outcomes, victim_name = asyncio.run(scenario())
+    failed = [i for i, err in enumerate(outcomes) if err is not None]
+    assert all(started[i] for i in failed), [outcomes[i] for i in failed]  # only streams already under way broke
+    assert all("failed mid-stream" in str(outcomes[i]) for i in failed)
+    metrics = httpx.get(f"{router}/metrics").text
+    series = f'loraplane_router_retries_total{{replica="{victim_name}"}}'
+    retried = [line for line in metrics.splitlines() if line.startswith(series)]
+    assert retried and float(retried[0].split()[-1]) >= 1, metrics  # queued work moved to the survivors
+    assert table(fleet, router)[victim_name]["up"] is False
+
+    victim = [name_of(u) for u in fleet.urls].index(victim_name)
+    fleet.start(victim)
+    fleet.ready(victim, timeout=180)
+    deadline = time.monotonic() + 30
+    while not table(fleet, router)[victim_name]["up"]:  # the health check brings it back
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
