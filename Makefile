@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint crds clean
+.PHONY: demo test lint crds e2e-cluster clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/pytest
+
+# The end-to-end story against the cluster your kubeconfig names (see e2e/README.md): it creates objects there.
+e2e-cluster: $(STAMP)
+	LORAPLANE_E2E_CLUSTER=1 $(BIN)/pytest -m cluster e2e
 
 # The CRDs from the operator's models, and the chart's copies of them (tests fail when they differ).
 crds: $(STAMP)

@@ -460,18 +460,29 @@ def router(
 
 @main.command()
 @click.option("--out", "folder", default="crds", type=click.Path(file_okay=False, path_type=Path), show_default=True)
-@click.option("--check", is_flag=True, help="Fail if the files in --out differ from the models instead of writing them.")
-def crds(folder: Path, check: bool) -> None:
-    """Generate the CustomResourceDefinitions from the operator's pydantic models."""
+@click.option(
+    "--doc",
+    "doc_path",
+    default="docs/crd-reference.md",
+    type=click.Path(dir_okay=False, path_type=Path),
+    show_default=True,
+    help="The Markdown reference rendered from the same models.",
+)
+@click.option("--check", is_flag=True, help="Fail if the files in --out or --doc differ from the models instead of writing them.")
+def crds(folder: Path, doc_path: Path, check: bool) -> None:
+    """Generate the CustomResourceDefinitions and their Markdown reference from the operator's pydantic models."""
+    from loraplane.operator.crd_docs import doc_drifted, write_doc
     from loraplane.operator.crdgen import drifted, write_crds
 
     if check:
-        stale = drifted(folder)
+        stale = [f"{name} in {folder}" for name in drifted(folder)]
+        if doc_drifted(doc_path):
+            stale.append(str(doc_path))
         if stale:
-            raise click.ClickException(f"out of date in {folder}: {', '.join(stale)}; run `loraplane crds`")
-        click.echo(f"{folder}: up to date")
+            raise click.ClickException(f"out of date: {', '.join(stale)}; run `loraplane crds`")
+        click.echo(f"{folder}, {doc_path}: up to date")
         return
-    for path in write_crds(folder):
+    for path in [*write_crds(folder), write_doc(doc_path)]:
         click.echo(f"wrote {path}")
 
 

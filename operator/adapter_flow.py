@@ -21,7 +21,7 @@ from loraplane.operator import cluster
 from loraplane.operator.adapter_check import CheckFailed, check_adapter
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.api.common import Quotas
-from loraplane.operator.api.loraadapter import LoraAdapterSpec, LoraAdapterStatus, ReplicaPlacement
+from loraplane.operator.api.loraadapter import AdapterSource, LoraAdapterSpec, LoraAdapterStatus, ReplicaPlacement
 from loraplane.operator.conditions import Status, set_condition
 from loraplane.operator.serving_client import ReplicaError, ServingClient
 from loraplane.operator.settings import OperatorSettings
@@ -56,11 +56,22 @@ async def s3_settings(namespace: str, base: BaseModelSpec) -> S3Settings:
     return S3Settings(endpoint=store.endpoint, access_key=access, secret_key=secret, region=store.region)
 
 
-async def stage(client: ServingClient, served: str, spec: LoraAdapterSpec, *, pinned: bool, quotas: Quotas | None) -> str:
-    """Register (with the adapter's quotas), prefetch, pin or unpin on one replica; returns the tier it reports."""
+def serving_source(spec: LoraAdapterSpec, status: LoraAdapterStatus) -> AdapterSource:
+    """The version replicas must serve: the validated one in status, not what the spec asks for
+    now (a refused promotion leaves the spec pointing at the version that was refused)."""
+    if status.serving_uri is not None and status.serving_digest is not None:
+        return AdapterSource(uri=status.serving_uri, digest=status.serving_digest)
+    return spec.source
+
+
+async def stage(
+    client: ServingClient, served: str, spec: LoraAdapterSpec, source: AdapterSource, *, pinned: bool, quotas: Quotas | None
+) -> str:
+    """Register ``source`` (with the adapter's quotas), prefetch, pin or unpin on one replica;
+    returns the tier it reports."""
     limits = quotas.model_dump(exclude_none=True) if quotas is not None else None
     truncate = spec.rank_policy == "Truncate"
-    await client.register(served, spec.source.uri, spec.source.digest, spec.tenant, truncate=truncate, quotas=limits)
+    await client.register(served, source.uri, source.digest, spec.tenant, truncate=truncate, quotas=limits)
     if spec.prefetch or pinned:
         await client.action(served, "prefetch")
     state = await client.action(served, "pin" if pinned else "unpin")
@@ -124,8 +135,11 @@ async def _reconcile_on(
 ) -> Outcome:  # fmt: skip
     status = out.status
     digest = spec.source.digest
-    promoting = status.serving_digest is not None and status.serving_digest != digest
-    if status.serving_digest != digest:
+    # A version is its URI and its digest: the same digest at a new URI is still a new version
+    # (the files there may not hash to it), so it is validated again before anyone serves it.
+    changed = (status.serving_uri, status.serving_digest) != (spec.source.uri, digest)
+    promoting = status.serving_digest is not None and changed
+    if changed:
         shape = BaseShape.model_validate(await clients[0].base())
         s3 = await s3_settings(namespace, base)
         try:
@@ -152,10 +166,10 @@ async def _reconcile_on(
     served = spec.served_name or name
     pinned = spec.pinned
     quotas = spec.quotas or base.tenancy.default_quotas
-    tiers = await asyncio.gather(*(stage(c, served, spec, pinned=pinned, quotas=quotas) for c in clients))
+    tiers = await asyncio.gather(*(stage(c, served, spec, spec.source, pinned=pinned, quotas=quotas) for c in clients))
     status.replicas = [ReplicaPlacement(replica=r.name, tier=t) for r, t in zip(replicas, tiers, strict=True)]  # type: ignore[arg-type]
     status.pinned = pinned
-    status.serving_digest, status.promoting_digest = digest, None
+    status.serving_uri, status.serving_digest, status.promoting_digest = spec.source.uri, digest, None
     status.phase = "Ready"
     out.condition("Staged", "True", "Staged", f"registered on {len(replicas)} replicas", generation)
     if promoting:

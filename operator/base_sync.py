@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loraplane.operator import cluster, decisions
-from loraplane.operator.adapter_flow import parse_status, stage
+from loraplane.operator.adapter_flow import parse_status, serving_source, stage
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.api.loraadapter import LoraAdapterSpec
 from loraplane.operator.conditions import now_rfc3339
@@ -85,9 +85,10 @@ async def sync_base(
         for replica, known in stats.items():
             for served in decisions.missing(known, ready):
                 try:
-                    spec = ready[served].spec
-                    quotas = spec.quotas or base.tenancy.default_quotas
-                    await stage(clients[replica], served, spec, pinned=served in pins, quotas=quotas)
+                    view = ready[served]
+                    quotas = view.spec.quotas or base.tenancy.default_quotas
+                    source = serving_source(view.spec, view.status)
+                    await stage(clients[replica], served, view.spec, source, pinned=served in pins, quotas=quotas)
                 except ReplicaError:
                     continue
         await _apply_pins(pins, ready, stats, clients)

@@ -10,6 +10,7 @@ apart silently.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import yaml
@@ -19,6 +20,7 @@ from loraplane.operator.cluster import BASE_LABEL, COMPONENT_LABEL, SERVING_PORT
 from loraplane.operator.router_objects import router_objects
 
 ADMIN_TOKEN_KEY = "admin-token"
+CONFIG_HASH = "loraplane.dev/engine-config-sha256"
 
 
 class UnsupportedSource(ValueError):
@@ -52,6 +54,10 @@ def engine_config(spec: BaseModelSpec) -> dict[str, Any]:
         "cache_dir": "/var/cache/loraplane",
     }
     return {k: v for k, v in config.items() if v is not None}
+
+
+def config_hash(spec: BaseModelSpec) -> str:
+    return hashlib.sha256(yaml.safe_dump(engine_config(spec), sort_keys=True).encode()).hexdigest()
 
 
 def config_map(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]:
@@ -123,7 +129,9 @@ def deployment(name: str, namespace: str, spec: BaseModelSpec, admin_secret: str
             "replicas": spec.replicas,
             "selector": {"matchLabels": labels(name)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
-            "template": {"metadata": {"labels": labels(name)}, "spec": pod_spec},
+            # The config's hash on the pod template: a changed engine config rolls the pods, which
+            # would otherwise keep running with the settings they started with.
+            "template": {"metadata": {"labels": labels(name), "annotations": {CONFIG_HASH: config_hash(spec)}}, "spec": pod_spec},
         },
     }
 

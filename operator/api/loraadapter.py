@@ -64,6 +64,7 @@ class LoraAdapterStatus(KubeModel):
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = None
     serving_digest: str | None = Field(default=None, description="the version taking new requests")
+    serving_uri: str | None = Field(default=None, description="where that version was fetched from")
     promoting_digest: str | None = Field(default=None, description="a new version being validated and staged")
     rank: int | None = None
     size_bytes: int | None = None

@@ -7,6 +7,7 @@ which.
 
 from __future__ import annotations
 
+import os
 import secrets
 import subprocess
 import sys
@@ -169,17 +170,31 @@ def spawn_replicas(
 
 
 @contextmanager
-def spawn_router(fleet: Fleet, *, policy: str = "affinity", epsilon: float = 0.25, start_timeout: float = 60) -> Iterator[str]:
+def spawn_router(
+    fleet: Fleet,
+    *,
+    policy: str = "affinity",
+    epsilon: float = 0.25,
+    service: tuple[str, str] | None = None,
+    kubeconfig: Path | None = None,
+    start_timeout: float = 60,
+) -> Iterator[str]:
     """``loraplane router`` in front of the fleet as a child process, with the fleet's tenants and
-    admin token; yields its URL once it sees a replica."""
+    admin token; yields its URL once it sees a replica. With ``service`` (namespace, name) it
+    finds the replicas through that Service's EndpointSlices, in the cluster ``kubeconfig`` names."""
     port = free_port()
-    args = ["router", "--port", str(port), "--policy", policy, "--epsilon", str(epsilon)]
-    args += ["--admin-token", fleet.admin_token, *(a for url in fleet.urls for a in ("--replica", url))]
+    args = ["router", "--port", str(port), "--policy", policy, "--epsilon", str(epsilon), "--admin-token", fleet.admin_token]
+    if service is None:
+        args += [a for url in fleet.urls for a in ("--replica", url)]
+    else:
+        args += ["--namespace", service[0], "--service", service[1], "--stats-interval", "0.5"]
     if fleet.tenant_names:
         args += ["--tenants", str(fleet.work / "tenants.yaml")]
+    env = dict(os.environ, **({"KUBECONFIG": str(kubeconfig)} if kubeconfig else {}))
     log_path = fleet.work / f"router-{port}.log"
     with log_path.open("wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "loraplane.cli", *args], stdout=log, stderr=subprocess.STDOUT)
+        cmd = [sys.executable, "-m", "loraplane.cli", *args]
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(url, proc, log_path, start_timeout)

@@ -11,7 +11,7 @@ import yaml
 from crd_schema import examples
 
 from loraplane.operator.api.basemodel import BaseModelSpec
-from loraplane.operator.children import UnsupportedSource, children
+from loraplane.operator.children import CONFIG_HASH, UnsupportedSource, children
 from loraplane.serving.config import EngineConfig
 
 BASE = next(d for d in examples() if d["kind"] == "BaseModel")
@@ -94,3 +94,13 @@ def test_the_operators_cluster_role_covers_everything_it_creates_and_grants() ->
         assert allowed(group, plural[manifest["kind"]], "create") and allowed(group, plural[manifest["kind"]], "patch")
     for rule in built()["Role/smollm2-router"]["rules"]:  # Kubernetes refuses to let it grant more than it holds
         assert all(allowed(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"])
+
+
+def test_a_changed_engine_config_rolls_the_serving_pods_and_an_unchanged_one_does_not() -> None:
+    def template_hash(spec: dict) -> str:
+        return built(spec)["Deployment/smollm2-serving"]["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH]
+
+    bigger = copy.deepcopy(BASE["spec"])
+    bigger["engine"]["maxLoras"] += 1
+    assert template_hash(BASE["spec"]) == template_hash(copy.deepcopy(BASE["spec"]))
+    assert template_hash(bigger) != template_hash(BASE["spec"])

@@ -11,7 +11,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -27,12 +26,13 @@ from broken_adapters import corrupt
 from crd_schema import errors
 from engine_helpers import tiny_engine
 from kube_emulator import Kube, kube_emulator
+from operator_process import start_operator
 from s3_server import ACCESS, SECRET, moto_server, upload_folder
 
 from loraplane.adapter_format import file_digest
 from loraplane.operator.cluster import ADMIN_URL_ANNOTATION, BASE_LABEL, COMPONENT_LABEL
 from loraplane.serving.api.app import create_app
-from loraplane.serving.api.loopback import free_port, serve_app
+from loraplane.serving.api.loopback import serve_app
 
 NS = "team-a"
 ADMIN = "admin-secret"
@@ -83,22 +83,7 @@ class Stack:
         return url
 
     def start_operator(self) -> None:
-        port = free_port()
-        env = dict(os.environ, KUBECONFIG=str(self.kube.kubeconfig), LORAPLANE_ADMIN_TOKEN=ADMIN,
-                   LORAPLANE_SYNC_INTERVAL="1", LORAPLANE_METRICS_INTERVAL="0", LORAPLANE_RETRY_DELAY="1")  # fmt: skip
-        log = (self.folder / "operator.log").open("ab")
-        # Cluster-wide: with a namespace list kopf lists /api/v1/namespaces, a path kmock 0.8 cannot parse.
-        args = ["operator", "--standalone", "--liveness", f"http://127.0.0.1:{port}/healthz"]
-        self.operator = subprocess.Popen([sys.executable, "-m", "loraplane.cli", *args], env=env, stdout=log, stderr=log)
-
-        def alive() -> bool:
-            assert self.operator is not None and self.operator.poll() is None, self.log()
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        self.kube.wait_for("the operator's liveness endpoint", alive, timeout=60)
+        self.operator = start_operator(self.kube.kubeconfig, ADMIN, self.folder / "operator.log")
 
     def stop_operator(self, sig: int = signal.SIGTERM) -> None:
         assert self.operator is not None

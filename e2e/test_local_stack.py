@@ -1,0 +1,216 @@
+"""The whole stack on loopback: the real operator, two serving replicas and the router as processes,
+kmock as the Kubernetes API and moto as S3. The examples' manifests go in as `kubectl apply` would
+send them (the base swapped for the tiny test model and each adapter's source for weights uploaded
+here, since the examples point at a real store); traffic goes through the router with the
+official client."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from kube_emulator import Kube, kube_emulator
+from operator_process import start_operator
+from s3_server import ACCESS, SECRET, moto_server, upload_folder
+from scenario import condition, daily_promotion, example_manifests, status_of, wait_for
+from tiny_models import make_peft_adapter, make_tiny_llama
+
+from loraplane.adapter_format import file_digest
+from loraplane.operator.cluster import ADMIN_URL_ANNOTATION, BASE_LABEL, COMPONENT_LABEL
+from loraplane.serving.bench.deployment import Fleet, spawn_replicas, spawn_router
+from loraplane.serving.config import EngineConfig
+
+pytestmark = pytest.mark.slow
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class Stack:
+    kube: Kube
+    fleet: Fleet
+    router: str
+    namespace: str
+    adapters: dict[str, dict[str, Any]]  # name -> the manifest as applied
+    versions: dict[str, tuple[str, str]] = field(default_factory=dict)  # label -> (uri, digest)
+
+    def client(self, tenant: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.router}/v1", api_key=self.fleet.keys[tenant], max_retries=0)
+
+    def on_replicas(self, served: str) -> list[dict[str, Any] | None]:
+        headers = {"Authorization": f"Bearer {self.fleet.admin_token}"}
+        answers = [httpx.get(f"{url}/admin/adapters/{served}", headers=headers) for url in self.fleet.urls]
+        return [r.json() if r.status_code == 200 else None for r in answers]
+
+
+def upload(
+    endpoint: str, base: Path, folder: Path, prefix: str, rank: int, targets: list[str], seed: int, *, golden: bool = False
+) -> tuple[str, str]:
+    path = make_peft_adapter(base, folder, rank, 2 * rank, targets, False, seed=seed)
+    if golden:  # what a training pipeline ships for the quality gate: greedy answers on its base
+        record_golden(base, path, folder.parent / f"{folder.name}-cache")
+    return upload_folder(endpoint, "adapters", prefix, path), file_digest(path / "adapter_model.safetensors")
+
+
+def record_golden(base: Path, adapter: Path, cache: Path) -> None:
+    from loraplane.adapter_format.golden import GOLDEN_FILE
+    from loraplane.serving.engine.llm_engine import LLMEngine
+    from loraplane.serving.engine.sampling_params import SamplingParams
+
+    engine = LLMEngine(EngineConfig(model=str(base), dtype="float32", cache_dir=cache, max_lora_rank=16,
+                                    lora_modules={"candidate": str(adapter)}))  # fmt: skip
+    prompts = [[5, 6, 7, 8], [40, 41, 42]]
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=5)
+    outs = engine.generate(prompts, params, ["candidate"] * len(prompts))
+    cases = [{"prompt_token_ids": p, "greedy_token_ids": o.token_ids,
+              "top_logprobs": [{str(t): lp for t, lp in step.top} for step in o.logprobs]}
+             for p, o in zip(prompts, outs, strict=True)]  # fmt: skip
+    (adapter / GOLDEN_FILE).write_text(json.dumps({"cases": cases}))
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("e2e")
+    tiny = make_tiny_llama(root / "tiny-llama", rope_scaling=None)
+    base, adapters = example_manifests()
+    ns, base_name = base["metadata"]["namespace"], base["metadata"]["name"]
+    tenants = sorted({a["spec"]["tenant"] for a in adapters})
+    with ExitStack() as stack_:
+        endpoint = stack_.enter_context(moto_server())
+        kube = stack_.enter_context(kube_emulator(root))
+        config = EngineConfig(
+            model=str(tiny), dtype="float32", cache_dir=root / "cache", max_loras=2, max_cpu_loras=8, max_lora_rank=16,
+            block_size=4, num_kv_blocks=256, s3_endpoint=endpoint, s3_access_key=ACCESS, s3_secret_key=SECRET,
+            s3_region="us-east-1",
+        )  # fmt: skip
+        fleet = stack_.enter_context(spawn_replicas(config, {}, tenants, 2, start_timeout=180))
+
+        # What the cluster would hold: the Secrets the manifests reference, the serving pods the
+        # operator's Deployment would run (pointing at the local replicas), and the EndpointSlices
+        # the endpoint controller would publish for the serving Service.
+        store = {"AWS_ACCESS_KEY_ID": ACCESS, "AWS_SECRET_ACCESS_KEY": SECRET}
+        secret_name = base["spec"]["adapterStore"]["credentialsSecret"]["name"]
+        kube.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret_name, "namespace": ns},
+                    "data": {k: base64.b64encode(v.encode()).decode() for k, v in store.items()}})  # fmt: skip
+        keys = base64.b64encode((fleet.work / "tenants.yaml").read_bytes()).decode()
+        kube.apply({"apiVersion": "v1", "kind": "Secret", "data": {"tenants.yaml": keys},
+                    "metadata": {"name": base["spec"]["tenancy"]["apiKeysSecret"]["name"], "namespace": ns}})  # fmt: skip
+        for i, url in enumerate(fleet.urls):
+            pod = f"{base_name}-serving-{i}"
+            kube.apply({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod, "namespace": ns, "labels": {BASE_LABEL: base_name, COMPONENT_LABEL: "serving"},
+                             "annotations": {ADMIN_URL_ANNOTATION: url}},
+                "spec": {"containers": [{"name": "serving", "image": "loraplane/serving"}]},
+                "status": {"phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
+            })  # fmt: skip
+            kube.apply({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": pod, "namespace": ns, "labels": {"kubernetes.io/service-name": f"{base_name}-serving"}},
+                "addressType": "IPv4", "ports": [{"name": "http", "port": int(url.rsplit(":", 1)[1]), "protocol": "TCP"}],
+                "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True},
+                               "targetRef": {"kind": "Pod", "name": pod, "namespace": ns}}],
+            })  # fmt: skip
+
+        applied: dict[str, dict[str, Any]] = {}
+        versions: dict[str, tuple[str, str]] = {}
+        for i, manifest in enumerate(adapters):
+            spec = manifest["spec"]
+            rank, targets = spec.get("rank", 8), spec.get("targetModules", ["q_proj", "v_proj"])
+            prefix = f"{spec['tenant']}/{manifest['metadata']['name']}/v1"
+            gate = "qualityGate" in spec
+            uri, digest = upload(endpoint, tiny, root / prefix, prefix, rank, targets, seed=i + 1, golden=gate)
+            applied[manifest["metadata"]["name"]] = {**manifest, "spec": {**spec, "source": {"uri": uri, "digest": digest}}}
+        first = adapters[0]
+        name, tenant = first["metadata"]["name"], first["spec"]["tenant"]
+        versions["v1"] = (applied[name]["spec"]["source"]["uri"], applied[name]["spec"]["source"]["digest"])
+        rank, targets = first["spec"].get("rank", 8), first["spec"].get("targetModules", ["q_proj", "v_proj"])
+        versions["v2"] = upload(endpoint, tiny, root / "v2", f"{tenant}/{name}/v2", rank, targets, seed=101)
+        broken_uri, _ = upload(endpoint, tiny, root / "v3", f"{tenant}/{name}/v3", rank, targets, seed=102)
+        versions["broken"] = (broken_uri, versions["v2"][1])  # the pipeline recorded the wrong digest
+
+        stack_.enter_context(_operator(kube, fleet, root))
+        router = stack_.enter_context(spawn_router(fleet, service=(ns, f"{base_name}-serving"), kubeconfig=kube.kubeconfig))
+        kube.apply({**base, "spec": {**base["spec"], "source": {"uri": str(tiny)},
+                                     "adapterStore": {**base["spec"]["adapterStore"], "endpoint": endpoint,
+                                                      "region": "us-east-1"}}})  # fmt: skip
+        for manifest in applied.values():
+            kube.apply(manifest)
+        yield Stack(kube, fleet, router, ns, applied, versions)
+
+
+@contextmanager
+def _operator(kube: Kube, fleet: Fleet, root: Path) -> Iterator[None]:
+    proc = start_operator(kube.kubeconfig, fleet.admin_token, root / "operator.log")
+    try:
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def ready(stack: Stack, name: str) -> None:
+    try:
+        wait_for(f"{name} Ready", lambda: status_of(stack.kube, stack.namespace, name).get("phase") == "Ready", 90)
+    except AssertionError:
+        raise AssertionError(f"{name}: {status_of(stack.kube, stack.namespace, name)}") from None
+
+
+def test_the_examples_become_ready_on_every_replica(stack: Stack) -> None:
+    for name, manifest in stack.adapters.items():
+        ready(stack, name)
+        served = manifest["spec"].get("servedName", name)
+        held = stack.on_replicas(served)
+        assert all(h is not None and h["digest"] == manifest["spec"]["source"]["digest"] for h in held), held
+
+
+def test_traffic_through_the_router_reaches_each_adapters_status(stack: Stack) -> None:
+    sent: dict[str, int] = {}
+    for i, (name, manifest) in enumerate(stack.adapters.items()):
+        ready(stack, name)
+        client = stack.client(manifest["spec"]["tenant"])
+        served = manifest["spec"].get("servedName", name)
+        for _ in range(3 + 2 * i):  # a different count per adapter, so a mix-up shows
+            out = client.completions.create(model=served, prompt="hello from e2e", max_tokens=4, extra_body={"ignore_eos": True})
+            assert out.usage is not None and out.usage.completion_tokens == 4
+        sent[name] = 4 * (3 + 2 * i)
+    for name, tokens in sent.items():
+        served = stack.adapters[name]["spec"].get("servedName", name)
+
+        def figures(name: str = name, tokens: int = tokens) -> dict[str, Any] | None:
+            m = status_of(stack.kube, stack.namespace, name).get("metrics") or {}
+            return m if m.get("completionTokens") == tokens else None
+
+        metrics = wait_for(f"{name}'s figures in status", figures, 60)
+        counts = [h for h in stack.on_replicas(served) if h]
+        arrivals = sum(h["device_hits"] + h["host_hits"] + h["cold_loads"] for h in counts)
+        device = sum(h["device_hits"] for h in counts)
+        assert arrivals == tokens // 4  # every request was counted once, on the replica that served it
+        assert metrics["deviceHitRate"] == pytest.approx(device / arrivals, abs=1e-3)
+        assert metrics["coldLoads"] == sum(h["cold_loads"] for h in counts)
+    # Another tenant's adapter does not exist for this key, through the router as on a replica.
+    names = list(stack.adapters)
+    a, b = stack.adapters[names[0]], stack.adapters[names[1]]
+    other = stack.client(b["spec"]["tenant"])
+    with pytest.raises(openai.NotFoundError):
+        other.completions.create(model=a["spec"].get("servedName", names[0]), prompt="x", max_tokens=2)
+
+
+def test_the_daily_promotion_story_fails_no_request(stack: Stack) -> None:
+    name, manifest = next(iter(stack.adapters.items()))
+    ready(stack, name)
+    client = stack.client(manifest["spec"]["tenant"])
+    traffic, refusal = daily_promotion(stack.kube, manifest, client, stack.versions)
+    assert traffic.failures == [], traffic.failures[:3]
+    assert traffic.sent >= 12
+    assert refusal["reason"] == "DigestMismatch"
+    served = manifest["spec"].get("servedName", name)
+    assert all(h and h["digest"] == stack.versions["v1"][1] for h in stack.on_replicas(served))  # rolled back everywhere
+    assert (condition(status_of(stack.kube, stack.namespace, name), "Ready") or {}).get("status") == "True"
