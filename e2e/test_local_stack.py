@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -214,3 +215,20 @@ def test_the_daily_promotion_story_fails_no_request(stack: Stack) -> None:
     served = manifest["spec"].get("servedName", name)
     assert all(h and h["digest"] == stack.versions["v1"][1] for h in stack.on_replicas(served))  # rolled back everywhere
     assert (condition(status_of(stack.kube, stack.namespace, name), "Ready") or {}).get("status") == "True"
+
+
+def test_the_request_rate_in_status_follows_steady_traffic(stack: Stack) -> None:
+    """Rates are measured between two syncs (every second here), so a few seconds of steady
+    traffic must show up in status at about the rate the client sent."""
+    name, manifest = list(stack.adapters.items())[-1]
+    ready(stack, name)
+    client = stack.client(manifest["spec"]["tenant"])
+    served = manifest["spec"].get("servedName", name)
+    seen: list[float] = []
+    sent, start = 0, time.monotonic()
+    while time.monotonic() - start < 6:
+        client.completions.create(model=served, prompt="steady", max_tokens=2)
+        sent += 1
+        seen.append((status_of(stack.kube, stack.namespace, name).get("metrics") or {}).get("requestsPerSecond", 0.0))
+    client_rate = sent / (time.monotonic() - start)
+    assert 0.25 * client_rate <= max(seen) <= 3 * client_rate, (client_rate, seen)

@@ -494,8 +494,19 @@ def crds(folder: Path, doc_path: Path, check: bool) -> None:
 @click.option(
     "--webhook-port", type=click.IntRange(1, 65535), envvar="LORAPLANE_WEBHOOK_PORT", help="Serve the validating webhook."
 )
+@click.option(
+    "--priority",
+    type=int,
+    help="Peering priority. The operator with the highest runs; the others stand by and take over when it leaves. "
+    "[default: random, so that two replicas never tie: kopf pauses every operator that sees a peer of equal priority]",
+)
 def operator(
-    namespaces: tuple[str, ...], standalone: bool, peering_name: str, liveness_endpoint: str, webhook_port: int | None
+    namespaces: tuple[str, ...],
+    standalone: bool,
+    peering_name: str,
+    liveness_endpoint: str,
+    webhook_port: int | None,
+    priority: int | None,
 ) -> None:
     """Run the kopf operator reconciling BaseModel and LoraAdapter resources (no torch imported)."""
     import logging
@@ -510,11 +521,14 @@ def operator(
 
     kopf.configure(verbose=False)  # kopf's log format and levels, as `kopf run` sets them
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per admin call drowns the reconcile log
+    import secrets
+
     kopf.run(
         clusterwide=not namespaces,
         namespaces=list(namespaces),
         standalone=standalone,
         peering_name=None if standalone else peering_name,
+        priority=priority if priority is not None else 1 + secrets.randbelow(1_000_000),
         liveness_endpoint=liveness_endpoint,
     )
 

@@ -139,6 +139,12 @@ async def _reconcile_on(
     # (the files there may not hash to it), so it is validated again before anyone serves it.
     changed = (status.serving_uri, status.serving_digest) != (spec.source.uri, digest)
     promoting = status.serving_digest is not None and changed
+    if promoting and status.promoting_digest != digest:
+        # Shown while the new version is fetched, checked and staged (seconds to minutes for a large
+        # adapter), while servingDigest still names the version taking requests: one extra write
+        # per promotion, none for a new adapter or a resync.
+        status.promoting_digest = digest
+        await cluster.patch_status(namespace, "loraadapters", name, {"promotingDigest": digest})
     if changed:
         shape = BaseShape.model_validate(await clients[0].base())
         s3 = await s3_settings(namespace, base)
@@ -174,6 +180,9 @@ async def _reconcile_on(
     out.condition("Staged", "True", "Staged", f"registered on {len(replicas)} replicas", generation)
     if promoting:
         out.condition("Promoted", "True", "Promoted", f"now serving {digest}", generation)
+    elif (refused := next((c for c in status.conditions if c.type == "Promoted"), None)) and refused.status == "False":
+        # The spec names the serving version again (a refused version reverted in git): the refusal is history.
+        out.condition("Promoted", "True", "Reverted", f"the spec names {digest} again, which is serving", generation)
     out.condition("Ready", "True", "Serving", f"served as {served!r}", generation)
     return out
 

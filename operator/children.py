@@ -17,7 +17,7 @@ import yaml
 
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.cluster import BASE_LABEL, COMPONENT_LABEL, SERVING_PORT
-from loraplane.operator.router_objects import router_objects
+from loraplane.operator.router_objects import router_labels, router_objects
 
 ADMIN_TOKEN_KEY = "admin-token"
 CONFIG_HASH = "loraplane.dev/engine-config-sha256"
@@ -145,6 +145,20 @@ def service(name: str, namespace: str) -> dict[str, Any]:
     }
 
 
+def disruption_budget(name: str, namespace: str, selector: dict[str, str]) -> dict[str, Any]:
+    """At most one pod of the set down at a time for voluntary disruptions (node drains): the
+    others keep serving, and the router moves their adapters' traffic to them."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": namespace, "labels": selector},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
+    }
+
+
 def children(name: str, namespace: str, spec: BaseModelSpec, admin_secret: str) -> list[dict[str, Any]]:
     serving = [config_map(name, namespace, spec), deployment(name, namespace, spec, admin_secret), service(name, namespace)]
-    return serving + router_objects(name, namespace, spec, admin_secret)
+    serving.append(disruption_budget(f"{name}-serving", namespace, labels(name)))
+    router = router_objects(name, namespace, spec, admin_secret)
+    router.append(disruption_budget(f"{name}-router", namespace, router_labels(name)))
+    return serving + router

@@ -82,7 +82,12 @@ async def apply_child(manifest: dict[str, Any]) -> None:
 
     def write() -> None:
         kind, ns, name = manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"]
-        apps, core, rbac = client.AppsV1Api(_api()), _core(), client.RbacAuthorizationV1Api(_api())
+        apps, core, rbac, policy = (
+            client.AppsV1Api(_api()),
+            _core(),
+            client.RbacAuthorizationV1Api(_api()),
+            client.PolicyV1Api(_api()),
+        )
         create: Any
         patch: Any
         create, patch = {
@@ -92,6 +97,10 @@ async def apply_child(manifest: dict[str, Any]) -> None:
             "ServiceAccount": (core.create_namespaced_service_account, core.patch_namespaced_service_account),
             "Role": (rbac.create_namespaced_role, rbac.patch_namespaced_role),
             "RoleBinding": (rbac.create_namespaced_role_binding, rbac.patch_namespaced_role_binding),
+            "PodDisruptionBudget": (
+                policy.create_namespaced_pod_disruption_budget,
+                policy.patch_namespaced_pod_disruption_budget,
+            ),
         }[kind]
         try:
             create(ns, manifest)

@@ -41,7 +41,10 @@ async def adapter_changed(
 ) -> None:
     namespace = namespace or "default"  # both kinds are namespaced; kopf's type allows cluster scope
     out = await reconcile(name, namespace, meta.get("generation"), spec, status, SETTINGS)
-    await cluster.patch_status(namespace, "loraadapters", name, out.status.body())
+    # A merge patch keeps what it does not mention: promotingDigest is cleared with an explicit null.
+    await cluster.patch_status(
+        namespace, "loraadapters", name, {**out.status.body(), "promotingDigest": out.status.promoting_digest}
+    )
     for type_, reason, message in out.events:
         kopf.event(body, type=type_, reason=reason, message=message)
     waiting = [c for c in out.status.conditions if c.status != "True" and c.reason in WAITING_REASONS]

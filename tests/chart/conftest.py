@@ -17,6 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "loraplane"
 NAMESPACE = "lp"
 MONITORING = ["monitoring.coreos.com/v1"]
+# A cluster that serves kopf's peering kinds (its CRDs registered, by an earlier release or by
+# another kopf operator): only there does the chart render the peering object of a peered operator.
+KOPF_PEERING = ["kopf.dev/v1", "kopf.dev/v1/ClusterKopfPeering", "kopf.dev/v1/KopfPeering"]
 
 
 class Rendered(list[dict[str, Any]]):
@@ -33,10 +36,14 @@ class Rendered(list[dict[str, Any]]):
 
 def value_sets() -> dict[str, tuple[dict[str, Any], list[str]]]:
     """Name -> (values, API versions the cluster offers): the defaults, the value files next to the
-    chart (what CI renders), and the defaults on a cluster with the Prometheus Operator."""
+    chart (what CI renders), each peered one (operator.replicas >= 2) also on a cluster that serves
+    kopf's peering kinds, and the defaults on a cluster with the Prometheus Operator."""
     sets: dict[str, tuple[dict[str, Any], list[str]]] = {"default": ({}, [])}
     for path in sorted((CHART / "ci").glob("*-values.yaml")):
-        sets[path.name.removesuffix("-values.yaml")] = (yaml.safe_load(path.read_text()), [])
+        name, values = path.name.removesuffix("-values.yaml"), yaml.safe_load(path.read_text())
+        sets[name] = (values, [])
+        if values.get("operator", {}).get("replicas", 1) >= 2:
+            sets[f"{name}+kopf-peering"] = (values, KOPF_PEERING)
     sets["prometheus-operator"] = ({}, ["monitoring.coreos.com/v1"])
     return sets
 

@@ -1,5 +1,6 @@
 """The operator as the chart runs it: flags the real CLI accepts, the settings it reads, the
-admin token Secret, the least-privilege role of crds/rbac.yaml, and one replica."""
+admin token Secret, the least-privilege role of crds/rbac.yaml, and one standalone replica by
+default (peered replicas: test_peering.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import base64
 from typing import Any
 from urllib.parse import urlsplit
 
-import helm_python as helm
 import pytest
 import yaml
 from crd_schema import ROOT
@@ -116,21 +116,29 @@ def test_the_webhook_is_reachable_at_the_host_kopf_registers(render: Any) -> Non
     assert service["spec"]["selector"].items() <= pod_labels.items()
 
 
-def test_a_second_replica_is_refused_with_the_reason(chart: helm.Chart) -> None:
-    with pytest.raises(helm.HelmRenderError, match=r"operator\.replicas must be 0 or 1: kopf's peering pauses"):
-        chart.render({"operator": {"replicas": 2}}, name="loraplane")
-
-
 def test_the_old_pod_is_gone_before_the_new_one_starts(render: Any) -> None:
     deployment = render().one("Deployment", "loraplane-operator")
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     assert render({"operator": {"replicas": 0}}).one("Deployment", "loraplane-operator")["spec"]["replicas"] == 0
 
 
-def test_a_pdb_only_on_request_and_it_selects_the_operator(render: Any) -> None:
-    assert render().kind("PodDisruptionBudget") == []
-    objects = render({"operator": {"podDisruptionBudget": {"enabled": True}}})
+@pytest.mark.parametrize(
+    ("operator", "pdb"),
+    [
+        ({}, False),  # one replica: a PDB could only stall a drain
+        ({"replicas": 0}, False),
+        ({"podDisruptionBudget": {"enabled": True}}, True),  # ...unless asked for
+        ({"replicas": 2}, True),  # peered: a drain evicts one at a time, a standby takes over
+        ({"replicas": 3, "podDisruptionBudget": {"enabled": False}}, False),
+    ],
+)
+def test_a_pdb_by_default_with_two_or_more_replicas_else_on_request(render: Any, operator: dict[str, Any], pdb: bool) -> None:
+    assert len(render({"operator": operator}).kind("PodDisruptionBudget")) == int(pdb)
+
+
+def test_the_pdb_selects_the_operator(render: Any) -> None:
+    objects = render({"operator": {"replicas": 3, "podDisruptionBudget": {"minAvailable": 2}}})
     pdb = objects.one("PodDisruptionBudget")
     labels = objects.one("Deployment", "loraplane-operator")["spec"]["template"]["metadata"]["labels"]
-    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["minAvailable"] == 2
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()

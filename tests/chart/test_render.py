@@ -5,14 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 import helm_python as helm
+import jsonschema
 import kubernetes_validate
 from crd_schema import ROOT, errors
 
 CHART = ROOT / "charts" / "loraplane"
 # Kinds whose schemas come from CRDs: kubernetes-validate knows only the built-in API. Our own are
-# checked against crds/; the Prometheus Operator's are not vendored here, so they are checked by
-# the monitoring tests for what they must contain, not for their schema.
+# checked against crds/, kopf's peering objects against the peering CRD the same render carries;
+# the Prometheus Operator's are not vendored here, so they are checked by the monitoring tests for
+# what they must contain, not for their schema.
 OURS = {"BaseModel"}
+KOPF_PEERING = {"ClusterKopfPeering", "KopfPeering"}
 PROMETHEUS_OPERATOR = {"ServiceMonitor", "PrometheusRule"}
 
 
@@ -20,9 +23,15 @@ def test_every_object_is_valid_for_a_current_kubernetes(render: Any, value_set: 
     values, api_versions = value_set
     objects = render(values, api_versions)
     assert objects.kind("Deployment"), "no Deployment rendered"
+    crds = {c["spec"]["names"]["kind"]: c for c in objects.kind("CustomResourceDefinition")}
     for obj in objects:
         if obj["kind"] in OURS:
             assert errors(obj) == [], obj["metadata"]["name"]
+        elif obj["kind"] in KOPF_PEERING:
+            crd = crds[obj["kind"]]
+            assert obj["apiVersion"] == f"{crd['spec']['group']}/{crd['spec']['versions'][0]['name']}"
+            assert ("namespace" in obj["metadata"]) == (crd["spec"]["scope"] == "Namespaced")
+            jsonschema.Draft4Validator(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]).validate(obj)
         elif obj["kind"] not in PROMETHEUS_OPERATOR:
             kubernetes_validate.validate(obj, kubernetes_validate.latest_version(), strict=True)
 
@@ -34,9 +43,14 @@ def test_object_names_are_unique_per_kind(render: Any, value_set: tuple[dict[str
 
 
 def test_namespaced_objects_go_to_the_release_namespace(render: Any, value_set: tuple[dict[str, Any], list[str]]) -> None:
-    cluster_scoped = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
+    """...but for kopf's KopfPeerings, which go to the namespaces the operator watches."""
+    cluster_scoped = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"}
+    watched = value_set[0].get("operator", {}).get("watchNamespaces", [])
     for obj in render(*value_set):
-        assert (obj["metadata"].get("namespace") == "lp") != (obj["kind"] in cluster_scoped), obj["metadata"]["name"]
+        if obj["kind"] == "KopfPeering":
+            assert obj["metadata"]["namespace"] in watched
+        else:
+            assert (obj["metadata"].get("namespace") == "lp") != (obj["kind"] in cluster_scoped), obj["metadata"]["name"]
 
 
 def test_lint_is_clean_with_every_value_set(value_set: tuple[dict[str, Any], list[str]]) -> None:

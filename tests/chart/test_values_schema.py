@@ -21,6 +21,7 @@ CHART = ROOT / "charts" / "loraplane"
         ({"crds": {"enabeld": True}}, "at '/crds': additional properties 'enabeld' not allowed"),
         ({"operator": {"image": {"pullPolicy": "Sometimes"}}}, "at '/operator/image/pullPolicy': value must be one of"),
         ({"operator": {"watchNamespaces": "team-a"}}, "at '/operator/watchNamespaces': got string, want array"),
+        ({"operator": {"podDisruptionBudget": {"enabled": "auto"}}}, "enabled': got string, want null or boolean"),
         ({"baseModel": {"name": "My_Model"}}, "at '/baseModel/name': 'My_Model' does not match pattern"),
         ({"baseModel": {"spec": {"source": None}}}, "at '/baseModel/spec': missing property 'source'"),
         ({"objectStore": {"buckets": ["Adapters"]}}, "at '/objectStore/buckets/0': 'Adapters' does not match pattern"),

@@ -5,6 +5,7 @@ models carry the same rules and the tests check both."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ def _jsonschema(node: Any) -> Any:
     return out
 
 
+@functools.cache
 def validator(kind: str) -> jsonschema.Draft4Validator:
     schema = crds()[kind]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     return jsonschema.Draft4Validator(_jsonschema(schema))

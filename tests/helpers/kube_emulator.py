@@ -9,11 +9,13 @@ import asyncio
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx
 import kmock
 import yaml
@@ -31,22 +33,46 @@ RESOURCES = {
     "v1/serviceaccounts": ("ServiceAccount", True, set()),
     "rbac.authorization.k8s.io/v1/roles": ("Role", True, set()),
     "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", True, set()),
+    "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", True, set()),
+    "kopf.dev/v1/clusterkopfpeerings": ("ClusterKopfPeering", False, set()),
     "loraplane.dev/v1alpha1/basemodels": ("BaseModel", True, {"status"}),
     "loraplane.dev/v1alpha1/loraadapters": ("LoraAdapter", True, {"status"}),
 }
 PLURALS = {kind: key.rsplit("/", 1)[1] for key, (kind, _, _) in RESOURCES.items()}
 
 
+WRITES = ("POST", "PUT", "PATCH", "DELETE")
+
+
+@attrs.define(kw_only=True)
 class IndexedEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
-    """kmock answers a request for one object by scanning every stored object of every kind (Events
-    included), so each call costs O(objects) and a fleet of thousands of adapters goes quadratic:
-    that measures kmock, not the operator. A real API server looks objects up by key; so does this."""
+    """kmock with the costs a real API server does not have taken out, so that a fleet of thousands
+    of adapters measures the operator rather than the emulator.
+
+    - kmock answers a request for one object by scanning every stored object of every kind (Events
+      included); this looks it up by key.
+    - kmock keeps every request it ever served and, to route each new one, scans that whole log:
+      each call costs O(requests so far) and a fleet goes quadratic. This counts the writes (what
+      the tests assert on) and keeps only the latest few requests.
+    """
+
+    write_count: int = attrs.field(default=0, init=False)
+    recent_writes: deque[str] = attrs.field(factory=lambda: deque(maxlen=500), init=False)
 
     def _KubernetesEmulator__get_objs(self, request: Any, strict: bool) -> list[Any]:
         if request.name is not None and request.namespace is not None and request.resource is not None:
             key = (request.resource, request.namespace, request.name)
             return [self._objects[key]] if key in self._objects else []
         return super()._KubernetesEmulator__get_objs(request, strict)  # type: ignore[no-any-return]
+
+    async def _handle(self, request: Any) -> Any:
+        method = str(getattr(request.method, "value", request.method)).upper()
+        if method in WRITES:
+            self.write_count += 1
+            self.recent_writes.append(f"{method} {request.url.path}")
+        if len(self._requests) > 64:  # routing checks the newest request only, before any await
+            del self._requests[:-16]
+        return await super()._handle(request)
 
 
 def _path(kind: str, namespace: str | None, name: str | None = None) -> str:
@@ -92,12 +118,11 @@ class Kube:
 
     def writes(self) -> int:
         """Every write the emulator has served so far (POST, PUT, PATCH, DELETE), from anyone."""
-        return sum(len(self.emulator[method]) for method in ("post", "put", "patch", "delete"))
+        return int(self.emulator.write_count)
 
     def write_log(self) -> list[str]:
-        """Method and path of every write so far, oldest first."""
-        requests = [r for method in ("post", "put", "patch", "delete") for r in self.emulator[method]]
-        return [f"{r.method} {r.url.path}" for r in sorted(requests, key=lambda r: r.id)]
+        """Method and path of the latest 500 writes, oldest first."""
+        return list(self.emulator.recent_writes)
 
     def get(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         r = self.http.get(_path(kind, namespace, name))

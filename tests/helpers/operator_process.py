@@ -13,13 +13,16 @@ import httpx
 from loraplane.serving.api.loopback import free_port
 
 
-def start_operator(kubeconfig: Path, admin_token: str, log_path: Path, timeout: float = 60) -> subprocess.Popen[bytes]:
-    """Started and answering its liveness endpoint; syncs every second so tests do not wait."""
+def start_operator(
+    kubeconfig: Path, admin_token: str, log_path: Path, timeout: float = 60, peering: tuple[str, ...] = ("--standalone",)
+) -> subprocess.Popen[bytes]:
+    """Started and answering its liveness endpoint; syncs every second so tests do not wait.
+    ``peering``: the flags that choose standalone or peering (``--peering NAME --priority N``)."""
     port = free_port()
     env = dict(os.environ, KUBECONFIG=str(kubeconfig), LORAPLANE_ADMIN_TOKEN=admin_token,
                LORAPLANE_SYNC_INTERVAL="1", LORAPLANE_METRICS_INTERVAL="0", LORAPLANE_RETRY_DELAY="1")  # fmt: skip
     # Cluster-wide: with a namespace list kopf lists /api/v1/namespaces, a path kmock 0.8 cannot parse.
-    args = ["operator", "--standalone", "--liveness", f"http://127.0.0.1:{port}/healthz"]
+    args = ["operator", *peering, "--liveness", f"http://127.0.0.1:{port}/healthz"]
     with log_path.open("ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "loraplane.cli", *args], env=env, stdout=log, stderr=log)
     deadline = time.monotonic() + timeout

@@ -88,7 +88,8 @@ def test_the_operators_cluster_role_covers_everything_it_creates_and_grants() ->
         return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in rules)
 
     plural = {"ConfigMap": "configmaps", "Deployment": "deployments", "Service": "services",
-              "ServiceAccount": "serviceaccounts", "Role": "roles", "RoleBinding": "rolebindings"}  # fmt: skip
+              "ServiceAccount": "serviceaccounts", "Role": "roles", "RoleBinding": "rolebindings",
+              "PodDisruptionBudget": "poddisruptionbudgets"}  # fmt: skip
     for manifest in built().values():
         group = manifest["apiVersion"].rpartition("/")[0]
         assert allowed(group, plural[manifest["kind"]], "create") and allowed(group, plural[manifest["kind"]], "patch")
@@ -104,3 +105,11 @@ def test_a_changed_engine_config_rolls_the_serving_pods_and_an_unchanged_one_doe
     bigger["engine"]["maxLoras"] += 1
     assert template_hash(BASE["spec"]) == template_hash(copy.deepcopy(BASE["spec"]))
     assert template_hash(bigger) != template_hash(BASE["spec"])
+
+
+def test_drains_take_down_one_serving_pod_and_one_router_at_a_time() -> None:
+    objects = built()
+    for name, deployment in (("smollm2-serving", "Deployment/smollm2-serving"), ("smollm2-router", "Deployment/smollm2-router")):
+        budget = objects[f"PodDisruptionBudget/{name}"]["spec"]
+        assert budget["maxUnavailable"] == 1
+        assert budget["selector"]["matchLabels"] == objects[deployment]["spec"]["selector"]["matchLabels"]

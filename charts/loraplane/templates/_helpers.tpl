@@ -81,3 +81,28 @@ seccompProfile:
   type: RuntimeDefault
 {{- end }}
 
+
+{{/* "true" when the operator runs as peered replicas (operator.replicas >= 2), else empty. One
+replica (or 0) runs --standalone: no peering objects, no kopf.dev rules, a Recreate rollout. */}}
+{{- define "loraplane.operatorPeered" -}}
+{{- if ge (int .Values.operator.replicas) 2 }}true{{ end }}
+{{- end }}
+
+{{/* The peering kind kopf uses for the watch mode (kopf's peering.guess_selectors): cluster-wide
+operators peer through a ClusterKopfPeering, namespaced ones (--namespace) through a KopfPeering
+in each namespace they watch. */}}
+{{- define "loraplane.peeringKind" -}}
+{{- if .Values.operator.watchNamespaces }}KopfPeering{{ else }}ClusterKopfPeering{{ end }}
+{{- end }}
+
+{{/* The peering object's name, the operator's --peering value. */}}
+{{- define "loraplane.peeringName" -}}
+{{- include "loraplane.fullname" . }}
+{{- end }}
+
+{{/* "true" when Helm can map the peering kind now: the cluster serves it. A custom resource whose
+CRD is created by the same release cannot be built by Helm, so the peering object renders only
+from the install or upgrade after the one that registered its CRD. */}}
+{{- define "loraplane.peeringServed" -}}
+{{- if .Capabilities.APIVersions.Has (printf "kopf.dev/v1/%s" (include "loraplane.peeringKind" .)) }}true{{ end }}
+{{- end }}
