@@ -6,7 +6,6 @@ and answers out."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any, Protocol
 
 import openai
 import yaml
+from waiting import wait_for
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "embedded"
 
@@ -29,17 +29,6 @@ def example_manifests() -> tuple[dict[str, Any], list[dict[str, Any]]]:
     base = yaml.safe_load((EXAMPLES / "basemodel.yaml").read_text())
     adapters = [d for d in yaml.safe_load_all((EXAMPLES / "loraadapters.yaml").read_text()) if d]
     return base, adapters
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.3)
 
 
 def status_of(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import attrs
 import httpx
 import kmock
 import yaml
+from waiting import wait_for
 
 VERBS = {"list", "watch", "get", "create", "patch", "update", "delete"}
 RESOURCES = {
@@ -136,14 +137,7 @@ class Kube:
         self.http.delete(_path(kind, namespace, name)).raise_for_status()
 
     def wait_for(self, what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = check()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-            time.sleep(0.2)
+        return wait_for(what, check, timeout)
 
 
 @contextmanager
