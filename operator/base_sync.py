@@ -152,7 +152,8 @@ async def _write_metrics(
             continue
         placements = [{"replica": r, "tier": s[served].get("tier", "cold")} for r, s in sorted(stats.items()) if served in s]
         pinned_changed = view.status.pinned != (served in pins)
-        if not decisions.worth_writing(view.status.metrics, new) and not pinned_changed:
+        refresh_due = now - memory.last_write.get(served, -1e9) >= settings.metrics_refresh
+        if not decisions.worth_writing(view.status.metrics, new, refresh_due=refresh_due) and not pinned_changed:
             continue
         patch = {"metrics": new.body(), "replicas": placements, "pinned": served in pins}
         await cluster.patch_status(namespace, "loraadapters", view.name, patch)

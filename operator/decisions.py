@@ -71,11 +71,17 @@ def metrics(previous: Sample | None, now: Sample, last_updated: str) -> AdapterM
     )
 
 
-def worth_writing(old: AdapterMetrics | None, new: AdapterMetrics, *, min_relative_change: float = 0.1) -> bool:
+def worth_writing(
+    old: AdapterMetrics | None, new: AdapterMetrics, *, min_relative_change: float = 0.1, refresh_due: bool = False
+) -> bool:
     """Write status only when a figure a person reads moved: a cluster with thousands of adapters
-    must not send thousands of writes per interval for counters that crept up by one."""
+    must not send thousands of writes per interval for counters that crept up by one. Once
+    ``refresh_due`` (the last write is old), any change is written, so small changes are late, not
+    lost; an idle adapter's figures do not change and cost nothing."""
     if old is None:  # nothing shown yet: write once there is something to show
         return bool(new.requests_per_second or new.completion_tokens or new.cold_loads or new.device_hit_rate is not None)
+    if refresh_due and old.model_dump(exclude={"last_updated"}) != new.model_dump(exclude={"last_updated"}):
+        return True
 
     def moved(a: float | None, b: float | None, floor: float) -> bool:
         if (a is None) != (b is None):

@@ -13,6 +13,9 @@ class OperatorSettings(BaseSettings):
     admin_token_secret: str = Field(default="loraplane-admin", description="the Secret serving pods read that token from")
     sync_interval: float = Field(default=10.0, gt=0, description="seconds between a BaseModel's sync with its replicas")
     metrics_interval: float = Field(default=30.0, ge=0, description="at most one metrics write per adapter per this many seconds")
+    metrics_refresh: float = Field(
+        default=300.0, gt=0, description="after this many seconds any changed figure is written, however small the change"
+    )
     webhook_port: int | None = Field(default=None, description="serve the validating webhook on this port (kopf, self-signed)")
     webhook_host: str | None = Field(default=None, description="the hostname the API server reaches the webhook at")
     retry_delay: float = Field(default=5.0, gt=0, description="seconds before retrying a step that waits on something")

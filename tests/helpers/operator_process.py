@@ -20,7 +20,8 @@ def start_operator(
     ``peering``: the flags that choose standalone or peering (``--peering NAME --priority N``)."""
     port = free_port()
     env = dict(os.environ, KUBECONFIG=str(kubeconfig), LORAPLANE_ADMIN_TOKEN=admin_token,
-               LORAPLANE_SYNC_INTERVAL="1", LORAPLANE_METRICS_INTERVAL="0", LORAPLANE_RETRY_DELAY="1")  # fmt: skip
+               LORAPLANE_SYNC_INTERVAL="1", LORAPLANE_METRICS_INTERVAL="0", LORAPLANE_METRICS_REFRESH="2",
+               LORAPLANE_RETRY_DELAY="1")  # fmt: skip
     # Cluster-wide: with a namespace list kopf lists /api/v1/namespaces, a path kmock 0.8 cannot parse.
     args = ["operator", *peering, "--liveness", f"http://127.0.0.1:{port}/healthz"]
     with log_path.open("ab") as log:

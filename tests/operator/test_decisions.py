@@ -84,3 +84,12 @@ def test_a_conditions_transition_time_moves_only_when_its_status_does() -> None:
     assert same[0].last_transition_time == "2026-01-01T00:00:00Z" and same[0].reason == "ReplicaError"
     flipped = set_condition(same, "Ready", "True", "Serving", "", 2)
     assert flipped[0].last_transition_time != "2026-01-01T00:00:00Z" and len(flipped) == 1
+
+
+def test_a_small_change_waits_for_the_refresh_and_an_idle_adapter_never_writes() -> None:
+    shown = metrics(None, sample(0.0, [entry(100, 90, host=9, cold=1)]), "t")
+    crept = metrics(None, sample(1.0, [entry(101, 91, host=9, cold=1)]), "t")  # 4 more tokens: not worth a write yet
+    assert not worth_writing(shown, crept)
+    assert worth_writing(shown, crept, refresh_due=True)  # late, not lost
+    same = metrics(None, sample(2.0, [entry(100, 90, host=9, cold=1)]), "later")
+    assert not worth_writing(shown, same, refresh_due=True)  # nothing changed but the timestamp
