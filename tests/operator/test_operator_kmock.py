@@ -321,15 +321,16 @@ def test_promotion_switches_versions_and_a_bad_version_leaves_the_old_one_servin
 
 
 @contextmanager
-def registration_held(stack: Stack, replica: str, served: str) -> Iterator[threading.Event]:
-    """The operator's registration of ``served`` on ``replica`` hangs until the block ends: a
-    reconcile caught half way, after validation, registered on some replicas and not this one.
-    Yields the event set once the call has arrived."""
+def registration_held(stack: Stack, replica: str, served: str, digest: str) -> Iterator[threading.Event]:
+    """The operator's registration of version ``digest`` of ``served`` on ``replica`` hangs until
+    the block ends: a reconcile caught half way, after validation, registered on some replicas and
+    not this one. Yields the event set once the call has arrived. (Only that version: a restarted
+    operator's resume handlers re-register the serving version at any moment.)"""
     engine = stack.apps[replica].state.server.engine.engine
     real, entered, release = engine.register_lora, threading.Event(), threading.Event()
 
     def held(spec: Any) -> None:
-        if spec.name == served:
+        if spec.name == served and spec.digest == digest:
             entered.set()
             release.wait(60)
         real(spec)
@@ -343,7 +344,7 @@ def registration_held(stack: Stack, replica: str, served: str) -> Iterator[threa
 
 
 def test_an_operator_killed_in_the_middle_of_a_reconcile_finishes_it_after_restarting(stack: Stack) -> None:
-    with registration_held(stack, "tiny-serving-1", "midway") as entered:
+    with registration_held(stack, "tiny-serving-1", "midway", stack.digests["ku2"]) as entered:
         stack.apply(lora("midway", stack.uris["ku2"], stack.digests["ku2"]))
         assert entered.wait(60), stack.log()
         stack.stop_operator(signal.SIGKILL)
@@ -355,7 +356,7 @@ def test_an_operator_killed_in_the_middle_of_a_reconcile_finishes_it_after_resta
 
 def test_a_promotion_in_progress_shows_both_versions_in_status(stack: Stack) -> None:
     stack.wait_phase("midway", "Ready")
-    with registration_held(stack, "tiny-serving-0", "midway") as entered:
+    with registration_held(stack, "tiny-serving-0", "midway", stack.digests["qv4"]) as entered:
         stack.apply(lora("midway", stack.uris["qv4"], stack.digests["qv4"]))
         assert entered.wait(60), stack.log()
         status = stack.adapter("midway")["status"]
