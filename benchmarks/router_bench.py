@@ -68,9 +68,9 @@ def main() -> None:
         adapters = synthetic_fleet(shape, args.adapters, args.tenants, Path(tmp))
         tenants = sorted({owner for _, owner in adapters.values() if owner})
         models, owners = list(adapters), [owner for _, owner in adapters.values()]
-        shape_args = {"rate": args.rate, "max_tokens": args.max_tokens, "exponent": 1.1, "seed": 11}
-        requests = zipf_requests(models, owners, args.requests, prompt_words=16, **shape_args)  # type: ignore[arg-type]
-        trace = bench_trace(models, owners, args.requests, **shape_args)  # type: ignore[arg-type]
+        # The same arguments for both, so the simulator replays exactly the requests that are sent.
+        requests = zipf_requests(models, owners, args.requests, rate=args.rate, max_tokens=args.max_tokens, prompt_words=16)
+        trace = bench_trace(models, owners, args.requests, rate=args.rate, max_tokens=args.max_tokens)
         for policy, sim_routing in (("round-robin", "round-robin"), ("affinity", "affinity")):
             print(f"{policy}: starting {args.replicas} replicas and the router...", flush=True)
             latency, tiers, spread = measure(config, adapters, tenants, requests, args.replicas, policy, args.epsilon)

@@ -9,7 +9,6 @@ request in the first interval after a cold start would hash, and a burst would s
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 
@@ -25,8 +24,6 @@ class Replica:
     device: set[str] = field(default_factory=set)
     host: set[str] = field(default_factory=set)
     error: str | None = None
-    down_since: float | None = None
-    stats_at: float | None = None
 
     def view(self) -> dict[str, object]:
         return {
@@ -55,12 +52,10 @@ class ReplicaTable:
         return [r for r in self.replicas.values() if r.up]
 
     def mark_down(self, replica: Replica, why: str) -> None:
-        if replica.up:
-            replica.up, replica.down_since = False, time.monotonic()
-        replica.error = why
+        replica.up, replica.error = False, why
 
     def mark_up(self, replica: Replica) -> None:
-        replica.up, replica.error, replica.down_since = True, None, None
+        replica.up, replica.error = True, None
 
     def apply_stats(self, replica: Replica, stats: dict[str, object]) -> None:
         adapters = stats.get("adapters")
@@ -71,7 +66,6 @@ class ReplicaTable:
         replica.host = {n for n, a in adapters.items() if isinstance(a, dict) and a.get("tier") == "host"}
         waiting = stats.get("waiting")
         replica.waiting = waiting if isinstance(waiting, int) else 0
-        replica.stats_at = time.monotonic()
 
     def sent(self, replica: Replica, adapter: str) -> None:
         """The guess between two stats reads: the adapter now sits on this replica's device."""
