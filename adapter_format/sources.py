@@ -48,6 +48,20 @@ class S3Settings:
             region=os.environ.get("AWS_REGION"),
         )
 
+    def client(self) -> Any:
+        """A ``minio.Minio`` for these settings (AWS when no endpoint is set)."""
+        from minio import Minio
+
+        endpoint = self.endpoint or "https://s3.amazonaws.com"
+        parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
+        return Minio(
+            parsed.netloc,
+            access_key=self.access_key,
+            secret_key=self.secret_key,
+            region=self.region,
+            secure=parsed.scheme == "https",
+        )
+
 
 @dataclass(frozen=True)
 class FileSource:
@@ -74,23 +88,10 @@ class S3Source:
     prefix: str
     settings: S3Settings
 
-    def _client(self) -> Any:
-        from minio import Minio
-
-        endpoint = self.settings.endpoint or "https://s3.amazonaws.com"
-        parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
-        return Minio(
-            parsed.netloc,
-            access_key=self.settings.access_key,
-            secret_key=self.settings.secret_key,
-            region=self.settings.region,
-            secure=parsed.scheme == "https",
-        )
-
     def fetch(self, into: Path) -> None:
         from minio.error import S3Error
 
-        client = self._client()
+        client = self.settings.client()
         listed = {o.object_name.rsplit("/", 1)[-1] for o in client.list_objects(self.bucket, prefix=self.prefix + "/")}
         pickles = sorted(n for n in listed if n.endswith((".bin", ".pt", ".pth", ".pkl", ".ckpt")))
         if pickles:

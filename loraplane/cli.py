@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from loraplane import __version__
+from loraplane.cli_usage import make_metering, usage, usage_options
 
 
 def _parse_config(values: tuple[str, ...]) -> list[tuple[int, int]]:
@@ -265,7 +267,7 @@ def generate(
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="YAML/JSON of tenants, their API keys and quotas (e.g. a mounted Secret); without it the API is open.",
 )
-@click.option("--usage-log", type=click.Path(dir_okay=False, path_type=Path), help="Append-only JSONL of per-request usage.")
+@usage_options
 @click.option("--max-pending-requests", default=256, type=click.IntRange(min=1), help="Beyond this, answer 503 (shed load).")
 def serve(
     model: str,
@@ -275,9 +277,8 @@ def serve(
     lora_modules: tuple[str, ...],
     admin_token: str | None,
     tenants_path: Path | None,
-    usage_log: Path | None,
     max_pending_requests: int,
-    **flags: object,
+    **flags: Any,
 ) -> None:
     """Serve the OpenAI-compatible API (completions, chat, models) plus adapter admin calls."""
     import uvicorn
@@ -289,6 +290,7 @@ def serve(
     from loraplane.serving.config import EngineConfig
     from loraplane.serving.engine.llm_engine import LLMEngine
 
+    metering = make_metering(flags)
     settings: dict[str, object] = yaml.safe_load(config_path.read_text()) or {} if config_path else {}
     settings["model"] = model if model != "embedded" or "model" not in settings else settings["model"]
     settings.update({k: v for k, v in flags.items() if v is not None})
@@ -304,12 +306,13 @@ def serve(
     except ValidationError as err:
         raise click.ClickException(str(err)) from None
     try:
-        tenants = Tenants(load_tenants(tenants_path) if tenants_path else None, usage_log=usage_log)
+        tenants = Tenants(load_tenants(tenants_path) if tenants_path else None)
     except (ValidationError, yaml.YAMLError) as err:
         raise click.ClickException(f"{tenants_path}: {err}") from None
     app = create_app(
-        lambda: LLMEngine(config), admin_token=admin_token, tenants=tenants, max_pending_requests=max_pending_requests
-    )
+        lambda: LLMEngine(config), admin_token=admin_token, tenants=tenants, max_pending_requests=max_pending_requests,
+        metering=metering,
+    )  # fmt: skip
     uvicorn.run(app, host=host, port=port, log_level="info")
 
 
@@ -423,7 +426,7 @@ def bench(
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="The servers' tenants file: keys and quotas are checked here too.",
 )
-@click.option("--usage-log", type=click.Path(dir_okay=False, path_type=Path), help="Append-only JSONL of per-request usage.")
+@usage_options
 def router(
     replicas: tuple[str, ...],
     service: str | None,
@@ -435,7 +438,7 @@ def router(
     port: int,
     admin_token: str | None,
     tenants_path: Path | None,
-    usage_log: Path | None,
+    **usage_flags: Any,
 ) -> None:
     """One OpenAI endpoint in front of many replicas: each adapter goes where it is warm, within a load bound."""
     import uvicorn
@@ -451,8 +454,8 @@ def router(
             replicas=list(replicas), service=service, namespace=namespace, policy=policy,
             epsilon=epsilon, stats_interval=stats_interval,
         )  # fmt: skip
-        tenants = Tenants(load_tenants(tenants_path) if tenants_path else None, usage_log=usage_log)
-        app = create_router_app(config, tenants=tenants, admin_token=admin_token)
+        tenants = Tenants(load_tenants(tenants_path) if tenants_path else None)
+        app = create_router_app(config, tenants=tenants, admin_token=admin_token, metering=make_metering(usage_flags))
     except (ValidationError, ValueError, yaml.YAMLError) as err:
         raise click.ClickException(str(err)) from None
     uvicorn.run(app, host=host, port=port, log_level="info")
@@ -532,6 +535,8 @@ def operator(
         liveness_endpoint=liveness_endpoint,
     )
 
+
+main.add_command(usage)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

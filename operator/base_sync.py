@@ -6,7 +6,8 @@ Every ``sync_interval`` seconds, per BaseModel:
 2. the replicas' per-adapter counters become each LoraAdapter's ``status.metrics`` — written only
    when a figure moved and at most once per ``metrics_interval`` per adapter;
 3. auto-pinning pins the hot set that fits the device slots (minus headroom), with hysteresis;
-4. the BaseModel's own status: replicas, fingerprint, Ready adapters, pins.
+4. the BaseModel's own status: replicas, fingerprint, Ready adapters, pins, and the replicas'
+   per-tenant usage of the last day (refreshed at most once per ``metrics_interval``).
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from typing import Any
 
 from loraplane.operator import cluster, decisions
 from loraplane.operator.adapter_flow import parse_status, serving_source, stage
-from loraplane.operator.api.basemodel import BaseModelSpec
+from loraplane.operator.api.basemodel import MAX_STATUS_TENANTS, BaseModelSpec, TenantUsage, UsageStatus
 from loraplane.operator.api.loraadapter import LoraAdapterSpec
 from loraplane.operator.conditions import now_rfc3339
 from loraplane.operator.serving_client import ReplicaError, ServingClient
 from loraplane.operator.settings import OperatorSettings
+from loraplane.usage.rollup import merge
 
 
 @dataclass
@@ -35,6 +37,8 @@ class BaseMemory:
     last_write: dict[str, float] = field(default_factory=dict)
     auto_pinned: set[str] = field(default_factory=set)
     last_status: dict[str, Any] = field(default_factory=dict)
+    usage: dict[str, Any] | None = None
+    usage_at: float = -1e9
 
 
 @dataclass
@@ -93,6 +97,8 @@ async def sync_base(
                     continue
         await _apply_pins(pins, ready, stats, clients)
         await _write_metrics(namespace, ready, stats, pins, memory, settings)
+        if time.monotonic() - memory.usage_at >= settings.metrics_interval:
+            memory.usage, memory.usage_at = await _usage(list(clients.values())), time.monotonic()
     finally:
         await asyncio.gather(*(c.close() for c in clients.values()))
     return {
@@ -102,6 +108,7 @@ async def sync_base(
         "readyAdapters": len(ready),
         "fingerprint": fingerprint,
         "pinnedAdapters": sorted(pins),
+        "usage": memory.usage,
         "observedGeneration": None,
     }
 
@@ -158,3 +165,24 @@ async def _write_metrics(
         patch = {"metrics": new.body(), "replicas": placements, "pinned": served in pins}
         await cluster.patch_status(namespace, "loraadapters", view.name, patch)
         memory.last_write[served] = now
+
+
+async def _usage(clients: list[ServingClient]) -> dict[str, Any] | None:
+    """The replicas' rollups summed per tenant and bounded in size; None when no replica answered."""
+    rollups = []
+    for client in clients:
+        try:
+            rollups.append(await client.usage())
+        except ReplicaError:
+            continue
+    if not rollups:
+        return None
+    tenants = [TenantUsage(tenant=t.tenant, requests=t.requests, refused=t.refused, prompt_tokens=t.prompt_tokens,
+                           completion_tokens=t.completion_tokens) for t in merge(rollups, MAX_STATUS_TENANTS)]  # fmt: skip
+    errors = sorted({r.export_error for r in rollups if r.export_error})
+    status = UsageStatus(
+        tenants=tenants,
+        pending_segments=sum(r.pending_segments for r in rollups),
+        export_error="; ".join(errors)[:1024] or None,
+    )
+    return status.body()

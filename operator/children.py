@@ -18,6 +18,7 @@ import yaml
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.cluster import BASE_LABEL, COMPONENT_LABEL, SERVING_PORT
 from loraplane.operator.router_objects import router_labels, router_objects
+from loraplane.operator.usage_wiring import USAGE_DIR, usage_wiring
 
 ADMIN_TOKEN_KEY = "admin-token"
 CONFIG_HASH = "loraplane.dev/engine-config-sha256"
@@ -80,13 +81,17 @@ def deployment(name: str, namespace: str, spec: BaseModelSpec, admin_secret: str
     if r.memory:
         requests["memory"] = limits["memory"] = r.memory
     args = ["serve", "--config", "/etc/loraplane/engine.yaml", "--host", "0.0.0.0", "--port", str(SERVING_PORT)]
+    usage_args, usage_env = usage_wiring(spec)
+    args += usage_args
     mounts = [
         {"name": "engine", "mountPath": "/etc/loraplane", "readOnly": True},
         {"name": "cache", "mountPath": "/var/cache/loraplane"},
+        {"name": "usage", "mountPath": USAGE_DIR},
     ]
     volumes: list[dict[str, Any]] = [
         {"name": "engine", "configMap": {"name": f"{name}-engine"}},
         {"name": "cache", "emptyDir": {}},
+        {"name": "usage", "emptyDir": {}},
     ]
     if spec.tenancy.api_keys_secret is not None:
         args += ["--tenants", "/etc/loraplane-tenants/tenants.yaml"]
@@ -94,6 +99,7 @@ def deployment(name: str, namespace: str, spec: BaseModelSpec, admin_secret: str
         volumes.append({"name": "tenants", "secret": {"secretName": spec.tenancy.api_keys_secret.name}})
     env: list[dict[str, Any]] = [
         {"name": "LORAPLANE_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {"name": admin_secret, "key": ADMIN_TOKEN_KEY}}},
+        *usage_env,
     ]
     env_from = []
     if spec.adapter_store.credentials_secret is not None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.cluster import BASE_LABEL, COMPONENT_LABEL, SERVING_PORT
+from loraplane.operator.usage_wiring import USAGE_DIR, usage_wiring
 
 ROUTER_PORT = 8000
 
@@ -46,8 +47,11 @@ def router_deployment(base: str, namespace: str, spec: BaseModelSpec, admin_secr
         "router", "--service", f"{base}-serving", "--namespace", namespace, "--host", "0.0.0.0", "--port", str(ROUTER_PORT),
         "--policy", "affinity" if routing.affinity else "round-robin", "--epsilon", f"{routing.load_bound - 1:g}",
     ]  # fmt: skip
-    mounts: list[dict[str, Any]] = []
-    volumes: list[dict[str, Any]] = []
+    usage_args, usage_env = usage_wiring(spec)  # its edge refusals are billing records too
+    args += usage_args
+    mounts: list[dict[str, Any]] = [{"name": "usage", "mountPath": USAGE_DIR}]
+    volumes: list[dict[str, Any]] = [{"name": "usage", "emptyDir": {}}]
+    env_from = [{"secretRef": {"name": spec.adapter_store.credentials_secret.name}}] if spec.adapter_store.credentials_secret else []
     if spec.tenancy.api_keys_secret is not None:  # the servers' own tenants file: one config
         args += ["--tenants", "/etc/loraplane-tenants/tenants.yaml"]
         mounts.append({"name": "tenants", "mountPath": "/etc/loraplane-tenants", "readOnly": True})
@@ -58,7 +62,11 @@ def router_deployment(base: str, namespace: str, spec: BaseModelSpec, admin_secr
         "image": spec.resources.image,
         "args": args,
         "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
-        "env": [{"name": "LORAPLANE_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {"name": admin_secret, "key": "admin-token"}}}],
+        "env": [
+            {"name": "LORAPLANE_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {"name": admin_secret, "key": "admin-token"}}},
+            *usage_env,
+        ],
+        "envFrom": env_from if spec.usage.bucket else [],
         "readinessProbe": {**probe, "httpGet": {"path": "/ready", "port": ROUTER_PORT}, "periodSeconds": 5},
         "livenessProbe": probe,
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}},

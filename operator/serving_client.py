@@ -9,6 +9,8 @@ from typing import Any
 
 import httpx
 
+from loraplane.usage import UsageRollup
+
 
 class ReplicaError(RuntimeError):
     """A replica answered with an error; ``status`` is its HTTP status (None when unreachable)."""
@@ -53,6 +55,10 @@ class ServingClient:
                 error = {}
             raise ReplicaError(self.url, error.get("message", r.text), r.status_code, error.get("code"))
         return r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
+
+    async def usage(self) -> UsageRollup:
+        """This replica's per-tenant totals of the last day and its export backlog."""
+        return UsageRollup.model_validate(await self._call("GET", "/admin/usage"))
 
     async def base(self) -> dict[str, Any]:
         """The base this replica serves: name, revision, fingerprint and shape."""

@@ -89,6 +89,19 @@ class AutoPinning(KubeModel):
     )
 
 
+class UsageRecords(KubeModel):
+    """Per-request usage records: every serving pod spools them on its disk; with a bucket, closed
+    segments go to ``s3://bucket/prefix/date=…/replica=…/`` through the adapter store's endpoint and
+    credentials, and ``loraplane usage report`` totals them."""
+
+    bucket: str | None = Field(default=None, max_length=63, description="export bucket; empty: records stay in each pod's spool")
+    prefix: str = Field(default="usage", max_length=512, pattern=r"^[A-Za-z0-9!_.*'()/-]*$")
+    segment_age_seconds: int = Field(default=60, ge=1, le=3600, description="a segment is closed and exported after this")
+    fsync_interval_seconds: float = Field(
+        default=1.0, ge=0, le=60, description="the most records a node crash can lose, in seconds of traffic"
+    )
+
+
 class BaseModelSpec(KubeModel):
     source: ModelSource
     engine: EngineSizing = Field(default_factory=EngineSizing)
@@ -98,6 +111,28 @@ class BaseModelSpec(KubeModel):
     routing: Routing = Field(default_factory=Routing)
     tenancy: Tenancy = Field(default_factory=Tenancy)
     auto_pinning: AutoPinning = Field(default_factory=AutoPinning)
+    usage: UsageRecords = Field(default_factory=UsageRecords)
+
+
+class TenantUsage(KubeModel):
+    tenant: str
+    requests: int = 0
+    refused: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+MAX_STATUS_TENANTS = 20
+
+
+class UsageStatus(KubeModel):
+    """The replicas' last day per tenant (at most ``MAX_STATUS_TENANTS`` rows, the rest summed as
+    ``(other)``): a dashboard's figure. Billing reads the exported records."""
+
+    window_hours: int = 24
+    tenants: list[TenantUsage] = Field(default_factory=list, max_length=MAX_STATUS_TENANTS)
+    pending_segments: int = Field(default=0, description="closed segments not yet exported, all replicas")
+    export_error: str | None = Field(default=None, max_length=1024)
 
 
 class BaseModelStatus(KubeModel):
@@ -109,6 +144,7 @@ class BaseModelStatus(KubeModel):
     fingerprint: str | None = Field(default=None, description="sha256 of the base's architecture and weights")
     ready_adapters: int = 0
     pinned_adapters: list[str] = Field(default_factory=list)
+    usage: UsageStatus | None = None
 
 
 class BaseModelResource(KubeModel):

@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from loraplane.adapter_format import AdapterValidationError
 from loraplane.serving.api.async_engine import AsyncEngine
 from loraplane.serving.api.errors import APIError, api_error_handler, validation_error_handler
+from loraplane.serving.api.metering import RequestMeter
 from loraplane.serving.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -41,6 +42,7 @@ from loraplane.serving.engine.llm_engine import LLMEngine, RequestError, Request
 from loraplane.serving.engine.sampling_params import SamplingError, SamplingParams
 from loraplane.serving.engine.sequence import FinishReason
 from loraplane.serving.lora.manager import AdapterBusy, AdapterNotFound, AdapterSpec
+from loraplane.usage import Metering, Outcome, UsageRecord, UsageRollup
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -97,11 +99,14 @@ def create_app(
     admin_token: str | None = None,
     tenants: Tenants | None = None,
     max_pending_requests: int = 256,
+    metering: Metering | None = None,
 ) -> FastAPI:
     """``max_pending_requests`` bounds the requests queued or running in the engine; beyond it the
-    server sheds load with 503 and ``Retry-After`` instead of queueing without bound."""
+    server sheds load with 503 and ``Retry-After`` instead of queueing without bound. ``metering``
+    receives one usage record per request (by default they are only counted, not spooled)."""
     state = ServerState(make_engine, admin_token)
     tenants = tenants or Tenants(None)
+    meters = metering or Metering("local")
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -109,12 +114,14 @@ def create_app(
         yield
         if state.engine is not None:
             await asyncio.to_thread(state.engine.shutdown)
+        await asyncio.to_thread(meters.close)  # after the last request's record
 
     app = FastAPI(title="loraplane", lifespan=lifespan)
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.state.server = state
     app.state.tenants = tenants
+    app.state.metering = meters
 
     # health -----------------------------------------------------------------------------------
     @app.get("/health")
@@ -186,45 +193,61 @@ def create_app(
             raise APIError(503, out.error or "the request failed", type_="server_error", code="adapter_load_failed")
 
     async def run(
-        engine: AsyncEngine, prompt: str | list[int], params: SamplingParams, adapter: str | None, tenant: TenantConfig | None
+        engine: AsyncEngine, prompt: str | list[int], params: SamplingParams, meter: RequestMeter, tenant: TenantConfig | None
     ) -> tuple[RequestOutput | None, AsyncIterator[RequestOutput]]:
         # Counted here on the event loop (not read from the engine thread), so a burst of
         # handlers cannot all pass the check before any of them reaches the engine.
+        adapter = meter.adapter
         if state.pending >= max_pending_requests:
             raise APIError(
                 503, "the server is at capacity; retry shortly", type_="server_error", code="overloaded", retry_after=1
             )
-        tenants.admit(tenant, adapter)
+        try:
+            tenants.admit(tenant, adapter)
+        except APIError as err:  # a quota refusal: billed nothing, recorded once as refused
+            meters.record_nowait(UsageRecord(
+                request_id=meter.request_id, replica=meters.replica, tenant=meter.tenant, model=meter.model,
+                adapter=adapter, base=meter.base, endpoint=meter.endpoint, outcome=Outcome.REFUSED,
+                status_code=err.status,
+            ))  # fmt: skip
+            raise
         state.pending += 1
         try:
-            stream = engine.generate(prompt, params, adapter, new_id("req"), tenant=tenant.name if tenant else None)
-            return await first_output(stream)
+            stream = engine.generate(prompt, params, adapter, meter.request_id, tenant=meter.tenant)
+            first, stream = await first_output(stream)
         except BaseException:
             state.pending -= 1
             tenants.finish(tenant, {"adapter": adapter, "prompt_tokens": 0, "completion_tokens": 0, "finish_reason": "rejected"})
             raise
+        if first is not None:
+            meter.seen(first)
+        return first, stream
 
-    def settle(tenant: TenantConfig | None, adapter: str | None, out: RequestOutput | None, reason: str | None = None) -> None:
-        """Release the tenant's slot and write the usage record, once per accepted request."""
+    def meter_for(request_id: str, endpoint: str, model: str, adapter: str | None, tenant: TenantConfig | None) -> RequestMeter:
+        base = state.ready().engine.base.shape.name
+        return RequestMeter(meters, request_id, endpoint, model, adapter, tenant.name if tenant else None, base)
+
+    def release(tenant: TenantConfig | None, adapter: str | None, out: RequestOutput | None) -> None:
+        """Release the tenant's slot and count its tokens against its quotas, once per accepted request."""
         record: dict[str, object] = {"adapter": adapter, "prompt_tokens": 0, "completion_tokens": 0}
         if out is not None:
-            record.update(
-                request_id=out.request_id, prompt_tokens=len(out.prompt_token_ids), completion_tokens=len(out.token_ids)
-            )
-        record["finish_reason"] = reason or (out.finish_reason.value if out is not None and out.finish_reason else "abort")
+            record.update(prompt_tokens=len(out.prompt_token_ids), completion_tokens=len(out.token_ids))
         state.pending -= 1
         tenants.finish(tenant, record)
 
     async def final(
-        first: RequestOutput | None, stream: AsyncIterator[RequestOutput], tenant: TenantConfig | None, adapter: str | None
+        first: RequestOutput | None, stream: AsyncIterator[RequestOutput], tenant: TenantConfig | None, meter: RequestMeter
     ) -> RequestOutput:
-        """Drain a non-streamed request; its last output, or the OpenAI error it ended in."""
-        out = first
+        """Drain a non-streamed request; its last output (its usage record written), or the
+        OpenAI error it ended in."""
         try:
             async for item in stream:
-                out = item
+                meter.seen(item)
+            await meter.settle()
         finally:
-            settle(tenant, adapter, out)
+            meter.settle_nowait()
+            release(tenant, meter.adapter, meter.last)
+        out = meter.last
         assert out is not None
         failed(out)
         return out
@@ -246,18 +269,26 @@ def create_app(
 
     async def deltas(
         engine: AsyncEngine, first: RequestOutput | None, stream: AsyncIterator[RequestOutput],
-        tenant: TenantConfig | None, adapter: str | None,
+        tenant: TenantConfig | None, meter: RequestMeter,
     ) -> AsyncIterator[tuple[RequestOutput, str]]:  # fmt: skip
-        """Each step's new text (empty only on the final step), settling the request's usage when
-        the stream ends however it ends. Text is re-decoded from all tokens, so a character split
+        """Each step's new text (empty only on the final step), settling the request's quotas and
+        usage record when the stream ends however it ends; the record of a finished request is
+        written before its last event. Text is re-decoded from all tokens, so a character split
         across tokens is sent once whole."""
         sent = ""
         pending = [first] if first is not None else []
-        async for item in _settled(_chain(pending, stream), lambda last: settle(tenant, adapter, last)):
-            text = item.text if item.finished else engine.engine.tokenizer.decode(item.token_ids)
-            delta, sent = text[len(sent) :], text if text.startswith(sent) else sent
-            if delta or item.finished:
-                yield item, delta
+        try:
+            async for item in _chain(pending, stream):
+                meter.seen(item)
+                if item.finished:
+                    await meter.settle()
+                text = item.text if item.finished else engine.engine.tokenizer.decode(item.token_ids)
+                delta, sent = text[len(sent) :], text if text.startswith(sent) else sent
+                if delta or item.finished:
+                    yield item, delta
+        finally:
+            meter.settle_nowait()
+            release(tenant, meter.adapter, meter.last)
 
     async def sse(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
         async for event in events:
@@ -271,8 +302,9 @@ def create_app(
         if isinstance(prompt, str) and not prompt:
             raise APIError(400, "prompt must not be empty", param="prompt")
         params = sampling(req, req.max_tokens or DEFAULT_COMPLETION_TOKENS, req.logprobs)
-        first, stream = await run(engine, prompt, params, adapter, tenant)
         rid, created = new_id("cmpl"), now()
+        meter = meter_for(rid, "/v1/completions", req.model, adapter, tenant)
+        first, stream = await run(engine, prompt, params, meter, tenant)
 
         def choice(out: RequestOutput, text: str) -> dict[str, Any]:
             logprobs = None
@@ -286,7 +318,7 @@ def create_app(
             return {"index": 0, "text": text, "finish_reason": finish_reason(out), "logprobs": logprobs}
 
         if not req.stream:
-            out = await final(first, stream, tenant, adapter)
+            out = await final(first, stream, tenant, meter)
             body = {"id": rid, "object": "text_completion", "created": created, "model": req.model,
                     "choices": [choice(out, out.text)], "usage": usage(out).model_dump()}  # fmt: skip
             return JSONResponse(body)
@@ -294,7 +326,7 @@ def create_app(
         async def events() -> AsyncIterator[dict[str, Any]]:
             base = {"id": rid, "object": "text_completion", "created": created, "model": req.model}
             out = None
-            async for out, delta in deltas(engine, first, stream, tenant, adapter):
+            async for out, delta in deltas(engine, first, stream, tenant, meter):
                 yield {**base, "choices": [{"index": 0, "text": delta, "finish_reason": finish_reason(out), "logprobs": None}]}
             if out is not None and req.stream_options and req.stream_options.include_usage:
                 yield {**base, "choices": [], "usage": usage(out).model_dump()}
@@ -310,8 +342,9 @@ def create_app(
             raise APIError(400, str(err), param="messages") from None
         limit = req.max_completion_tokens or req.max_tokens or tokens_left(engine, len(prompt))
         params = sampling(req, limit, (req.top_logprobs or 0) if req.logprobs else None)
-        first, stream = await run(engine, prompt, params, adapter, tenant)
         rid, created = new_id("chatcmpl"), now()
+        meter = meter_for(rid, "/v1/chat/completions", req.model, adapter, tenant)
+        first, stream = await run(engine, prompt, params, meter, tenant)
 
         def logprobs_of(out: RequestOutput) -> dict[str, Any] | None:
             if not req.logprobs:
@@ -324,7 +357,7 @@ def create_app(
             ]}  # fmt: skip
 
         if not req.stream:
-            out = await final(first, stream, tenant, adapter)
+            out = await final(first, stream, tenant, meter)
             body = {"id": rid, "object": "chat.completion", "created": created, "model": req.model,
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text},
                                  "finish_reason": finish_reason(out), "logprobs": logprobs_of(out)}],
@@ -335,7 +368,7 @@ def create_app(
             base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model}
             yield {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
             out = None
-            async for out, delta in deltas(engine, first, stream, tenant, adapter):
+            async for out, delta in deltas(engine, first, stream, tenant, meter):
                 choice = {"index": 0, "delta": {"content": delta} if delta else {}, "finish_reason": finish_reason(out)}
                 yield {**base, "choices": [choice]}
             if out is not None and req.stream_options and req.stream_options.include_usage:
@@ -421,6 +454,12 @@ def create_app(
             entry["quotas"] = limits.model_dump(exclude_none=True) if limits is not None else None
         return stats
 
+    @app.get("/admin/usage", response_model=UsageRollup)
+    async def usage_rollup(_engine: Admin) -> UsageRollup:
+        """Per-tenant totals of this replica's last day (the operator writes their sum into the
+        BaseModel's status) and the export's backlog."""
+        return meters.view()
+
     @app.get("/admin/stats")
     async def stats(engine: Admin) -> dict[str, object]:
         return with_quotas(await engine.call(engine.engine.stats))
@@ -449,16 +488,3 @@ async def _chain(first: list[RequestOutput], rest: AsyncIterator[RequestOutput])
     async for item in rest:
         yield item
 
-
-async def _settled(
-    outputs: AsyncIterator[RequestOutput], done: Callable[[RequestOutput | None], None]
-) -> AsyncIterator[RequestOutput]:
-    """Pass outputs through and call ``done`` with the last one however the stream ends
-    (finished, failed, or the client hung up)."""
-    last: RequestOutput | None = None
-    try:
-        async for item in outputs:
-            last = item
-            yield item
-    finally:
-        done(last)

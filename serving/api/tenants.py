@@ -1,4 +1,4 @@
-"""API keys, tenants, quotas and the usage log.
+"""API keys, tenants and quotas (usage records live in ``loraplane.usage``).
 
 Keys map to tenants through a file (YAML or JSON, e.g. a mounted Secret). With no file the server
 is open: one anonymous tenant sees everything. With one, every API call needs a key; a tenant
@@ -14,7 +14,6 @@ use its whole tenant's share.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import deque
@@ -73,13 +72,12 @@ class _Usage:
 
 
 class Tenants:
-    def __init__(self, tenants: list[TenantConfig] | None, usage_log: Path | None = None) -> None:
+    def __init__(self, tenants: list[TenantConfig] | None) -> None:
         self.open = not tenants
         self.by_key = {key: t for t in tenants or [] for key in t.api_keys}
         self.adapter_limits: dict[str, Limits] = {}
         self.usage: dict[str, _Usage] = {}  # "tenant:<name>" or "adapter:<name>"
         self.lock = threading.Lock()
-        self.usage_log = usage_log
 
     def authenticate(self, authorization: str | None) -> TenantConfig | None:
         """The caller's tenant (None on an open server); 401 for a missing or unknown key."""
@@ -135,7 +133,7 @@ class Tenants:
                 self.usage.setdefault(key, _Usage()).in_flight += 1
 
     def finish(self, tenant: TenantConfig | None, record: dict[str, object]) -> None:
-        """Release the request's concurrency slots, count its tokens, append it to the usage log.
+        """Release the request's concurrency slots and count its tokens in the quota windows.
         ``record["adapter"]`` must be the adapter it was admitted with."""
         tokens = int(record.get("prompt_tokens", 0) or 0) + int(record.get("completion_tokens", 0) or 0)  # type: ignore[call-overload]
         adapter = record.get("adapter")
@@ -146,6 +144,3 @@ class Tenants:
                 u.window.append((time.monotonic(), tokens))
                 if key.startswith("adapter:") and not u.in_flight and key[8:] not in self.adapter_limits:
                     del self.usage[key]  # an adapter without quotas needs no history
-            if self.usage_log is not None:
-                with self.usage_log.open("a") as f:
-                    f.write(json.dumps({"time": time.time(), "tenant": tenant.name if tenant else None, **record}) + "\n")

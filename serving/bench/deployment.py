@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +74,8 @@ class Fleet:
     tenant_names: list[str]
     work: Path  # engine.yaml, tenants.yaml and each replica's log
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+    replica_args: Callable[[int], list[str]] | None = None  # more flags for replica i (e.g. its usage spool)
+    env: Mapping[str, str] | None = None  # more environment for every replica
 
     @property
     def urls(self) -> list[str]:
@@ -93,9 +95,12 @@ class Fleet:
         args += ["--admin-token", self.admin_token]
         if self.tenant_names:
             args += ["--tenants", str(self.work / "tenants.yaml")]
+        if self.replica_args is not None:
+            args += self.replica_args(i)
+        env = {**os.environ, **(self.env or {})}
         with (self.work / f"server-{i}.log").open("ab") as log:
             cmd = [sys.executable, "-m", "loraplane.cli", *args]
-            self.procs[i] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            self.procs[i] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def ready(self, i: int, timeout: float = 900) -> None:
         """Wait for replica ``i`` to answer, then register every adapter on it as an operator would."""
@@ -149,6 +154,8 @@ def spawn_replicas(
     count: int,
     *,
     start_timeout: float = 900,
+    replica_args: Callable[[int], list[str]] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[Fleet]:
     """``count`` replicas of ``loraplane serve``, each a child process with every adapter registered."""
     admin_token = secrets.token_hex(16)
@@ -158,7 +165,8 @@ def spawn_replicas(
         work = Path(tmp)
         (work / "engine.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
         (work / "tenants.yaml").write_text(yaml.safe_dump({"tenants": [t.model_dump() for t in tenants]}))
-        fleet = Fleet([free_port() for _ in range(count)], adapters, keys, admin_token, tenant_names, work)
+        fleet = Fleet([free_port() for _ in range(count)], adapters, keys, admin_token, tenant_names, work,
+                      replica_args=replica_args, env=env)  # fmt: skip
         try:
             for i in range(count):
                 fleet.start(i)
@@ -178,6 +186,7 @@ def spawn_router(
     service: tuple[str, str] | None = None,
     kubeconfig: Path | None = None,
     start_timeout: float = 60,
+    extra_args: list[str] | None = None,
 ) -> Iterator[str]:
     """``loraplane router`` in front of the fleet as a child process, with the fleet's tenants and
     admin token; yields its URL once it sees a replica. With ``service`` (namespace, name) it
@@ -190,7 +199,8 @@ def spawn_router(
         args += ["--namespace", service[0], "--service", service[1], "--stats-interval", "0.5"]
     if fleet.tenant_names:
         args += ["--tenants", str(fleet.work / "tenants.yaml")]
-    env = dict(os.environ, **({"KUBECONFIG": str(kubeconfig)} if kubeconfig else {}))
+    args += extra_args or []
+    env = {**os.environ, **(fleet.env or {}), **({"KUBECONFIG": str(kubeconfig)} if kubeconfig else {})}
     log_path = fleet.work / f"router-{port}.log"
     with log_path.open("wb") as log:
         cmd = [sys.executable, "-m", "loraplane.cli", *args]

@@ -67,6 +67,8 @@ class RequestOutput:
     logprobs: list[TokenLogprob]
     num_cached_tokens: int
     error: str | None = None
+    adapter_version: str | None = None
+    adapter_digest: str | None = None
 
 
 def _output(seq: Sequence) -> RequestOutput:
@@ -81,6 +83,8 @@ def _output(seq: Sequence) -> RequestOutput:
         logprobs=list(seq.logprobs),
         num_cached_tokens=seq.num_cached_tokens,
         error=seq.error,
+        adapter_version=seq.adapter_version,
+        adapter_digest=seq.adapter_digest,
     )
 
 
@@ -244,6 +248,7 @@ class LLMEngine:
         if seq.adapter is not None and not seq.holds_adapter:
             seq.adapter_lease = self.adapters.acquire(seq.adapter)
             seq.holds_adapter = True
+            seq.adapter_version, seq.adapter_digest = self.adapters.lease_version(seq.adapter_lease)
             if seq.arrival_tier != Residency.DEVICE and seq.num_computed_tokens == 0 and not seq.output_token_ids:
                 self.metrics.observe_queue_wait(seq.adapter, seq.tenant, time.monotonic() - seq.arrival_time)
 

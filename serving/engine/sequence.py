@@ -49,6 +49,8 @@ class Sequence:
     arrival_tier: str | None = None  # where the adapter was when the request arrived
     holds_adapter: bool = False  # counted in the adapter's running sequences (protects its slot)
     adapter_lease: object | None = None  # the adapter version it holds (opaque to the scheduler)
+    adapter_version: str | None = None  # the version it runs on, bound at admission (for usage records)
+    adapter_digest: str | None = None
     seq_id: int = field(default_factory=lambda: next(_ids))
     status: Status = Status.WAITING
     output_token_ids: list[int] = field(default_factory=list)

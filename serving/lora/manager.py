@@ -407,6 +407,12 @@ class AdapterManager:
         entry.running += 1
         return entry
 
+    @staticmethod
+    def lease_version(lease: object) -> tuple[str | None, str | None]:
+        """The version label and weights digest a lease runs on."""
+        assert isinstance(lease, _Entry)
+        return lease.spec.version, lease.loaded.digest if lease.loaded else lease.spec.digest
+
     def release(self, lease: object) -> None:
         assert isinstance(lease, _Entry)
         lease.running -= 1

@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from loraplane.serving.api.errors import APIError, api_error_handler, validation_error_handler
+from loraplane.serving.api.protocol import new_id
 from loraplane.serving.api.tenants import TenantConfig, Tenants
 from loraplane.serving.router.config import RouterConfig
 from loraplane.serving.router.discovery import EndpointSliceWatch, static_members
@@ -24,6 +25,7 @@ from loraplane.serving.router.metrics import RouterMetrics
 from loraplane.serving.router.policy import Router
 from loraplane.serving.router.table import ReplicaTable
 from loraplane.serving.router.upkeep import Upkeep
+from loraplane.usage import Metering, Outcome, UsageRecord
 
 
 def create_router_app(
@@ -32,10 +34,14 @@ def create_router_app(
     tenants: Tenants | None = None,
     admin_token: str | None = None,
     kube_api_client: Any = None,
+    metering: Metering | None = None,
 ) -> FastAPI:
     """``admin_token`` guards the router's own view and is what it sends to read the replicas'
     stats (one token for the stack). ``kube_api_client`` is the kubernetes ApiClient used for
-    discovery by Service; by default the in-cluster config, or the kubeconfig outside a cluster."""
+    discovery by Service; by default the in-cluster config, or the kubeconfig outside a cluster.
+    ``metering`` records the requests the router refuses itself (quotas, no replica, a bad body
+    from a known tenant); what reaches a replica is recorded there, so nothing counts twice."""
+    meters = metering or Metering("router")
     table = ReplicaTable()
     metrics = RouterMetrics(table)
     tenants = tenants or Tenants(None)
@@ -67,6 +73,7 @@ def create_router_app(
                     await task
                 if watch is not None:
                     watch.stop()
+                await asyncio.to_thread(meters.close)
 
     app = FastAPI(title="loraplane router", lifespan=lifespan)
     app.add_exception_handler(APIError, api_error_handler)
@@ -79,7 +86,21 @@ def create_router_app(
         return headers
 
     async def relay(request: Request, path: str) -> Response:
-        tenant = tenants.authenticate(request.headers.get("authorization"))
+        tenant = tenants.authenticate(request.headers.get("authorization"))  # an unknown key is nobody's to bill
+        seen: dict[str, str | None] = {"adapter": None}
+        try:
+            return await admitted(request, path, tenant, seen)
+        except APIError as err:
+            meters.record_nowait(UsageRecord(
+                request_id=new_id("rtr"), source="router", replica=meters.replica,
+                tenant=tenant.name if tenant else None, model=seen["adapter"] or "", adapter=seen["adapter"],
+                endpoint=path, outcome=Outcome.REFUSED, status_code=err.status,
+            ))  # fmt: skip
+            raise
+
+    async def admitted(request: Request, path: str, tenant: TenantConfig | None, seen: dict[str, str | None]) -> Response:
+        """Forward a request the edge admits; raises the APIError of one it refuses (``seen``
+        gets the model it named, for the refusal's record)."""
         try:
             payload = json.loads(await request.body())
         except ValueError:
@@ -87,7 +108,7 @@ def create_router_app(
         if not isinstance(payload, dict):
             raise APIError(400, "the body must be a JSON object", code="invalid_request")
         model = payload.get("model")
-        adapter = model if isinstance(model, str) else None
+        adapter = seen["adapter"] = model if isinstance(model, str) else None
         tenants.admit(tenant, adapter)
         forwarder: Forwarder = request.app.state.forwarder
 

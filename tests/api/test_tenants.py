@@ -18,6 +18,7 @@ from loraplane.serving.api.app import create_app
 from loraplane.serving.api.loopback import serve_app
 from loraplane.serving.api.tenants import Tenants, load_tenants
 from loraplane.serving.lora.manager import AdapterSpec
+from loraplane.usage import Metering
 
 APPS: dict[str, object] = {}
 TENANTS = {
@@ -33,7 +34,7 @@ TENANTS = {
 def server(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory) -> Iterator[tuple[str, Path]]:
     root = tmp_path_factory.mktemp("tenants")
     (root / "tenants.json").write_text(json.dumps(TENANTS))
-    usage = root / "usage.jsonl"
+    usage = root / "usage"
 
     def make():  # type: ignore[no-untyped-def]
         engine = tiny_engine(tiny_llama, root / "cache", max_model_len=256)
@@ -42,7 +43,10 @@ def server(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory) -
         engine.register_lora(AdapterSpec("tiny-bot", str(tiny_adapters["ku2"]), tenant="tiny"))
         return engine
 
-    app = create_app(make, tenants=Tenants(load_tenants(root / "tenants.json"), usage_log=usage), max_pending_requests=3)
+    app = create_app(
+        make, tenants=Tenants(load_tenants(root / "tenants.json")), max_pending_requests=3,
+        metering=Metering.create("pod-t", usage),
+    )  # fmt: skip
     with serve_app(app) as url:
         APPS[url] = app
         yield url, usage
@@ -111,8 +115,8 @@ def test_tokens_per_minute_quota(server) -> None:
     with pytest.raises(openai.RateLimitError) as err:
         tiny.completions.create(model="tiny-bot", prompt="hi", max_tokens=2)
     assert int(err.value.response.headers["retry-after"]) >= 1
-    records = [json.loads(line) for line in usage.read_text().splitlines()]
-    mine = [r for r in records if r["tenant"] == "tiny" and r["finish_reason"] != "rejected"]
+    records = [json.loads(line) for p in usage.glob("*.jsonl*") for line in p.read_text().splitlines()]
+    mine = [r for r in records if r["tenant"] == "tiny" and r["outcome"] == "completed"]
     assert mine and mine[0]["adapter"] == "tiny-bot" and mine[0]["completion_tokens"] == 30
 
 

@@ -113,3 +113,32 @@ def test_drains_take_down_one_serving_pod_and_one_router_at_a_time() -> None:
         budget = objects[f"PodDisruptionBudget/{name}"]["spec"]
         assert budget["maxUnavailable"] == 1
         assert budget["selector"]["matchLabels"] == objects[deployment]["spec"]["selector"]["matchLabels"]
+
+
+def test_serving_and_router_pods_spool_usage_and_export_it_to_the_bucket() -> None:
+    from loraplane.cli import main
+
+    spec = copy.deepcopy(BASE["spec"])
+    spec["usage"] = {"bucket": "billing", "prefix": "usage/prod", "segmentAgeSeconds": 30}
+    objects = built(spec)
+    for name in ("Deployment/smollm2-serving", "Deployment/smollm2-router"):
+        pod = objects[name]["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["LORAPLANE_USAGE_EXPORT"]["value"] == "s3://billing/usage/prod"
+        assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        assert env["AWS_ENDPOINT_URL"]["value"] == BASE["spec"]["adapterStore"]["endpoint"]
+        assert {"secretRef": {"name": "adapter-store"}} in container["envFrom"]
+        mount = next(m for m in container["volumeMounts"] if m["name"] == "usage")
+        assert container["args"][container["args"].index("--usage-dir") + 1] == mount["mountPath"]
+        assert {"name": "usage", "emptyDir": {}} in pod["volumes"]
+        # The real command line accepts what the operator writes (less the files only a pod has).
+        args = container["args"]
+        files = {i + d for i, a in enumerate(args) if a in ("--config", "--tenants") for d in (0, 1)}
+        command = main.get_command(None, args[0])  # type: ignore[arg-type]
+        ctx = command.make_context(args[0], [a for i, a in enumerate(args[1:], 1) if i not in files])
+        assert ctx.params["usage_dir"] == Path(mount["mountPath"]) and ctx.params["usage_segment_age"] == 30
+    # Without a bucket the records still go to each pod's spool.
+    container = built()["Deployment/smollm2-serving"]["spec"]["template"]["spec"]["containers"][0]
+    assert "--usage-dir" in container["args"]
+    assert "LORAPLANE_USAGE_EXPORT" not in {e["name"] for e in container["env"]}
