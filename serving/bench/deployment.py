@@ -156,10 +156,15 @@ def spawn_replicas(
     start_timeout: float = 900,
     replica_args: Callable[[int], list[str]] | None = None,
     env: Mapping[str, str] | None = None,
+    quotas: Mapping[str, Mapping[str, int]] | None = None,
 ) -> Iterator[Fleet]:
-    """``count`` replicas of ``loraplane serve``, each a child process with every adapter registered."""
+    """``count`` replicas of ``loraplane serve``, each a child process with every adapter registered
+    (``quotas``: tenant -> its ``max_concurrent``/``tokens_per_minute``)."""
     admin_token = secrets.token_hex(16)
-    tenants = [TenantConfig(name=t, api_keys=[f"sk-{t}-{secrets.token_hex(8)}"]) for t in tenant_names]
+    tenants = [
+        TenantConfig(name=t, api_keys=[f"sk-{t}-{secrets.token_hex(8)}"], **dict((quotas or {}).get(t, {})))  # type: ignore[arg-type]
+        for t in tenant_names
+    ]
     keys: dict[str | None, str] = {t.name: t.api_keys[0] for t in tenants} if tenants else {None: "none"}
     with tempfile.TemporaryDirectory(prefix="loraplane-server-") as tmp:
         work = Path(tmp)
