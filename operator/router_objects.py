@@ -51,7 +51,8 @@ def router_deployment(base: str, namespace: str, spec: BaseModelSpec, admin_secr
     args += usage_args
     mounts: list[dict[str, Any]] = [{"name": "usage", "mountPath": USAGE_DIR}]
     volumes: list[dict[str, Any]] = [{"name": "usage", "emptyDir": {}}]
-    env_from = [{"secretRef": {"name": spec.adapter_store.credentials_secret.name}}] if spec.adapter_store.credentials_secret else []
+    secret = spec.adapter_store.credentials_secret
+    env_from = [{"secretRef": {"name": secret.name}}] if secret is not None else []
     if spec.tenancy.api_keys_secret is not None:  # the servers' own tenants file: one config
         args += ["--tenants", "/etc/loraplane-tenants/tenants.yaml"]
         mounts.append({"name": "tenants", "mountPath": "/etc/loraplane-tenants", "readOnly": True})

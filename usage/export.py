@@ -76,9 +76,7 @@ class SegmentExporter:
     def _upload(self, path: Path) -> None:
         key = export_key(self.prefix, path.name)
         digest, size = _sha256(path), path.stat().st_size
-        self.client.fput_object(
-            self.bucket, key, str(path), content_type="application/x-ndjson", metadata={SHA_META: digest}
-        )
+        self.client.fput_object(self.bucket, key, str(path), content_type="application/x-ndjson", metadata={SHA_META: digest})
         stat = self.client.stat_object(self.bucket, key)
         meta = {k.lower(): v for k, v in (stat.metadata or {}).items()}
         stored = meta.get(f"x-amz-meta-{SHA_META}") or meta.get(SHA_META)
@@ -102,10 +100,7 @@ class SegmentExporter:
         while not self._stop.is_set():
             self._wake.wait(backoff or self.interval)
             self._wake.clear()
-            if self._try():
-                backoff = 0.0
-            else:
-                backoff = min(MAX_BACKOFF, max(1.0, backoff * 2)) * random.uniform(0.8, 1.2)
+            backoff = 0.0 if self._try() else min(MAX_BACKOFF, max(1.0, backoff * 2)) * random.uniform(0.8, 1.2)
 
     def _try(self) -> bool:
         try:
@@ -131,4 +126,3 @@ class SegmentExporter:
             if self._try():
                 return
             time.sleep(min(1.0, max(0.0, end - time.monotonic())))
-

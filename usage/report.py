@@ -70,7 +70,9 @@ def _lines(data: bytes) -> Iterator[bytes]:
     yield from (line for line in data.splitlines() if line.strip())
 
 
-def iter_blobs(source: str, s3: S3Settings | None, since: float | None, until: float | None, progress: bool) -> Iterator[tuple[str, bytes]]:
+def iter_blobs(
+    source: str, s3: S3Settings | None, since: float | None, until: float | None, progress: bool
+) -> Iterator[tuple[str, bytes]]:
     """(name, bytes) of every record file the source holds within the range."""
     if source.startswith("s3://"):
         bucket, prefix = parse_destination(source)

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from loraplane.adapter_format import AdapterValidationError
 from loraplane.serving.api.async_engine import AsyncEngine
@@ -38,6 +38,7 @@ from loraplane.serving.api.protocol import (
 )
 from loraplane.serving.api.quality_gate import verify_candidate
 from loraplane.serving.api.tenants import TenantConfig, Tenants
+from loraplane.serving.api.usage_metrics import UsageCollector
 from loraplane.serving.engine.llm_engine import LLMEngine, RequestError, RequestOutput
 from loraplane.serving.engine.sampling_params import SamplingError, SamplingParams
 from loraplane.serving.engine.sequence import FinishReason
@@ -133,9 +134,13 @@ def create_app(
         state.ready()
         return {"status": "ready"}
 
+    usage_registry = CollectorRegistry()
+    usage_registry.register(UsageCollector(meters))
+
     @app.get("/metrics")
     async def metrics(engine: Engine) -> Response:
-        return Response(generate_latest(engine.engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        body = generate_latest(engine.engine.metrics.registry) + generate_latest(usage_registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     # models -----------------------------------------------------------------------------------
     def visible(engine: AsyncEngine, tenant: TenantConfig | None) -> list[str]:
@@ -205,7 +210,7 @@ def create_app(
         try:
             tenants.admit(tenant, adapter)
         except APIError as err:  # a quota refusal: billed nothing, recorded once as refused
-            meters.record_nowait(UsageRecord(
+            await meters.record(UsageRecord(
                 request_id=meter.request_id, replica=meters.replica, tenant=meter.tenant, model=meter.model,
                 adapter=adapter, base=meter.base, endpoint=meter.endpoint, outcome=Outcome.REFUSED,
                 status_code=err.status,
@@ -487,4 +492,3 @@ async def _chain(first: list[RequestOutput], rest: AsyncIterator[RequestOutput])
         yield item
     async for item in rest:
         yield item
-

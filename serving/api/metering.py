@@ -10,7 +10,6 @@ from loraplane.serving.engine.llm_engine import RequestOutput
 from loraplane.serving.engine.sequence import FinishReason
 from loraplane.usage import Metering, Outcome, UsageRecord
 
-
 OUTCOMES = {
     FinishReason.STOP: Outcome.COMPLETED,
     FinishReason.LENGTH: Outcome.COMPLETED,

@@ -162,8 +162,7 @@ def spawn_replicas(
     (``quotas``: tenant -> its ``max_concurrent``/``tokens_per_minute``)."""
     admin_token = secrets.token_hex(16)
     tenants = [
-        TenantConfig(name=t, api_keys=[f"sk-{t}-{secrets.token_hex(8)}"], **dict((quotas or {}).get(t, {})))  # type: ignore[arg-type]
-        for t in tenant_names
+        TenantConfig(name=t, api_keys=[f"sk-{t}-{secrets.token_hex(8)}"], **dict((quotas or {}).get(t, {}))) for t in tenant_names
     ]
     keys: dict[str | None, str] = {t.name: t.api_keys[0] for t in tenants} if tenants else {None: "none"}
     with tempfile.TemporaryDirectory(prefix="loraplane-server-") as tmp:

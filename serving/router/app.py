@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from loraplane.serving.api.errors import APIError, api_error_handler, validation_error_handler
 from loraplane.serving.api.protocol import new_id
+from loraplane.serving.api.usage_metrics import UsageCollector
 from loraplane.serving.api.tenants import TenantConfig, Tenants
 from loraplane.serving.router.config import RouterConfig
 from loraplane.serving.router.discovery import EndpointSliceWatch, static_members
@@ -44,6 +45,7 @@ def create_router_app(
     meters = metering or Metering("router")
     table = ReplicaTable()
     metrics = RouterMetrics(table)
+    metrics.registry.register(UsageCollector(meters))
     tenants = tenants or Tenants(None)
     if config.replicas:
         table.set_members(static_members(config.replicas))
@@ -91,7 +93,7 @@ def create_router_app(
         try:
             return await admitted(request, path, tenant, seen)
         except APIError as err:
-            meters.record_nowait(UsageRecord(
+            await meters.record(UsageRecord(
                 request_id=new_id("rtr"), source="router", replica=meters.replica,
                 tenant=tenant.name if tenant else None, model=seen["adapter"] or "", adapter=seen["adapter"],
                 endpoint=path, outcome=Outcome.REFUSED, status_code=err.status,

@@ -6,20 +6,24 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import yaml
 from crd_schema import ROOT, crds
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from loraplane.operator.api import BaseModelSpec
 from loraplane.operator.children import children
+from loraplane.serving.api.usage_metrics import UsageCollector
 from loraplane.serving.metrics import NONE, OTHER, AdapterStateCollector, EngineMetrics
 from loraplane.serving.router.metrics import RouterMetrics
 from loraplane.serving.router.table import ReplicaTable
+from loraplane.usage import Metering, SegmentExporter
 
 MONITORING = ["monitoring.coreos.com/v1"]
 KSM = yaml.safe_load((ROOT / "charts" / "loraplane" / "files" / "kube-state-metrics.yaml").read_text())
@@ -50,8 +54,11 @@ def exported() -> dict[str, set[str]]:
     router.routed.labels("r0", "device_hit").inc()
     router.retries.labels("r0").inc()
     router.broken_streams.labels("r0").inc()
+    usage = CollectorRegistry()
+    exporter = SegmentExporter(Path(tempfile.mkdtemp()), "s3://billing/usage", client=object())
+    usage.register(UsageCollector(Metering("r0", exporter=exporter)))
     series: dict[str, set[str]] = {}
-    for registry in (engine.registry, router.registry):
+    for registry in (engine.registry, router.registry, usage):
         for family in text_string_to_metric_families(generate_latest(registry).decode()):
             for sample in family.samples:
                 series.setdefault(sample.name, set()).update(sample.labels)
@@ -114,7 +121,8 @@ def test_the_service_monitor_scrapes_the_serving_and_router_services_the_operato
 
 
 def test_the_alerts_encode_the_failure_modes(render: Any) -> None:
-    expected = {"LoraplaneAdapterSlotThrash", "LoraplaneColdStartsForHotTenant", "LoraplaneTenantSaturatesReplica"}
+    expected = {"LoraplaneAdapterSlotThrash", "LoraplaneColdStartsForHotTenant", "LoraplaneTenantSaturatesReplica",
+                "LoraplaneUsageExportFailing"}  # fmt: skip
     assert set(rules(render)) == expected
     with_status = rules(render, {"monitoring": {"prometheusRule": {"adapterStatus": {"enabled": True}}}})
     assert "LoraplaneAdapterRefused" in with_status

@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 from loraplane.serving.api.loopback import free_port
 
@@ -42,10 +42,8 @@ class FlakyProxy:
         if listener is not None:
             listener.close()
         for conn in conns:
-            try:
+            with suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             conn.close()
 
     def _accept(self, listener: socket.socket) -> None:
@@ -73,10 +71,8 @@ class FlakyProxy:
             pass
         finally:
             for s in (src, dst):
-                try:
+                with suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
 
 @contextmanager

@@ -28,7 +28,8 @@ def test_sigkill_of_a_replica_loses_no_billed_request(tiny_llama: Path, tiny_ada
                           block_size=4, num_kv_blocks=512, max_loras=2, max_lora_rank=16)  # fmt: skip
     with moto_server() as endpoint:
         client(endpoint).make_bucket("billing")
-        env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": ACCESS, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1"}
+        env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": ACCESS, "AWS_SECRET_ACCESS_KEY": SECRET,
+               "AWS_REGION": "us-east-1"}  # fmt: skip
 
         def usage_args(name: str) -> list[str]:
             return ["--usage-dir", str(tmp_path / f"usage-{name}"), "--usage-export", "s3://billing/usage",
@@ -38,40 +39,40 @@ def test_sigkill_of_a_replica_loses_no_billed_request(tiny_llama: Path, tiny_ada
         refusals = 0
         stop = threading.Event()
         adapters = {"bot": (tiny_adapters["qv4"], "acme")}
-        with spawn_replicas(config, adapters, ["acme", "metered"], 2, replica_args=lambda i: usage_args(f"pod-{i}"), env=env,
-                            quotas={"metered": {"tokens_per_minute": 60}}) as fleet:  # fmt: skip
-            with spawn_router(fleet, extra_args=usage_args("router")) as router:
+        replicas = spawn_replicas(config, adapters, ["acme", "metered"], 2, replica_args=lambda i: usage_args(f"pod-{i}"),
+                                  env=env, quotas={"metered": {"tokens_per_minute": 60}})  # fmt: skip
+        with replicas as fleet, spawn_router(fleet, extra_args=usage_args("router")) as router:
 
-                def traffic(tenant: str, model: str) -> None:
-                    nonlocal refusals
-                    api = openai.OpenAI(base_url=f"{router}/v1", api_key=fleet.keys[tenant], max_retries=0, timeout=60)
-                    i = 0
-                    while not stop.is_set():
-                        i += 1
-                        try:
-                            r = api.completions.create(model=model, prompt=f"request {i} from {tenant}", max_tokens=4 + i % 5)
-                        except openai.RateLimitError:
-                            refusals += 1
-                            time.sleep(0.05)
-                            continue
-                        except (openai.APIConnectionError, openai.InternalServerError, openai.APIStatusError):
-                            continue  # cut by the SIGKILL: the client did not see it complete
-                        assert r.usage is not None
-                        completed[r.id] = (r.usage.prompt_tokens, r.usage.completion_tokens)
+            def traffic(tenant: str, model: str) -> None:
+                nonlocal refusals
+                api = openai.OpenAI(base_url=f"{router}/v1", api_key=fleet.keys[tenant], max_retries=0, timeout=60)
+                i = 0
+                while not stop.is_set():
+                    i += 1
+                    try:
+                        r = api.completions.create(model=model, prompt=f"request {i} from {tenant}", max_tokens=4 + i % 5)
+                    except openai.RateLimitError:
+                        refusals += 1
+                        time.sleep(0.05)
+                        continue
+                    except (openai.APIConnectionError, openai.InternalServerError, openai.APIStatusError):
+                        continue  # cut by the SIGKILL: the client did not see it complete
+                    assert r.usage is not None
+                    completed[r.id] = (r.usage.prompt_tokens, r.usage.completion_tokens)
 
-                base = openai.OpenAI(base_url=f"{router}/v1", api_key=fleet.keys["acme"]).models.list().data[0].id
-                workers = [threading.Thread(target=traffic, args=a) for a in (("acme", "bot"), ("acme", base), ("metered", base))]
-                for w in workers:
-                    w.start()
-                time.sleep(3)
-                fleet.kill(0)
-                time.sleep(1)
-                fleet.start(0)
-                fleet.ready(0)
-                time.sleep(3)
-                stop.set()
-                for w in workers:
-                    w.join()
+            base = openai.OpenAI(base_url=f"{router}/v1", api_key=fleet.keys["acme"]).models.list().data[0].id
+            workers = [threading.Thread(target=traffic, args=a) for a in (("acme", "bot"), ("acme", base), ("metered", base))]
+            for w in workers:
+                w.start()
+            time.sleep(3)
+            fleet.kill(0)
+            time.sleep(1)
+            fleet.start(0)
+            fleet.ready(0)
+            time.sleep(3)
+            stop.set()
+            for w in workers:
+                w.join()
         # Both replicas and the router stopped gracefully: their last segments are exported.
         settings = S3Settings(endpoint, ACCESS, SECRET, "us-east-1")
         blobs = list(iter_blobs("s3://billing/usage", settings, None, None, progress=False))

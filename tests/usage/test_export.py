@@ -31,7 +31,9 @@ def settings(endpoint: str) -> S3Settings:
 
 
 def rec(replica: str, i: int) -> UsageRecord:
-    return UsageRecord(request_id=f"{replica}-{i}", replica=replica, tenant="acme", completion_tokens=2, outcome=Outcome.COMPLETED)
+    return UsageRecord(
+        request_id=f"{replica}-{i}", replica=replica, tenant="acme", completion_tokens=2, outcome=Outcome.COMPLETED
+    )
 
 
 def report_of(endpoint: str, prefix: str):  # type: ignore[no-untyped-def]
@@ -54,7 +56,7 @@ def test_segments_go_up_under_day_and_replica_and_leave_the_disk(s3: str, tmp_pa
     spool = UsageSpool(tmp_path, "pod-a")
     spool.append(rec("pod-a", 0))
     spool.close()
-    (again,) = closed_segments(tmp_path)
+    (_again,) = closed_segments(tmp_path)
     exporter.export_once()
     report = report_of(s3, "t1")
     assert (report.records, report.duplicates) == (20, 1)
