@@ -204,6 +204,29 @@ def test_traffic_through_the_router_reaches_each_adapters_status(stack: Stack) -
         other.completions.create(model=a["spec"].get("servedName", names[0]), prompt="x", max_tokens=2)
 
 
+def test_the_base_models_status_rolls_up_each_tenants_usage(stack: Stack) -> None:
+    base, _ = example_manifests()
+    name, manifest = next(iter(stack.adapters.items()))
+    ready(stack, name)
+    tenant = manifest["spec"]["tenant"]
+    client = stack.client(tenant)
+    served = manifest["spec"].get("servedName", name)
+    start = {t["tenant"]: t for t in (stack.kube.get("BaseModel", stack.namespace, base["metadata"]["name"]) or {})
+             .get("status", {}).get("usage", {}).get("tenants", [])}  # fmt: skip
+    before = start.get(tenant, {}).get("completionTokens", 0)
+    for _ in range(3):
+        client.completions.create(model=served, prompt="billed", max_tokens=5, extra_body={"ignore_eos": True})
+
+    def rolled_up() -> dict[str, Any] | None:
+        obj = stack.kube.get("BaseModel", stack.namespace, base["metadata"]["name"]) or {}
+        rows = {t["tenant"]: t for t in obj.get("status", {}).get("usage", {}).get("tenants", [])}
+        row = rows.get(tenant)
+        return row if row is not None and row["completionTokens"] >= before + 15 else None
+
+    row = wait_for(f"{tenant}'s usage in the BaseModel's status", rolled_up, 60)
+    assert row["requests"] >= 3 and row["promptTokens"] > 0
+
+
 def test_the_daily_promotion_story_fails_no_request(stack: Stack) -> None:
     name, manifest = next(iter(stack.adapters.items()))
     ready(stack, name)

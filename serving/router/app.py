@@ -17,8 +17,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from loraplane.serving.api.errors import APIError, api_error_handler, validation_error_handler
 from loraplane.serving.api.protocol import new_id
-from loraplane.serving.api.usage_metrics import UsageCollector
 from loraplane.serving.api.tenants import TenantConfig, Tenants
+from loraplane.serving.api.usage_metrics import UsageCollector
 from loraplane.serving.router.config import RouterConfig
 from loraplane.serving.router.discovery import EndpointSliceWatch, static_members
 from loraplane.serving.router.forward import Forwarder

@@ -41,6 +41,19 @@ def test_spec_values_merge_over_the_defaults(render: Any) -> None:
     assert spec["source"] == {"uri": "embedded"}
 
 
+def test_a_self_contained_install_exports_usage_records_to_its_own_bucket(render: Any) -> None:
+    rendered = render(SELF_CONTAINED)
+    spec = rendered.one("BaseModel")["spec"]
+    assert spec["usage"] == {"bucket": "usage"}
+    job = next(o for o in rendered.kind("Job") if o["metadata"]["name"].endswith("-buckets"))
+    assert "usage" in yaml.safe_dump(job)  # the bucket the serving pods export to exists
+    pods = children("smollm2", "default", BaseModelResource.model_validate(rendered.one("BaseModel")).spec, "admin")
+    serving = next(o for o in pods if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-serving"))
+    env = {e["name"]: e.get("value") for e in serving["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["LORAPLANE_USAGE_EXPORT"] == "s3://usage/usage"
+    assert env["AWS_ENDPOINT_URL"] == spec["adapterStore"]["endpoint"]
+
+
 def test_a_given_image_and_adapter_store_are_kept(render: Any) -> None:
     store = {"endpoint": "https://s3.example.com", "credentialsSecret": {"name": "mine"}}
     values = {**SELF_CONTAINED, "baseModel": {"enabled": True, "spec": {"resources": {"image": "r/s:1"}, "adapterStore": store}}}
