@@ -6,6 +6,10 @@ import re
 
 from loraplane.adapter_format.errors import AdapterValidationError, ErrorCode
 
+# The owner of adapters a server registers for itself (a quality gate's candidate, a new version
+# under golden replay before it takes its name): no API key maps to it and no caller sees them.
+INTERNAL_OWNER = "loraplane:internal"
+
 # DNS-1123-like so a name is also a valid Kubernetes object name; dots allowed for versions.
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,126}[a-z0-9])?$")
 

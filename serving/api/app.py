@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from loraplane.adapter_format import AdapterValidationError
 from loraplane.serving.api.async_engine import AsyncEngine
-from loraplane.serving.api.errors import APIError, api_error_handler, validation_error_handler
+from loraplane.serving.api.errors import APIError, api_error_handler, error_body, validation_error_handler
 from loraplane.serving.api.metering import RequestMeter
 from loraplane.serving.api.protocol import (
     ChatCompletionRequest,
@@ -193,9 +193,19 @@ def create_app(
             raise APIError(404, str(err), code="model_not_found", param="model") from None
         return first, stream
 
+    def failure(out: RequestOutput) -> APIError | None:
+        """The OpenAI error a request that failed in the engine ends in: 503 when its adapter
+        could not load (retrying elsewhere may help), 500 otherwise."""
+        if out.finish_reason is not FinishReason.ERROR:
+            return None
+        code = out.error_code or "engine_error"
+        return APIError(503 if code == "adapter_load_failed" else 500, out.error or "the request failed",
+                        type_="server_error", code=code)  # fmt: skip
+
     def failed(out: RequestOutput) -> None:
-        if out.finish_reason is FinishReason.ERROR:
-            raise APIError(503, out.error or "the request failed", type_="server_error", code="adapter_load_failed")
+        err = failure(out)
+        if err is not None:
+            raise err
 
     async def run(
         engine: AsyncEngine, prompt: str | list[int], params: SamplingParams, meter: RequestMeter, tenant: TenantConfig | None
@@ -226,6 +236,10 @@ def create_app(
             raise
         if first is not None:
             meter.seen(first)
+            if (err := failure(first)) is not None:  # failed at its first token: an error status, not a 200 stream
+                await meter.settle()
+                release(tenant, adapter, first)
+                raise err
         return first, stream
 
     def meter_for(request_id: str, endpoint: str, model: str, adapter: str | None, tenant: TenantConfig | None) -> RequestMeter:
@@ -332,6 +346,9 @@ def create_app(
             base = {"id": rid, "object": "text_completion", "created": created, "model": req.model}
             out = None
             async for out, delta in deltas(engine, first, stream, tenant, meter):
+                if (err := failure(out)) is not None:  # the stream's last event carries the error
+                    yield error_body(err.message, err.type, err.code)
+                    return
                 yield {**base, "choices": [{"index": 0, "text": delta, "finish_reason": finish_reason(out), "logprobs": None}]}
             if out is not None and req.stream_options and req.stream_options.include_usage:
                 yield {**base, "choices": [], "usage": usage(out).model_dump()}
@@ -374,6 +391,9 @@ def create_app(
             yield {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
             out = None
             async for out, delta in deltas(engine, first, stream, tenant, meter):
+                if (err := failure(out)) is not None:
+                    yield error_body(err.message, err.type, err.code)
+                    return
                 choice = {"index": 0, "delta": {"content": delta} if delta else {}, "finish_reason": finish_reason(out)}
                 yield {**base, "choices": [choice]}
             if out is not None and req.stream_options and req.stream_options.include_usage:

@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from loraplane.adapter_format.names import INTERNAL_OWNER
 from loraplane.serving.api.errors import APIError
 
 
@@ -55,9 +56,8 @@ def load_tenants(path: Path) -> list[TenantConfig]:
     return TenantsFile.model_validate(raw).tenants
 
 
-# The owner of adapters the server registers for itself (a quality gate's candidate): no API key
-# maps to it and ``may_use`` hides it from every caller, open server included.
-INTERNAL_TENANT = "loraplane:internal"
+# ``may_use`` hides adapters of this owner from every caller, open server included.
+INTERNAL_TENANT = INTERNAL_OWNER
 
 
 class _Usage:

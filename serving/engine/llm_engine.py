@@ -7,22 +7,25 @@ forward pass for every scheduled token of every sequence, samples, and reports w
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
+import uuid
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from loraplane.adapter_format import AdapterValidationError, ValidationLimits
+from loraplane.adapter_format import AdapterValidationError, ValidationLimits, check_adapter_name
 from loraplane.adapter_format.golden import DriftLimits, DriftReport, load_golden
+from loraplane.adapter_format.names import INTERNAL_OWNER
 from loraplane.adapter_format.sources import S3Settings
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.block_manager import BlockManager
 from loraplane.serving.engine.model_runner import ModelRunner
-from loraplane.serving.engine.sampler import Sampler
+from loraplane.serving.engine.sampler import SampleFailure, Sampler
 from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.engine.scheduler import Scheduler
 from loraplane.serving.engine.sequence import FinishReason, Sequence, TokenLogprob
@@ -69,6 +72,7 @@ class RequestOutput:
     error: str | None = None
     adapter_version: str | None = None
     adapter_digest: str | None = None
+    error_code: str | None = None
 
 
 def _output(seq: Sequence) -> RequestOutput:
@@ -85,6 +89,7 @@ def _output(seq: Sequence) -> RequestOutput:
         error=seq.error,
         adapter_version=seq.adapter_version,
         adapter_digest=seq.adapter_digest,
+        error_code=seq.error_code,
     )
 
 
@@ -185,15 +190,25 @@ class LLMEngine:
         tenant: str | None = None,
         allow_rank_truncation: bool = False,
     ) -> AdapterInfo:
-        """Register and load into host memory now, raising the validation error if it fails."""
+        """Load into host memory now and register, raising the validation (or golden drift) error
+        if it fails. The candidate is fetched, validated and, when it ships golden outputs,
+        replayed under a private name before it takes ``name``: a refused load or reload changes
+        nothing, and a name that was serving keeps serving its old version."""
         spec = AdapterSpec(name, source, expected_digest, tenant, allow_rank_truncation)
-        self.adapters.register(spec)
-        try:
-            self.adapters.load_now(name)
-        except Exception:
-            self.adapters.unregister(name)
-            raise
-        self.verify_golden(name)  # adapters that ship golden outputs replay them before serving
+        current = self.adapters.entries.get(name)
+        if current is not None and current.spec == spec and current.loaded is not None:
+            return self.adapters.info(name)
+        check_adapter_name(name)
+        loaded = self.adapters.prepare(spec)
+        if load_golden(loaded.folder) is not None:
+            candidate = f"candidate-{uuid.uuid4().hex[:12]}"
+            self.adapters.install(dataclasses.replace(spec, name=candidate, tenant=INTERNAL_OWNER), loaded)
+            try:
+                self.verify_golden(candidate)  # unregisters the candidate when it drifts
+            finally:
+                if candidate in self.adapters.entries:
+                    self.adapters.unregister(candidate)
+        self.adapters.install(spec, loaded)
         info = self.adapters.info(name)
         log.info("loaded adapter %s (rank %s, %s)", name, info.rank, (info.digest or "")[:19])
         return info
@@ -307,7 +322,11 @@ class LLMEngine:
         self.scheduler.finish(seq)
         self.sampler.forget(seq)
         self._drop_adapter(seq)
-        seq.output_text = self._text(seq)
+        try:
+            seq.output_text = self._text(seq)
+        except Exception as err:  # a detokeniser failure ends this request, with what it had
+            seq.output_text, seq.error, seq.error_code = "", f"detokenising failed: {err}", "engine_error"
+            seq.finish_reason = FinishReason.ERROR
 
     def _text(self, seq: Sequence) -> str:
         text = self.tokenizer.decode(seq.output_token_ids)
@@ -335,23 +354,50 @@ class LLMEngine:
             if self.adapters.loads_in_flight():
                 self.adapters.wait_for_loads(timeout=0.05)  # nothing to run until a load lands
             return outputs
-        results = self.runner.run(batch.items)
+        try:
+            results = self.runner.run(batch.items)
+        except Exception as err:  # the shared forward pass: only the batch it ran fails, the queue goes on
+            log.exception("forward pass failed for %d sequences", len(batch.items))
+            for seq, _ in batch.items:
+                self._fail(seq, f"the forward pass failed: {type(err).__name__}: {err}", "engine_error")
+                outputs.append(_output(seq))
+            return self._forget_finished(outputs)
         for seq, n in batch.items:
             seq.num_computed_tokens += n
             self.blocks.register_full_blocks(seq)
             result = results.get(seq.seq_id)
             if result is None:
                 continue
-            token, logprob = result
-            seq.output_token_ids.append(token)
-            self.metrics.observe_tokens(seq.adapter, seq.tenant, 1)
-            self.scheduler.charge(seq, 1)
-            if logprob is not None:
-                seq.logprobs.append(logprob)
-            reason = self._check_stop(seq, token)
-            if reason is not None:
-                self._finish(seq, reason)
+            try:
+                self._advance(seq, result)
+            except Exception as err:  # its stop check or text: this sequence alone
+                log.exception("request %s failed after sampling", seq.request_id)
+                self._fail(seq, f"{type(err).__name__}: {err}", "engine_error")
             outputs.append(_output(seq))
+        return self._forget_finished(outputs)
+
+    def _advance(self, seq: Sequence, result: tuple[int, TokenLogprob | None] | SampleFailure) -> None:
+        """Append the sampled token and finish the sequence if it is done; a sampling failure
+        finishes it with its error."""
+        if isinstance(result, SampleFailure):
+            self._fail(seq, result.message, "sampling_failed")
+            return
+        token, logprob = result
+        seq.output_token_ids.append(token)
+        self.metrics.observe_tokens(seq.adapter, seq.tenant, 1)
+        self.scheduler.charge(seq, 1)
+        if logprob is not None:
+            seq.logprobs.append(logprob)
+        reason = self._check_stop(seq, token)
+        if reason is not None:
+            self._finish(seq, reason)
+
+    def _fail(self, seq: Sequence, message: str, code: str) -> None:
+        if not seq.is_finished:
+            seq.error, seq.error_code = message, code
+            self._finish(seq, FinishReason.ERROR)
+
+    def _forget_finished(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         for seq in [s for s in self.requests.values() if s.is_finished]:
             del self.requests[seq.request_id]
         return outputs
@@ -363,8 +409,7 @@ class LLMEngine:
             return []
         outputs = []
         for seq in [s for s in self.scheduler.waiting if s.adapter in failures]:
-            seq.error = failures[seq.adapter]  # type: ignore[index]
-            self._finish(seq, FinishReason.ERROR)
+            self._fail(seq, failures[seq.adapter], "adapter_load_failed")  # type: ignore[index]
             del self.requests[seq.request_id]
             outputs.append(_output(seq))
         return outputs

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from loraplane.serving.engine.sampler import Sampler
+from loraplane.serving.engine.sampler import SampleFailure, Sampler
 from loraplane.serving.engine.sequence import Sequence, TokenLogprob
 from loraplane.serving.lora.slot_table import SlotTable
 from loraplane.serving.model.attention import KVCache
@@ -96,8 +96,9 @@ class ModelRunner:
         return torch.tensor(ids, dtype=torch.long), ctx, logit_rows, sampled
 
     @torch.inference_mode()
-    def run(self, items: list[tuple[Sequence, int]]) -> dict[int, tuple[int, TokenLogprob | None]]:
-        """Next token (and log-probability) for every sequence that reached its last token, by seq id."""
+    def run(self, items: list[tuple[Sequence, int]]) -> dict[int, tuple[int, TokenLogprob | None] | SampleFailure]:
+        """Next token (and log-probability) for every sequence that reached its last token, by seq
+        id; a ``SampleFailure`` for one whose row could not be sampled."""
         input_ids, ctx, logit_rows, sampled = self.build(items)
         hidden = self.model(input_ids, ctx, self.cache)
         if not sampled:

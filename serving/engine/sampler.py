@@ -8,9 +8,18 @@ distribution after the request's logits processors and before temperature, top-k
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from loraplane.serving.engine.sequence import Sequence, TokenLogprob
+
+
+@dataclass(frozen=True)
+class SampleFailure:
+    """What a sequence gets instead of a token when its row could not be sampled."""
+
+    message: str
 
 
 class Sampler:
@@ -29,22 +38,32 @@ class Sampler:
     def forget(self, seq: Sequence) -> None:
         self.generators.pop(seq.seq_id, None)
 
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[tuple[int, TokenLogprob | None]]:
-        """logits [len(seqs), vocab] float32, one row per sequence."""
-        out = []
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[tuple[int, TokenLogprob | None] | SampleFailure]:
+        """logits [len(seqs), vocab] float32, one row per sequence. A row that cannot be sampled
+        (its logits processor raised, its distribution is not one) gives a ``SampleFailure`` for
+        that sequence alone: the others in the batch still get their token."""
+        out: list[tuple[int, TokenLogprob | None] | SampleFailure] = []
         for row, seq in zip(logits, seqs, strict=True):
-            p = seq.params
-            for proc in p.logits_processors:
-                row = proc(list(seq.output_token_ids), row)
-            token = int(torch.argmax(row)) if p.greedy else self._draw(row, seq)
-            logprob = None
-            if p.logprobs is not None:
-                lp = torch.log_softmax(row, dim=-1)
-                top = torch.topk(lp, p.logprobs) if p.logprobs else None
-                alts = tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top is not None else ()
-                logprob = TokenLogprob(token, float(lp[token]), alts)
-            out.append((token, logprob))
+            try:
+                out.append(self._sample_row(row, seq))
+            except Exception as err:
+                out.append(SampleFailure(f"sampling failed: {type(err).__name__}: {err}"))
         return out
+
+    def _sample_row(self, row: torch.Tensor, seq: Sequence) -> tuple[int, TokenLogprob | None]:
+        p = seq.params
+        for proc in p.logits_processors:
+            row = proc(list(seq.output_token_ids), row)
+        token = int(torch.argmax(row)) if p.greedy else self._draw(row, seq)
+        if not 0 <= token < row.numel():
+            raise ValueError(f"token {token} is outside the vocabulary")
+        logprob = None
+        if p.logprobs is not None:
+            lp = torch.log_softmax(row, dim=-1)
+            top = torch.topk(lp, p.logprobs) if p.logprobs else None
+            alts = tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top is not None else ()
+            logprob = TokenLogprob(token, float(lp[token]), alts)
+        return token, logprob
 
     def _draw(self, row: torch.Tensor, seq: Sequence) -> int:
         p = seq.params

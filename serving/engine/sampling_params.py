@@ -15,6 +15,12 @@ class SamplingError(ValueError):
     pass
 
 
+# Below this a temperature divides the logits into infinities: it is greedy in all but name (vLLM
+# uses the same cut-off).
+GREEDY_BELOW = 1e-5
+SEED_RANGE = 2**64  # torch.Generator.manual_seed takes a 64-bit seed
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16
@@ -41,7 +47,10 @@ class SamplingParams:
             raise SamplingError(f"logprobs must be in [0, 20], got {self.logprobs}")
         if any(not s for s in self.stop):
             raise SamplingError("stop strings must not be empty")
+        if self.seed is not None and not 0 <= self.seed < SEED_RANGE:
+            # Any integer is a valid seed to a client; the generator takes 64 bits of it.
+            object.__setattr__(self, "seed", self.seed % SEED_RANGE)
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature < GREEDY_BELOW or self.top_k == 1

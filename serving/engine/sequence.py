@@ -61,6 +61,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     output_text: str = ""
     error: str | None = None
+    error_code: str | None = None  # adapter_load_failed, sampling_failed or engine_error
 
     @property
     def token_ids(self) -> list[int]:

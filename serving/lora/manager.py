@@ -310,6 +310,23 @@ class AdapterManager:
             failures.append(LoadFailure(name, f"adapter {name!r} failed to load: {entry.error}"))
         return failures
 
+    def prepare(self, spec: AdapterSpec) -> LoadedAdapter:
+        """Fetch and validate a version without registering it: nothing anyone is served changes,
+        whatever the files turn out to be. ``install`` then gives it its name."""
+        loaded, tier, seconds = self._load(spec)
+        self.metrics.observe_load(spec.name, spec.tenant, tier, seconds)
+        return loaded
+
+    def install(self, spec: AdapterSpec, loaded: LoadedAdapter) -> None:
+        """Register ``spec`` with weights ``prepare`` already loaded (a promotion, as ``register``)."""
+        self.register(spec)
+        entry = self.entries[spec.name]
+        if entry.loaded is None:
+            self.host.insert(spec.name)
+            entry.loaded = loaded
+            if entry.pinned:
+                self.host.pin(spec.name)
+
     def load_now(self, name: str) -> LoadedAdapter:
         """Load synchronously (startup and explicit loads); raises the load's own error."""
         entry = self._get(name)

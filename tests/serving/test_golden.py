@@ -80,6 +80,12 @@ def test_load_replays_golden_outputs_with_the_configured_threshold(tiny_llama, t
     with pytest.raises(AdapterValidationError) as err:
         strict.load_lora("drifted", str(drifted))  # replayed at load, refused
     assert err.value.code is ErrorCode.GOLDEN_DRIFT and "drifted" not in strict.adapters.entries
+    # A drifting new version of a name that serves is refused and the old version keeps serving.
+    strict.load_lora("drifted", str(tiny_adapters["all8"]))
+    with pytest.raises(AdapterValidationError):
+        strict.load_lora("drifted", str(drifted))
+    assert strict.adapters.info("drifted").source == str(tiny_adapters["all8"])
+    assert sorted(strict.adapters.entries) == ["drifted"]
     lenient = tiny_engine(tiny_llama, tmp_path / "lenient", golden_min_token_agreement=0.0, golden_max_mean_kl=1e9)
     assert lenient.load_lora("drifted", str(drifted)).name == "drifted"
     del trainer

@@ -1,0 +1,80 @@
+"""Hostile requests beside another tenant's long stream: each gets an answer or a 4xx naming its
+field, the other tenant's stream completes every token, and the server stays ready."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from engine_helpers import tiny_engine
+
+from loraplane.serving.api.app import create_app
+from loraplane.serving.api.loopback import serve_app
+from loraplane.serving.api.tenants import TenantConfig, Tenants
+
+TENANTS = [TenantConfig(name="steady", api_keys=["key-steady"]), TenantConfig(name="hostile", api_keys=["key-hostile"])]
+HOSTILE = [
+    {"temperature": 1e-40},  # underflows: greedy, not a sampler crash
+    {"temperature": 5e-324, "top_p": 1e-300},
+    {"seed": 18446744073709551616},  # 2**64: reduced to the generator's range
+    {"seed": -(2**70)},
+    {"seed": 10**400},
+    {"prompt": [10**12]},  # a token id outside the vocabulary
+    {"prompt": [-1, 2]},
+    {"max_tokens": 10**9},
+    {"logprobs": 20, "temperature": 1e-30},
+    {"top_k": 10**18, "temperature": 1.5},
+    {"stop": ["\x00" * 50]},
+]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama: Path, tmp_path_factory) -> Iterator[str]:
+    cache = tmp_path_factory.mktemp("hostile")
+    app = create_app(lambda: tiny_engine(tiny_llama, cache, max_model_len=512), tenants=Tenants(TENANTS))
+    with serve_app(app) as url:
+        yield url
+
+
+def test_hostile_requests_fail_alone_while_another_tenants_stream_completes(server: str) -> None:
+    model = httpx.get(f"{server}/v1/models", headers={"Authorization": "Bearer key-steady"}).json()["data"][0]["id"]
+    steady = {"model": model, "prompt": "a long answer please", "max_tokens": 300, "ignore_eos": True, "stream": True,
+              "temperature": 0.8, "seed": 7, "stream_options": {"include_usage": True}}  # fmt: skip
+    tokens: list[str] = []
+    errors: list[str] = []
+    usage: list[int] = []
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{server}/v1/completions", json=steady, timeout=120,
+                          headers={"Authorization": "Bearer key-steady"}) as r:  # fmt: skip
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    event = json.loads(line.removeprefix("data: "))
+                    if "error" in event:
+                        errors.append(event["error"]["message"])
+                    elif event.get("usage"):
+                        usage.append(event["usage"]["completion_tokens"])
+                    elif event["choices"] and event["choices"][0]["finish_reason"] is None:
+                        tokens.append(event["choices"][0]["text"])
+
+    runner = threading.Thread(target=stream)
+    runner.start()
+    headers = {"Authorization": "Bearer key-hostile", "Content-Type": "application/json"}
+    hostile = httpx.Client(base_url=server, headers=headers, timeout=60)
+    for extra in HOSTILE:
+        body = {"model": model, "prompt": "hi", "max_tokens": 4, **extra}
+        r = hostile.post("/v1/completions", content=json.dumps(body))
+        assert r.status_code in (200, 400), (extra, r.status_code, r.text)
+        if r.status_code == 400:
+            assert r.json()["error"]["message"], extra
+    runner.join(120)
+    assert not errors
+    assert httpx.get(f"{server}/ready").status_code == 200
+    assert usage == [300] and tokens, "the steady stream must complete every token"
+    body = {k: v for k, v in steady.items() if k not in ("stream", "stream_options")}
+    final = httpx.post(f"{server}/v1/completions", headers={"Authorization": "Bearer key-steady"}, json=body, timeout=120)
+    assert final.json()["usage"]["completion_tokens"] == 300
