@@ -236,10 +236,11 @@ def create_app(
             raise
         if first is not None:
             meter.seen(first)
-            if (err := failure(first)) is not None:  # failed at its first token: an error status, not a 200 stream
+            refused = failure(first)
+            if refused is not None:  # failed at its first token: an error status, not a 200 stream
                 await meter.settle()
                 release(tenant, adapter, first)
-                raise err
+                raise refused
         return first, stream
 
     def meter_for(request_id: str, endpoint: str, model: str, adapter: str | None, tenant: TenantConfig | None) -> RequestMeter:
