@@ -290,6 +290,12 @@ def serve(
     from loraplane.serving.config import EngineConfig
     from loraplane.serving.engine.llm_engine import LLMEngine
 
+    if tenants_path is not None and not admin_token:
+        # With tenants the API is closed to callers without a key; an open admin API would let
+        # any of them register, pin or unload every tenant's adapters.
+        raise click.UsageError(
+            "--tenants needs --admin-token (or LORAPLANE_ADMIN_TOKEN): the admin calls would be open to every tenant"
+        )
     metering = make_metering(flags)
     settings: dict[str, object] = yaml.safe_load(config_path.read_text()) or {} if config_path else {}
     settings["model"] = model if model != "embedded" or "model" not in settings else settings["model"]

@@ -22,7 +22,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from loraplane.adapter_format import AdapterValidationError
 from loraplane.serving.api.async_engine import AsyncEngine
-from loraplane.serving.api.errors import APIError, api_error_handler, error_body, validation_error_handler
+from loraplane.serving.api.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from loraplane.serving.api.errors import APIError, api_error_handler, error_body, require_admin, validation_error_handler
 from loraplane.serving.api.metering import RequestMeter
 from loraplane.serving.api.protocol import (
     ChatCompletionRequest,
@@ -78,8 +79,7 @@ def _engine(request: Request) -> AsyncEngine:
 
 def _admin(request: Request) -> AsyncEngine:
     state: ServerState = request.app.state.server
-    if state.admin_token and request.headers.get("authorization") != f"Bearer {state.admin_token}":
-        raise APIError(401, "admin calls need the admin token", type_="authentication_error", code="invalid_api_key")
+    require_admin(request.headers.get("authorization"), state.admin_token)
     return state.ready()
 
 
@@ -101,6 +101,7 @@ def create_app(
     tenants: Tenants | None = None,
     max_pending_requests: int = 256,
     metering: Metering | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
     """``max_pending_requests`` bounds the requests queued or running in the engine; beyond it the
     server sheds load with 503 and ``Retry-After`` instead of queueing without bound. ``metering``
@@ -118,6 +119,7 @@ def create_app(
         await asyncio.to_thread(meters.close)  # after the last request's record
 
     app = FastAPI(title="loraplane", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.state.server = state

@@ -3,6 +3,8 @@ that go with each failure, so the official clients raise the exception users exp
 
 from __future__ import annotations
 
+import hmac
+
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -42,3 +44,15 @@ async def validation_error_handler(_request: Request, exc: Exception) -> JSONRes
     param = ".".join(loc) or None
     message = f"{param}: {first['msg']}" if param else str(first["msg"])
     return JSONResponse(error_body(message, "invalid_request_error", "invalid_request", param), status_code=400)
+
+
+def bearer_matches(authorization: str | None, token: str) -> bool:
+    """Whether an ``Authorization`` header carries ``token``, compared in constant time so the
+    answer's timing tells nothing about how much of a guess was right."""
+    return hmac.compare_digest((authorization or "").encode(), f"Bearer {token}".encode())
+
+
+def require_admin(authorization: str | None, token: str | None) -> None:
+    """401 unless no admin token is set or the header carries it."""
+    if token and not bearer_matches(authorization, token):
+        raise APIError(401, "admin calls need the admin token", type_="authentication_error", code="invalid_api_key")

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from loraplane.serving.api.tenants import Limits
 
 MAX_TOKENS_LIMIT = 1 << 20
+# Every stop string is searched for in the output at every step: bounded so a request cannot make
+# each step of everyone's batch slow (OpenAI allows 4; vLLM users pass a few more).
+MAX_STOPS = 16
+MAX_STOP_CHARS = 256
+StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
 
 
 class _Strict(BaseModel):
@@ -34,7 +39,7 @@ class _Sampling(_Strict):
     top_k: int = Field(default=0, ge=0, description="vLLM extension; 0 is off")
     ignore_eos: bool = Field(default=False, description="vLLM extension: generate max_tokens whatever the model says")
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOPS)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1

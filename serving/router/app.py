@@ -15,7 +15,8 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from loraplane.serving.api.errors import APIError, api_error_handler, validation_error_handler
+from loraplane.serving.api.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from loraplane.serving.api.errors import APIError, api_error_handler, require_admin, validation_error_handler
 from loraplane.serving.api.protocol import new_id
 from loraplane.serving.api.tenants import TenantConfig, Tenants
 from loraplane.serving.api.usage_metrics import UsageCollector
@@ -78,6 +79,7 @@ def create_router_app(
                 await asyncio.to_thread(meters.close)
 
     app = FastAPI(title="loraplane router", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=DEFAULT_MAX_BODY_BYTES)  # the replicas' own cap: refused here first
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
 
@@ -163,8 +165,7 @@ def create_router_app(
 
     @app.get("/router/replicas")
     async def replicas(request: Request) -> dict[str, object]:
-        if admin_token and request.headers.get("authorization") != f"Bearer {admin_token}":
-            raise APIError(401, "admin calls need the admin token", type_="authentication_error", code="invalid_api_key")
+        require_admin(request.headers.get("authorization"), admin_token)
         return {"policy": config.policy, "epsilon": config.epsilon,
                 "replicas": [r.view() for r in sorted(table.replicas.values(), key=lambda r: r.name)]}  # fmt: skip
 

@@ -78,3 +78,23 @@ def test_hostile_requests_fail_alone_while_another_tenants_stream_completes(serv
     body = {k: v for k, v in steady.items() if k not in ("stream", "stream_options")}
     final = httpx.post(f"{server}/v1/completions", headers={"Authorization": "Bearer key-steady"}, json=body, timeout=120)
     assert final.json()["usage"]["completion_tokens"] == 300
+
+
+def test_bodies_beyond_the_cap_are_refused_with_413_and_stop_lists_are_bounded(server: str) -> None:
+    headers = {"Authorization": "Bearer key-hostile", "Content-Type": "application/json"}
+    huge = b'{"model": "x", "prompt": "' + b"a" * (9 << 20) + b'"}'
+    r = httpx.post(f"{server}/v1/completions", content=huge, headers=headers, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the cap counts what arrives
+        yield b'{"model": "x", "prompt": "'
+        for _ in range(10):
+            yield b"a" * (1 << 20)
+        yield b'"}'
+
+    r = httpx.post(f"{server}/v1/completions", content=chunks(), headers=headers, timeout=60)
+    assert r.status_code == 413
+    for stop in (["s"] * 17, ["x" * 257]):
+        r = httpx.post(f"{server}/v1/completions", json={"model": "x", "prompt": "hi", "stop": stop}, headers=headers)
+        assert r.status_code == 400 and r.json()["error"]["param"].startswith("stop"), r.text
+    assert httpx.get(f"{server}/ready").status_code == 200
