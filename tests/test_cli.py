@@ -78,3 +78,13 @@ def test_plan_explains_each_decision() -> None:
 def test_help_lists_the_subcommands() -> None:
     code, out = run("--help")
     assert code == 0 and "sim" in out and "plan" in out
+
+
+def test_serve_refuses_tenants_without_an_admin_token(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("LORAPLANE_ADMIN_TOKEN", raising=False)
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text("tenants: [{name: acme, api_keys: [k]}]\n")
+    code, output = run("serve", "--tenants", str(tenants))
+    assert code == 2 and "--tenants needs --admin-token" in output
+    code, output = run("serve", "--tenants", str(tenants), "--admin-token", "")
+    assert code == 2
