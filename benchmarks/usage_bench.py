@@ -1,13 +1,14 @@
-"""The usage spool's cost on the request path, side by side in one run: requests served through the
-real FastAPI app and the tiny-model-free path that matters here (the handler's ``await
-metering.record``), with the spool on and off, alternated, medians quoted.
+"""The usage spool's cost on the request path, spool on against off, side by side in one run,
+alternated round by round (this machine's speed drifts), medians quoted.
 
-Each round drives ``--concurrency`` coroutines that each settle ``--requests`` records the way a
-handler does (build the record, await its acknowledgement), on one event loop, and reports
-records/s and the awaited latency. With the spool off the call only updates the rollup; with it
-on the writer thread batches, writes and fsyncs every ``--fsync-interval`` seconds.
+1. The record path alone: ``--concurrency`` coroutines on one event loop settle records the way a
+   handler does (build the record, await its acknowledgement). Off, the call only updates the
+   rollup; on, the writer thread batches, writes and fsyncs every ``--fsync-interval`` seconds.
+2. Served requests (``--server``): two ``loraplane serve`` child processes on the embedded base,
+   one with ``--usage-dir``, one without, each sent the same rounds of short completions
+   (``max_tokens`` 1, the case where a per-request cost shows most) through the official client.
 
-    python benchmarks/usage_bench.py [--rounds 5] [--requests 2000] [--concurrency 64]
+    python benchmarks/usage_bench.py [--rounds 5] [--requests 2000] [--concurrency 64] [--server]
 """
 
 from __future__ import annotations
@@ -50,12 +51,57 @@ def one_round(spool: bool, args: argparse.Namespace, root: Path) -> tuple[float,
     return rate, lat[len(lat) // 2] * 1e6, lat[int(len(lat) * 0.99)] * 1e6
 
 
+def served(args: argparse.Namespace) -> None:
+    """Requests/s of the two servers, alternated."""
+    from contextlib import ExitStack
+
+    import openai
+
+    from loraplane.serving.bench.deployment import spawn_server
+    from loraplane.serving.config import EngineConfig
+
+    config = EngineConfig(model="embedded", max_model_len=512)
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        urls = {
+            False: stack.enter_context(spawn_server(config, {}, [])).url,
+            True: stack.enter_context(spawn_server(config, {}, [], server_args=["--usage-dir", tmp])).url,
+        }
+        rates: dict[bool, list[float]] = {False: [], True: []}
+
+        async def round_of(url: str) -> float:
+            api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+            model = (await api.models.list()).data[0].id
+            sem = asyncio.Semaphore(8)
+
+            async def one(i: int) -> None:
+                async with sem:
+                    await api.completions.create(model=model, prompt=f"request {i}", max_tokens=1)
+
+            start = time.perf_counter()
+            await asyncio.gather(*(one(i) for i in range(args.server_requests)))
+            return args.server_requests / (time.perf_counter() - start)
+
+        for r in range(args.rounds + 1):
+            for spool in (False, True) if r % 2 else (True, False):
+                rate = asyncio.run(round_of(urls[spool]))
+                if r:  # the first round warms both up
+                    rates[spool].append(rate)
+        print("| server | requests/s (median) | rounds |")
+        print("| --- | --- | --- |")
+        for spool, values in rates.items():
+            each = ", ".join(f"{v:.1f}" for v in values)
+            print(f"| spool {'on' if spool else 'off'} | {statistics.median(values):.1f} | {each} |")
+        print(f"on/off: {statistics.median(rates[True]) / statistics.median(rates[False]):.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--fsync-interval", type=float, default=1.0)
+    parser.add_argument("--server", action="store_true", help="also measure served requests (two child servers)")
+    parser.add_argument("--server-requests", type=int, default=48)
     args = parser.parse_args()
     print(f"cpu: {platform.processor() or platform.machine()}, python {platform.python_version()}")
     results: dict[bool, list[tuple[float, float, float]]] = {False: [], True: []}
@@ -70,6 +116,8 @@ def main() -> None:
         print(f"| {'on' if spool else 'off'} | {rate:,.0f} | {p50:.0f} µs | {p99:.0f} µs |")
     off, on = (statistics.median(r[1] for r in results[s]) for s in (False, True))
     print(f"added latency per request (median): {on - off:.0f} µs")
+    if args.server:
+        served(args)
 
 
 if __name__ == "__main__":

@@ -134,15 +134,17 @@ def spawn_server(
     tenant_names: list[str],
     *,
     start_timeout: float = 900,
+    server_args: list[str] | None = None,
 ) -> Iterator[Deployment]:
-    """Run ``loraplane serve`` for ``config`` as a child process on a free loopback port, register
+    """Run ``loraplane serve`` for ``config`` (and ``server_args``) as a child process on a free loopback port, register
     ``adapters`` (name -> (PEFT folder, owner)) through the admin API as an operator would, and
     yield the deployment; the server is stopped (SIGTERM: graceful) afterwards.
 
     A separate process rather than a thread: the client's event loop and the server's would
     otherwise share one interpreter lock, and every figure would include that contention.
     """
-    with spawn_replicas(config, adapters, tenant_names, 1, start_timeout=start_timeout) as fleet:
+    extra = list(server_args or [])
+    with spawn_replicas(config, adapters, tenant_names, 1, start_timeout=start_timeout, replica_args=lambda _: extra) as fleet:
         yield fleet.deployment(fleet.urls[0])
 
 
