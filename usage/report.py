@@ -13,7 +13,7 @@ import io
 import json
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,24 +23,21 @@ from tqdm import tqdm
 
 from loraplane.adapter_format.sources import S3Settings
 from loraplane.usage.export import parse_destination
-from loraplane.usage.record import Outcome, UsageRecord
+from loraplane.usage.record import UsageRecord
+from loraplane.usage.totals import Totals
 
 _PARTITION = re.compile(r"date=(\d{4}-\d{2}-\d{2})")
 
 
-@dataclass
-class Row:
+class Row(Totals):
     tenant: str
     adapter: str
     day: str
-    requests: int = 0
-    refused: int = 0
-    aborted: int = 0
-    failed: int = 0
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
+
+    def line(self) -> dict[str, Any]:
+        """The row as the report prints it: keys first, then the sums and their total."""
+        return {"tenant": self.tenant, "adapter": self.adapter, "day": self.day,
+                **{k: getattr(self, k) for k in Totals.model_fields}, "total_tokens": self.total_tokens}  # fmt: skip
 
 
 @dataclass
@@ -115,17 +112,8 @@ def build_report(blobs: Iterable[tuple[str, bytes]], since: float | None = None,
                 continue
             report.records += 1
             key = (record.tenant or "(none)", record.adapter or "(base)", _day(record.time))
-            row = groups.get(key) or groups.setdefault(key, Row(*key))
-            if record.outcome is Outcome.REFUSED:
-                row.refused += 1
-            else:
-                row.requests += 1
-                row.aborted += record.outcome is Outcome.ABORTED
-                row.failed += record.outcome is Outcome.FAILED
-            row.prompt_tokens += record.prompt_tokens
-            row.cached_prompt_tokens += record.cached_prompt_tokens
-            row.completion_tokens += record.completion_tokens
-            row.total_tokens += record.prompt_tokens + record.completion_tokens
+            row = groups.get(key) or groups.setdefault(key, Row(tenant=key[0], adapter=key[1], day=key[2]))
+            row.count(record)
     report.rows = [groups[k] for k in sorted(groups)]
     return report
 
@@ -147,11 +135,11 @@ def parse_time(value: str | None, end_of_day: bool = False) -> float | None:
 
 
 def render(report: Report, fmt: str) -> str:
-    rows = [asdict(r) for r in report.rows]
+    rows = [r.line() for r in report.rows]
     if fmt == "json":
         summary: dict[str, Any] = {"records": report.records, "duplicates": report.duplicates, "unreadable": report.unreadable}
         return json.dumps({**summary, "rows": rows}, indent=2)
-    columns = list(Row.__dataclass_fields__)
+    columns = list(rows[0]) if rows else list(Row(tenant="", adapter="", day="").line())
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")

@@ -13,28 +13,15 @@ from collections import defaultdict
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from loraplane.usage.record import Outcome, UsageRecord
+from loraplane.usage.record import UsageRecord
+from loraplane.usage.totals import Totals
 
 WINDOW_HOURS = 24
 NO_TENANT = "(none)"  # requests on an open server carry no tenant
 
 
-class TenantTotals(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class TenantTotals(Totals):
     tenant: str
-    requests: int = 0
-    refused: int = 0
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-    def add(self, other: TenantTotals) -> None:
-        self.requests += other.requests
-        self.refused += other.refused
-        self.prompt_tokens += other.prompt_tokens
-        self.cached_prompt_tokens += other.cached_prompt_tokens
-        self.completion_tokens += other.completion_tokens
 
 
 class UsageRollup(BaseModel):
@@ -61,14 +48,7 @@ class Rollup:
         tenant = record.tenant or NO_TENANT
         with self._lock:
             bucket = self._buckets[hour]
-            totals = bucket.get(tenant) or bucket.setdefault(tenant, TenantTotals(tenant=tenant))
-            if record.outcome is Outcome.REFUSED:
-                totals.refused += 1
-            else:
-                totals.requests += 1
-            totals.prompt_tokens += record.prompt_tokens
-            totals.cached_prompt_tokens += record.cached_prompt_tokens
-            totals.completion_tokens += record.completion_tokens
+            (bucket.get(tenant) or bucket.setdefault(tenant, TenantTotals(tenant=tenant))).count(record)
             oldest = hour - WINDOW_HOURS + 1
             for old in [h for h in self._buckets if h < oldest]:
                 del self._buckets[old]
@@ -84,7 +64,7 @@ class Rollup:
                 for tenant, t in bucket.items():
                     merged.setdefault(tenant, TenantTotals(tenant=tenant)).add(t)
         since = max(self.started, oldest * 3600.0)
-        return since, sorted(merged.values(), key=lambda t: (-(t.prompt_tokens + t.completion_tokens), t.tenant))
+        return since, sorted(merged.values(), key=lambda t: (-t.total_tokens, t.tenant))
 
 
 def merge(rollups: list[UsageRollup], limit: int) -> list[TenantTotals]:
@@ -94,7 +74,7 @@ def merge(rollups: list[UsageRollup], limit: int) -> list[TenantTotals]:
     for rollup in rollups:
         for t in rollup.tenants:
             merged.setdefault(t.tenant, TenantTotals(tenant=t.tenant)).add(t)
-    ordered = sorted(merged.values(), key=lambda t: (-(t.prompt_tokens + t.completion_tokens), t.tenant))
+    ordered = sorted(merged.values(), key=lambda t: (-t.total_tokens, t.tenant))
     if len(ordered) <= limit:
         return ordered
     other = TenantTotals(tenant="(other)")
