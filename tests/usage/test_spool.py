@@ -59,8 +59,11 @@ def test_the_open_segment_is_fsynced_within_the_interval(tmp_path: Path, monkeyp
     spool = UsageSpool(tmp_path, "pod-a", fsync_interval=0.1)
     written = time.monotonic()
     spool.append(record(1)).result(timeout=5)
-    time.sleep(0.5)
-    assert synced and synced[0] - written < 0.4, "one write and then silence must still be fsynced"
+    deadline = time.monotonic() + 5
+    while not synced and time.monotonic() < deadline:
+        time.sleep(0.02)
+    # Within the interval plus scheduling slack on a loaded machine, and long before rotation (60 s).
+    assert synced and synced[0] - written < 1.5, "one write and then silence must still be fsynced"
     spool.close()
 
 
