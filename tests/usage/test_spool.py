@@ -79,7 +79,7 @@ def test_append_does_not_wait_for_the_disk(tmp_path: Path) -> None:
     spool._write = slow  # type: ignore[method-assign]
     start = time.monotonic()
     futures = [spool.append(record(i)) for i in range(100)]
-    assert time.monotonic() - start < 0.5
+    assert time.monotonic() - start < 5  # the gate stays shut for 10 s: append did not wait for it
     assert not any(f.done() for f in futures)
     gate.set()
     for f in futures:
