@@ -79,7 +79,9 @@ def served(args: argparse.Namespace) -> None:
 
             start = time.perf_counter()
             await asyncio.gather(*(one(i) for i in range(args.server_requests)))
-            return args.server_requests / (time.perf_counter() - start)
+            rate = args.server_requests / (time.perf_counter() - start)
+            await api.close()  # before asyncio.run closes the loop its connections live on
+            return rate
 
         for r in range(args.rounds + 1):
             for spool in (False, True) if r % 2 else (True, False):
