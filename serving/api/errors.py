@@ -4,6 +4,8 @@ that go with each failure, so the official clients raise the exception users exp
 from __future__ import annotations
 
 import hmac
+from collections.abc import Sequence
+from typing import Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -36,14 +38,19 @@ async def api_error_handler(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body(exc.message, exc.type, exc.code, exc.param), status_code=exc.status, headers=headers)
 
 
-async def validation_error_handler(_request: Request, exc: Exception) -> JSONResponse:
-    """FastAPI answers 422; OpenAI answers 400 with the first problem spelled out."""
-    assert isinstance(exc, RequestValidationError)
-    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+def invalid_request(errors: Sequence[Any]) -> APIError:
+    """OpenAI's 400 for a body that breaks the schema, naming the first field at fault."""
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
     message = f"{param}: {first['msg']}" if param else str(first["msg"])
-    return JSONResponse(error_body(message, "invalid_request_error", "invalid_request", param), status_code=400)
+    return APIError(400, message, code="invalid_request", param=param)
+
+
+async def validation_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI answers 422; OpenAI answers 400 with the first problem spelled out."""
+    assert isinstance(exc, RequestValidationError)
+    return await api_error_handler(request, invalid_request(exc.errors()))
 
 
 def bearer_matches(authorization: str | None, token: str) -> bool:

@@ -14,10 +14,11 @@ import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
 
 from loraplane.serving.api.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
-from loraplane.serving.api.errors import APIError, api_error_handler, require_admin, validation_error_handler
-from loraplane.serving.api.protocol import new_id
+from loraplane.serving.api.errors import APIError, api_error_handler, invalid_request, require_admin, validation_error_handler
+from loraplane.serving.api.protocol import ChatCompletionRequest, CompletionRequest, new_id
 from loraplane.serving.api.tenants import TenantConfig, Tenants
 from loraplane.serving.api.usage_metrics import UsageCollector
 from loraplane.serving.router.config import RouterConfig
@@ -111,8 +112,15 @@ def create_router_app(
             raise APIError(400, "the body is not valid JSON", code="invalid_request") from None
         if not isinstance(payload, dict):
             raise APIError(400, "the body must be a JSON object", code="invalid_request")
-        model = payload.get("model")
-        adapter = seen["adapter"] = model if isinstance(model, str) else None
+        try:  # as strictly as the replicas: a body they would refuse never counts against a quota
+            request_model = BODIES[path].model_validate(payload)
+        except ValidationError as err:
+            raise invalid_request(err.errors()) from None
+        payload["stream"] = request_model.stream  # what the replica will do, e.g. for "stream": 1
+        adapter = seen["adapter"] = request_model.model
+        owner = table.owners.get(adapter)
+        if owner is not None and not Tenants.may_use(tenant, owner):  # before any quota can reveal it
+            raise APIError(404, f"The model `{adapter}` does not exist.", code="model_not_found", param="model")
         tenants.admit(tenant, adapter)
         forwarder: Forwarder = request.app.state.forwarder
 
@@ -170,6 +178,12 @@ def create_router_app(
                 "replicas": [r.view() for r in sorted(table.replicas.values(), key=lambda r: r.name)]}  # fmt: skip
 
     return app
+
+
+BODIES: dict[str, type[CompletionRequest] | type[ChatCompletionRequest]] = {
+    "/v1/completions": CompletionRequest,
+    "/v1/chat/completions": ChatCompletionRequest,
+}
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:

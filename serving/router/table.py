@@ -38,6 +38,7 @@ class ReplicaTable:
 
     def __init__(self) -> None:
         self.replicas: dict[str, Replica] = {}
+        self.owners: dict[str, str | None] = {}  # adapter -> its tenant (None: shared), from the replicas' stats
 
     def set_members(self, members: dict[str, str]) -> None:
         """Replace the membership (name -> URL) with what discovery reports now; a replica that
@@ -62,6 +63,9 @@ class ReplicaTable:
         if not isinstance(adapters, dict):
             return
         replica.registered = set(adapters)
+        for name, a in adapters.items():  # who owns each adapter, so the edge can hide others' adapters
+            if isinstance(a, dict):
+                self.owners[name] = a.get("tenant") if isinstance(a.get("tenant"), str) else None
         replica.device = {n for n, a in adapters.items() if isinstance(a, dict) and a.get("tier") == "device"}
         replica.host = {n for n, a in adapters.items() if isinstance(a, dict) and a.get("tier") == "host"}
         waiting = stats.get("waiting")

@@ -47,6 +47,9 @@ class Upkeep:
             if replica.up:
                 log.warning("replica %s is down: %r", replica.name, err)
             self.table.mark_down(replica, repr(err))
+        except Exception as err:  # it answered, but not stats we can read: down, and the others go on
+            log.warning("replica %s answered unreadable stats: %r", replica.name, err)
+            self.table.mark_down(replica, f"unreadable stats: {type(err).__name__}")
 
     def learn_quotas(self, stats: dict[str, object]) -> None:
         """Adapters' own quotas, as registered on the replicas, hold at the edge as well: with

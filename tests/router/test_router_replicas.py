@@ -152,6 +152,50 @@ def test_a_tenants_concurrency_quota_holds_at_the_edge(fleet: Fleet) -> None:
         assert complete(url, fleet.keys["acme"], "qv4").status_code == 200
 
 
+def test_the_edge_validates_like_a_replica_and_hides_other_tenants_adapters_before_quotas(fleet: Fleet) -> None:
+    tenants = load_tenants(fleet.work / "tenants.yaml")
+    limited = [t.model_copy(update={"tokens_per_minute": 30}) if t.name == "acme" else t for t in tenants]
+    with router_for(fleet, Tenants(limited)) as url:
+        acme, globex = fleet.keys["acme"], fleet.keys["globex"]
+        # "stream": 1 is a stream to the replica; the edge must count its tokens as one.
+        body = {"model": "qv4", "prompt": "count me", "max_tokens": 30, "ignore_eos": True, "stream": 1}
+        r = httpx.post(f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {acme}"}, timeout=120)
+        assert r.status_code == 200 and r.text.startswith("data: ")
+        assert complete(url, acme, "qv4").status_code == 429  # its 30+ tokens were counted
+        bad = httpx.post(f"{url}/v1/completions", json={"model": "ku2", "prompt": "x", "temperature": 9},
+                         headers={"Authorization": f"Bearer {globex}"}, timeout=30)  # fmt: skip
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "temperature"
+        # acme is over its quota, yet globex's adapter is still "not found" for acme, not "429".
+        assert complete(url, acme, "ku2").status_code == 404
+
+
+def test_a_replica_that_answers_garbage_does_not_stop_the_upkeep(fleet: Fleet) -> None:
+    from fastapi import FastAPI
+    from fastapi.responses import PlainTextResponse
+
+    garbage = FastAPI()
+
+    @garbage.get("/ready")
+    async def ready() -> dict[str, str]:
+        return {"status": "ready"}
+
+    @garbage.get("/admin/stats")
+    async def stats() -> PlainTextResponse:
+        return PlainTextResponse("<html>not json</html>", media_type="application/json")
+
+    with serve_app(garbage) as bad_url, router_for(fleet, replicas=[bad_url, *fleet.urls]) as url:
+        seen_down = False
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not seen_down:  # several upkeep rounds
+            bad = table(fleet, url)[name_of(bad_url)]
+            seen_down = not bad["up"] and "unreadable" in (bad["error"] or "")
+            time.sleep(0.1)
+        assert seen_down
+        view = table(fleet, url)
+        assert all(view[name_of(u)]["up"] and view[name_of(u)]["registered"] == len(OWNERS) for u in fleet.urls)
+        assert complete(url, fleet.keys["acme"], "qv4").status_code == 200
+
+
 def test_replicas_are_discovered_from_the_services_endpointslices(fleet: Fleet, tmp_path: Path) -> None:
     from kubernetes import config as kube_config
 
