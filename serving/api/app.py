@@ -43,7 +43,7 @@ from loraplane.serving.api.usage_metrics import UsageCollector
 from loraplane.serving.engine.llm_engine import LLMEngine, RequestError, RequestOutput
 from loraplane.serving.engine.sampling_params import SamplingError, SamplingParams
 from loraplane.serving.engine.sequence import FinishReason
-from loraplane.serving.lora.manager import AdapterBusy, AdapterNotFound, AdapterSpec
+from loraplane.serving.lora.manager import AdapterBusy, AdapterNotFound, AdapterSpec, AdapterUnavailable
 from loraplane.usage import Metering, Outcome, UsageRecord, UsageRollup
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -193,6 +193,8 @@ def create_app(
             raise APIError(400, str(err)) from None
         except AdapterNotFound as err:
             raise APIError(404, str(err), code="model_not_found", param="model") from None
+        except AdapterUnavailable as err:
+            raise APIError(503, str(err), type_="server_error", code="adapter_load_failed") from None
         return first, stream
 
     def failure(out: RequestOutput) -> APIError | None:

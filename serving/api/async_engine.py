@@ -68,6 +68,10 @@ class AsyncEngine:
                 continue
             for out in outputs:
                 self._deliver(out.request_id, out)
+            if not self.engine.ran and not outputs:
+                # Requests wait (a slot held by busy adapters, a load backing off): sleep on the
+                # inbox rather than spin; a new call wakes it at once.
+                self._drain(block=True)
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
         target = self._streams.get(request_id)

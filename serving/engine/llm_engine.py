@@ -170,6 +170,7 @@ class LLMEngine:
         self.sampler = Sampler()
         self.runner = ModelRunner(self.model, self.cache, self.slots, self.sampler)
         self.requests: dict[str, Sequence] = {}
+        self.ran = False  # whether the last step ran a batch (an idle one lets its caller sleep)
         self._ids = itertools.count()
         tokenizer_eos = self.tokenizer.eos_token_id
         self.eos_ids = set(cfg.eos_token_ids) | ({tokenizer_eos} if tokenizer_eos is not None else set())
@@ -300,6 +301,7 @@ class LLMEngine:
         seq.arrival_time = time.monotonic()
         if adapter is not None:
             info = self.adapters.info(adapter)  # raises AdapterNotFound for an unknown name
+            self.adapters.check_available(adapter)
             seq.tenant = info.tenant or tenant
             seq.arrival_tier = {Residency.DEVICE: "device", Residency.HOST: "host"}.get(info.residency, "cold")
             if info.residency is not Residency.DEVICE:
@@ -350,6 +352,7 @@ class LLMEngine:
         """One scheduling round and one forward pass; outputs of the sequences that advanced."""
         outputs = self._fail_loads()
         batch = self.scheduler.schedule()
+        self.ran = bool(batch.items)
         if not batch.items:
             if self.adapters.loads_in_flight():
                 self.adapters.wait_for_loads(timeout=0.05)  # nothing to run until a load lands

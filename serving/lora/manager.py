@@ -46,6 +46,16 @@ class AdapterBusy(RuntimeError):
     pass
 
 
+class AdapterUnavailable(RuntimeError):
+    """The adapter's files were refused (a permanent failure): requests fail at once until a new
+    version is registered, instead of fetching the same bad files again for each."""
+
+
+# A transient load failure (the store unreachable, a dropped connection) is retried after
+# RETRY_BASE * 2**(failures - 1) seconds, at most RETRY_MAX, when a request next needs it.
+RETRY_BASE, RETRY_MAX = 0.5, 60.0
+
+
 class Residency(enum.StrEnum):
     COLD = "cold"
     LOADING = "loading"
@@ -76,6 +86,9 @@ class _Entry:
     pinned: bool = False
     running: int = 0
     pages: list[int] = field(default_factory=list)  # unified paging: pool pages holding its rows
+    permanent: bool = False  # its files were refused: no refetch until a new version is registered
+    failures: int = 0  # transient failures in a row
+    retry_at: float = 0.0  # no new load before this (monotonic seconds)
     retired_key: str | None = None  # set once a new version took its name (see _retire)
 
     @property
@@ -270,9 +283,17 @@ class AdapterManager:
 
     def start_load(self, name: str) -> None:
         entry = self._get(name)
+        if entry.permanent or time.monotonic() < entry.retry_at:
+            return
         if entry.loaded is None and entry.future is None:
             entry.error = None
             entry.future = self.pool.submit(self._load, entry.spec)
+
+    def check_available(self, name: str) -> None:
+        """Raise ``AdapterUnavailable`` for an adapter whose files were refused."""
+        entry = self._get(name)
+        if entry.permanent:
+            raise AdapterUnavailable(f"adapter {name!r} failed to load: {entry.error}")
 
     def loads_in_flight(self) -> int:
         return sum(1 for e in self.entries.values() if e.future is not None)
@@ -293,10 +314,13 @@ class AdapterManager:
             try:
                 loaded, tier, seconds = future.result()
             except AdapterValidationError as err:
-                entry.error = f"{err.code}: {err}"
-            except Exception as err:  # a network or disk failure: report it, retry on the next request
+                entry.error, entry.permanent = f"{err.code}: {err}", True
+            except Exception as err:  # a network or disk failure: report it, retry later with backoff
                 entry.error = f"{type(err).__name__}: {err}"
+                entry.failures += 1
+                entry.retry_at = time.monotonic() + min(RETRY_MAX, RETRY_BASE * 2 ** (entry.failures - 1))
             else:
+                entry.failures = 0
                 self.metrics.observe_load(name, entry.spec.tenant, tier, seconds)
                 try:
                     self.host.insert(name)

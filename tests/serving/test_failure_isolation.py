@@ -94,3 +94,34 @@ def test_a_refused_reload_leaves_the_served_version_serving(tiny_llama: Path, ti
         assert engine.adapters.info("bot").digest == info.digest
         assert engine.generate([[5, 6, 7]], params, ["bot"])[0].token_ids == before
     assert sorted(engine.adapters.entries) == ["bot"]  # no candidate left behind
+
+
+def test_a_refused_adapter_is_not_fetched_again_and_a_transient_failure_backs_off(
+    tiny_llama: Path, tiny_adapters, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from loraplane.serving.lora.manager import AdapterSpec, AdapterUnavailable
+
+    engine = tiny_engine(tiny_llama, tmp_path)
+    loads: list[str] = []
+    real = engine.adapters._load  # counted: the fetch-and-validate step every load goes through
+
+    def counted(spec):  # type: ignore[no-untyped-def]
+        loads.append(spec.name)
+        if spec.name == "flaky" and loads.count("flaky") == 1:
+            raise OSError("connection reset by the store")
+        return real(spec)
+
+    monkeypatch.setattr(engine.adapters, "_load", counted)
+    engine.register_lora(AdapterSpec("ghost", str(tmp_path / "nothing-here")))
+    params = SamplingParams(max_tokens=2, temperature=0)
+    first = run(engine, [engine.add_request([5, 6], params, adapter="ghost")])
+    assert next(iter(first.values())).error_code == "adapter_load_failed"
+    with pytest.raises(AdapterUnavailable, match="failed to load"):
+        engine.add_request([5, 6], params, adapter="ghost")  # fails at once, nothing fetched again
+    assert loads.count("ghost") == 1
+
+    engine.register_lora(AdapterSpec("flaky", str(tiny_adapters["qv4"])))
+    failed = run(engine, [engine.add_request([5, 6], params, adapter="flaky")])
+    assert next(iter(failed.values())).finish_reason is FinishReason.ERROR
+    retried = run(engine, [engine.add_request([5, 6], params, adapter="flaky")])  # waits out the backoff, then loads
+    assert next(iter(retried.values())).finish_reason is FinishReason.LENGTH and loads.count("flaky") == 2
