@@ -17,12 +17,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from loraplane.adapter_format.errors import AdapterValidationError, ErrorCode
 
 
+MAX_RANK = 1 << 16
+MAX_ALPHA = 1e6
+
+
 class PeftLoraConfig(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     peft_type: str = "LORA"
-    r: int = Field(gt=0)
-    lora_alpha: float = Field(gt=0)
+    # Bounded so the scaling is a finite number the kernels can multiply by: Python's JSON reader
+    # accepts Infinity and NaN, and a rank beyond any base's width is a corrupt file.
+    r: int = Field(gt=0, le=MAX_RANK)
+    lora_alpha: float = Field(gt=0, le=MAX_ALPHA, allow_inf_nan=False)
     target_modules: list[str] | str
     use_rslora: bool = False
     use_dora: bool = False

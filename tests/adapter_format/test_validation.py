@@ -186,6 +186,10 @@ def test_bad_config(tmp_path: Path) -> None:
     folder = make_adapter(tmp_path / "d")
     (folder / "adapter_config.json").write_text("{not json")
     expect(ErrorCode.BAD_CONFIG, folder, "not readable JSON")
+    # Python's JSON reader takes Infinity and NaN: a scaling must still be a finite number.
+    for i, alpha in enumerate((float("inf"), float("nan"), 1e300)):
+        expect(ErrorCode.BAD_CONFIG, make_adapter(tmp_path / f"alpha{i}", config={"lora_alpha": alpha}), "lora_alpha")
+    expect(ErrorCode.BAD_CONFIG, make_adapter(tmp_path / "r", config={"r": 10**9}), "r: Input should be less than")
 
 
 def test_size_limit(tmp_path: Path) -> None:
