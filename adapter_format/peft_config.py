@@ -16,7 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from loraplane.adapter_format.errors import AdapterValidationError, ErrorCode
 
-
 MAX_RANK = 1 << 16
 MAX_ALPHA = 1e6
 
