@@ -20,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from loraplane.adapter_format import AdapterValidationError
+from loraplane.adapter_format import AdapterValidationError, ErrorCode
 from loraplane.serving.api.async_engine import AsyncEngine
 from loraplane.serving.api.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from loraplane.serving.api.errors import APIError, api_error_handler, error_body, require_admin, validation_error_handler
@@ -149,12 +149,29 @@ def create_app(
         entries = engine.engine.adapters.entries
         return sorted(n for n, e in list(entries.items()) if Tenants.may_use(tenant, e.spec.tenant))
 
+    def cards(engine: AsyncEngine, tenant: TenantConfig | None) -> list[ModelCard]:
+        """The base (for a tenant allowed it) and the adapters the caller may use, each with the
+        source it is served from as ``root`` (vLLM's field)."""
+        base = engine.engine.base.shape.name
+        entries = engine.engine.adapters.entries
+        found = [ModelCard(id=base, root=engine.engine.config.model)] if tenant is None or tenant.allow_base else []
+        for name in visible(engine, tenant):
+            entry = entries.get(name)
+            if entry is not None:
+                found.append(ModelCard(id=name, root=entry.spec.source, parent=base))
+        return found
+
     @app.get("/v1/models")
     async def models(engine: Engine, tenant: Caller) -> ModelList:
-        base = engine.engine.base.shape.name
-        cards = [ModelCard(id=base)] if tenant is None or tenant.allow_base else []
-        cards += [ModelCard(id=name, parent=base) for name in visible(engine, tenant)]
-        return ModelList(data=cards)
+        return ModelList(data=cards(engine, tenant))
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str, engine: Engine, tenant: Caller) -> ModelCard:
+        """One card, as OpenAI's API retrieves it; another tenant's adapter is as missing as none."""
+        for card in cards(engine, tenant):
+            if card.id == model:
+                return card
+        raise APIError(404, f"The model `{model}` does not exist.", code="model_not_found", param="model")
 
     def resolve_model(engine: AsyncEngine, model: str, tenant: TenantConfig | None) -> str | None:
         """The adapter to use (None for the base). Another tenant's adapter, or the base for a
@@ -288,6 +305,14 @@ def create_app(
             total_tokens=len(out.prompt_token_ids) + len(out.token_ids),
         )
 
+    def with_running_usage(
+        req: CompletionRequest | ChatCompletionRequest, event: dict[str, Any], out: RequestOutput
+    ) -> dict[str, Any]:
+        """vLLM's ``continuous_usage_stats``: the usage so far on every streamed chunk."""
+        if req.stream_options is not None and req.stream_options.continuous_usage_stats:
+            event["usage"] = usage(out).model_dump()
+        return event
+
     def tokens_left(engine: AsyncEngine, prompt_len: int) -> int:
         return max(1, engine.engine.max_model_len - prompt_len)
 
@@ -337,7 +362,11 @@ def create_app(
                 logprobs = {
                     "tokens": [tok.token_text(lp.token_id) for lp in out.logprobs],
                     "token_logprobs": [lp.logprob for lp in out.logprobs],
-                    "top_logprobs": [{tok.token_text(t): v for t, v in lp.top} for lp in out.logprobs],
+                    # As vLLM: the chosen token is among its step's entries too, so logprobs=0 gives it alone.
+                    "top_logprobs": [
+                        {**{tok.token_text(t): v for t, v in lp.top}, tok.token_text(lp.token_id): lp.logprob}
+                        for lp in out.logprobs
+                    ],
                 }
             return {"index": 0, "text": text, "finish_reason": finish_reason(out), "logprobs": logprobs}
 
@@ -354,7 +383,8 @@ def create_app(
                 if (err := failure(out)) is not None:  # the stream's last event carries the error
                     yield error_body(err.message, err.type, err.code)
                     return
-                yield {**base, "choices": [{"index": 0, "text": delta, "finish_reason": finish_reason(out), "logprobs": None}]}
+                event = {**base, "choices": [{"index": 0, "text": delta, "finish_reason": finish_reason(out), "logprobs": None}]}
+                yield with_running_usage(req, event, out)
             if out is not None and req.stream_options and req.stream_options.include_usage:
                 yield {**base, "choices": [], "usage": usage(out).model_dump()}
 
@@ -364,7 +394,7 @@ def create_app(
     async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller) -> Any:
         adapter = resolve_model(engine, req.model, tenant)
         try:
-            prompt = engine.engine.tokenizer.chat([m.model_dump() for m in req.messages])
+            prompt = engine.engine.tokenizer.chat([{"role": m.role, "content": m.text()} for m in req.messages])
         except ValueError as err:
             raise APIError(400, str(err), param="messages") from None
         limit = req.max_completion_tokens or req.max_tokens or tokens_left(engine, len(prompt))
@@ -400,7 +430,7 @@ def create_app(
                     yield error_body(err.message, err.type, err.code)
                     return
                 choice = {"index": 0, "delta": {"content": delta} if delta else {}, "finish_reason": finish_reason(out)}
-                yield {**base, "choices": [choice]}
+                yield with_running_usage(req, {**base, "choices": [choice]}, out)
             if out is not None and req.stream_options and req.stream_options.include_usage:
                 yield {**base, "choices": [], "usage": usage(out).model_dump()}
 
@@ -417,7 +447,9 @@ def create_app(
                 )
             )  # fmt: skip
         except AdapterValidationError as err:
-            raise APIError(400, str(err), code=err.code.value, param="lora_path") from None
+            # vLLM answers 404 for a path with no adapter, 400 for one it refuses.
+            status = 404 if err.code is ErrorCode.MISSING_FILE else 400
+            raise APIError(status, str(err), code=err.code.value, param="lora_path") from None
         except (AdapterBusy, ValueError) as err:
             raise APIError(409 if isinstance(err, AdapterBusy) else 400, str(err)) from None
         tenants.set_adapter_limits(req.lora_name, req.quotas)

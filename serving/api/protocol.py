@@ -11,7 +11,7 @@ import time
 import uuid
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from loraplane.serving.api.tenants import Limits
 
@@ -29,6 +29,7 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = Field(default=False, description="vLLM: usage on every streamed chunk")
 
 
 class _Sampling(_Strict):
@@ -45,6 +46,12 @@ class _Sampling(_Strict):
     n: Literal[1] = 1
     user: str | None = None
 
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> _Sampling:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only allowed when stream is true")  # as OpenAI and vLLM answer
+        return self
+
     def stop_list(self) -> tuple[str, ...]:
         if self.stop is None:
             return ()
@@ -57,9 +64,29 @@ class CompletionRequest(_Sampling):
     echo: Literal[False] = False
 
 
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant"]
-    content: str
+    content: str | list[TextPart] = Field(description="text, or OpenAI content parts (text parts only)")
+    name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, v: object) -> object:
+        if isinstance(v, list):
+            for i, part in enumerate(v):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text":
+                    raise ValueError(f"content[{i}]: parts of type {kind!r} are not supported; only 'text'")
+        return v
+
+    def text(self) -> str:
+        """The message's text: content parts joined as OpenAI's own chat formatting joins them."""
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
 class ChatCompletionRequest(_Sampling):
@@ -88,6 +115,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int = Field(default_factory=now)
     owned_by: str = "loraplane"
+    root: str | None = Field(default=None, description="what it is served from: the base's source, an adapter's URI")
     parent: str | None = None
 
 
@@ -106,6 +134,10 @@ class LoadLoraRequest(_Strict):
     allow_rank_truncation: bool = False
     version: str | None = Field(default=None, max_length=128, description="a label for this revision, e.g. a date")
     quotas: Limits | None = Field(default=None, description="this adapter's own concurrency and token quotas")
+    # vLLM's fields, accepted so tools written for its endpoint work: a load under a served name
+    # always replaces it in place (our promotion), and ids are ours to assign.
+    load_inplace: bool = Field(default=False, description="vLLM: replace a loaded adapter of this name")
+    lora_int_id: int | None = Field(default=None, description="vLLM: accepted and ignored")
 
 
 class VerifyRequest(_Strict):

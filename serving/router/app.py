@@ -9,6 +9,7 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from fastapi import FastAPI, Request, Response
@@ -143,19 +144,26 @@ def create_router_app(
     async def chat(request: Request) -> Response:
         return await relay(request, "/v1/chat/completions")
 
-    @app.get("/v1/models")
-    async def models(request: Request) -> Response:
+    async def ask_any(request: Request, path: str) -> Response:
         """Every replica serves the same adapters (the operator sees to it); ask one that is up."""
         tenants.authenticate(request.headers.get("authorization"))
         forwarder: Forwarder = request.app.state.forwarder
         for replica in sorted(table.up(), key=lambda r: r.in_flight):
             try:
-                r = await forwarder.client.get(f"{replica.url}/v1/models", headers=forwarded_headers(request))
+                r = await forwarder.client.get(f"{replica.url}{path}", headers=forwarded_headers(request))
             except httpx.TransportError as err:
                 table.mark_down(replica, repr(err))
                 continue
             return Response(r.content, status_code=r.status_code, media_type="application/json")
         raise APIError(503, "no serving replica is up", type_="server_error", code="no_replica", retry_after=1)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        return await ask_any(request, "/v1/models")
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str, request: Request) -> Response:
+        return await ask_any(request, f"/v1/models/{quote(model, safe='')}")
 
     @app.get("/health")
     async def health() -> dict[str, str]:

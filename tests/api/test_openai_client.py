@@ -118,7 +118,10 @@ def test_load_and_unload_lora_need_the_admin_token(server: str, client: openai.O
     assert pinned["pinned"] is True
     httpx.post(f"{server}/admin/adapters/ku2/unpin", headers=auth)
     bad = httpx.post(f"{server}/v1/load_lora_adapter", json={"lora_name": "bad", "lora_path": "/nonexistent"}, headers=auth)
-    assert bad.status_code == 400 and bad.json()["error"]["code"] == "MissingFile"
+    assert bad.status_code == 404 and bad.json()["error"]["code"] == "MissingFile"  # vLLM's answer for no adapter there
+    # vLLM's own fields: tools written for its endpoint send them.
+    again = {**body, "load_inplace": True, "lora_int_id": 7}
+    assert httpx.post(f"{server}/v1/load_lora_adapter", json=again, headers=auth).status_code == 200
     assert httpx.post(f"{server}/v1/unload_lora_adapter", json={"lora_name": "ku2"}, headers=auth).status_code == 200
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="ku2", prompt="hi", max_tokens=2)
@@ -158,3 +161,53 @@ def test_a_prefetch_lands_in_host_memory_with_no_traffic(server: str, tiny_adapt
     while (state := admin.get("/admin/adapters/staged").json())["tier"] == "loading" and time.monotonic() < deadline:
         time.sleep(0.05)
     assert state["tier"] == "host" and state["version"] == "v2" and state["requests"] == 0
+
+
+def test_models_are_retrieved_one_by_one_with_their_root(client: openai.OpenAI, tiny_llama: Path, tiny_adapters) -> None:
+    base = client.models.retrieve(tiny_llama.name)
+    assert base.id == tiny_llama.name and getattr(base, "root", None) == str(tiny_llama)
+    adapter = client.models.retrieve("qv4")
+    assert getattr(adapter, "parent", None) == tiny_llama.name and getattr(adapter, "root", None) == str(tiny_adapters["qv4"])
+    listed = {m.id: getattr(m, "root", None) for m in client.models.list().data}
+    assert listed["qv4"] == str(tiny_adapters["qv4"])
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+
+def test_chat_content_parts_and_usage_on_every_chunk(client: openai.OpenAI) -> None:
+    """What OpenAI-compatible load generators send (guidellm among them): content as a list of
+    text parts, and vLLM's continuous_usage_stats."""
+    plain = [{"role": "user", "content": "a platform team serves many fine-tunes"}]
+    parts = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "a platform team "}, {"type": "text", "text": "serves many fine-tunes"}],
+        }
+    ]
+    a = client.chat.completions.create(model="all8", messages=plain, max_tokens=6, temperature=0)
+    b = client.chat.completions.create(model="all8", messages=parts, max_tokens=6, temperature=0)  # type: ignore[arg-type]
+    assert a.choices[0].message.content == b.choices[0].message.content
+    chunks = list(client.chat.completions.create(
+        model="all8", messages=parts, max_tokens=6, temperature=0, stream=True,  # type: ignore[arg-type]
+        stream_options={"include_usage": True, "continuous_usage_stats": True},  # type: ignore[typeddict-unknown-key]
+    ))  # fmt: skip
+    counts = [c.usage.completion_tokens for c in chunks if c.choices and c.usage is not None]
+    assert counts and counts == sorted(counts) and chunks[-1].usage.completion_tokens == 6
+    with pytest.raises(openai.BadRequestError) as image:
+        client.chat.completions.create(model="all8", max_tokens=2, messages=[
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}])  # fmt: skip
+    assert "image_url" in image.value.message
+
+
+def test_stream_options_without_stream_is_a_400(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="qv4", prompt="hi", max_tokens=2, stream_options={"include_usage": True})
+    assert "stream_options" in err.value.message
+
+
+def test_logprobs_zero_gives_the_chosen_tokens_entry(client: openai.OpenAI) -> None:
+    out = client.completions.create(model="qv4", prompt="the quick brown fox", max_tokens=3, temperature=0, logprobs=0)
+    lp = out.choices[0].logprobs
+    assert lp is not None and len(lp.tokens) == 3 and len(lp.token_logprobs) == 3
+    assert [list(step) for step in lp.top_logprobs] == [[t] for t in lp.tokens]
+    assert all(step[t] == v for step, t, v in zip(lp.top_logprobs, lp.tokens, lp.token_logprobs, strict=True))
