@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 from loraplane.adapter_format.sources import S3Settings
 from loraplane.usage.export import SegmentExporter
-from loraplane.usage.record import UsageRecord
+from loraplane.usage.record import Outcome, UsageRecord
 from loraplane.usage.rollup import Rollup, UsageRollup
 from loraplane.usage.spool import UsageSpool
 
@@ -43,22 +45,25 @@ class Metering:
             exporter.start()
         return cls(replica, spool, exporter)
 
-    def _count(self, record: UsageRecord) -> asyncio.Future[None] | None:
+    def record_nowait(self, record: UsageRecord) -> Future[None] | None:
+        """Count the record and hand it to the spool; the spool's acknowledgement, if any."""
         self.rollup.add(record)
-        return asyncio.wrap_future(self.spool.append(record)) if self.spool is not None else None
+        return self.spool.append(record) if self.spool is not None else None
 
     async def record(self, record: UsageRecord) -> None:
-        future = self._count(record)
+        future = self.record_nowait(record)
         if future is not None:
             try:
-                await future
+                await asyncio.wrap_future(future)
             except Exception:  # the disk failed: the response still goes out; the failure is logged
                 log.exception("usage record %s not written", record.request_id)
 
-    def record_nowait(self, record: UsageRecord) -> None:
-        self.rollup.add(record)
-        if self.spool is not None:
-            self.spool.append(record)
+    async def refuse(self, request_id: str, status: int, *, source: str = "replica", **fields: Any) -> None:
+        """Record a request refused before any engine ran it: no tokens, its HTTP status."""
+        await self.record(UsageRecord(
+            request_id=request_id, source=source, replica=self.replica, outcome=Outcome.REFUSED, status_code=status,
+            **fields,
+        ))  # fmt: skip
 
     def view(self) -> UsageRollup:
         since, tenants = self.rollup.totals()

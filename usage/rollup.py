@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -56,25 +57,24 @@ class Rollup:
     def totals(self, now: float | None = None) -> tuple[float, list[TenantTotals]]:
         """The window's start and each tenant's totals, largest token users first."""
         oldest = int((now or time.time()) // 3600) - WINDOW_HOURS + 1
-        merged: dict[str, TenantTotals] = {}
         with self._lock:
-            for hour, bucket in self._buckets.items():
-                if hour < oldest:
-                    continue
-                for tenant, t in bucket.items():
-                    merged.setdefault(tenant, TenantTotals(tenant=tenant)).add(t)
-        since = max(self.started, oldest * 3600.0)
-        return since, sorted(merged.values(), key=lambda t: (-t.total_tokens, t.tenant))
+            rows = [t for hour, bucket in self._buckets.items() if hour >= oldest for t in bucket.values()]
+            summed = per_tenant(rows)
+        return max(self.started, oldest * 3600.0), summed
+
+
+def per_tenant(rows: Iterable[TenantTotals]) -> list[TenantTotals]:
+    """Rows summed per tenant, largest token users first."""
+    merged: dict[str, TenantTotals] = {}
+    for t in rows:
+        merged.setdefault(t.tenant, TenantTotals(tenant=t.tenant)).add(t)
+    return sorted(merged.values(), key=lambda t: (-t.total_tokens, t.tenant))
 
 
 def merge(rollups: list[UsageRollup], limit: int) -> list[TenantTotals]:
     """Sum the replicas' rollups per tenant; the ``limit`` largest, the rest summed as ``(other)``
     so a status stays bounded whatever the number of tenants."""
-    merged: dict[str, TenantTotals] = {}
-    for rollup in rollups:
-        for t in rollup.tenants:
-            merged.setdefault(t.tenant, TenantTotals(tenant=t.tenant)).add(t)
-    ordered = sorted(merged.values(), key=lambda t: (-t.total_tokens, t.tenant))
+    ordered = per_tenant(t for rollup in rollups for t in rollup.tenants)
     if len(ordered) <= limit:
         return ordered
     other = TenantTotals(tenant="(other)")

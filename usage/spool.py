@@ -53,6 +53,10 @@ def segment_name(replica: str, opened: float, counter: int) -> str:
     return f"{safe_name(replica)}.{stamp}.{counter:06d}.{secrets.token_hex(3)}"
 
 
+def _closed_name(path: Path) -> Path:
+    return path.with_name(path.name.removesuffix(OPEN_SUFFIX) + CLOSED_SUFFIX)
+
+
 def _fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:
@@ -68,7 +72,7 @@ def recover(folder: Path) -> list[Path]:
     for path in sorted(folder.glob(f"*{OPEN_SUFFIX}")):
         data = path.read_bytes()
         whole = data[: data.rfind(b"\n") + 1]
-        target = path.with_name(path.name.removesuffix(OPEN_SUFFIX) + CLOSED_SUFFIX)
+        target = _closed_name(path)
         if not whole:
             path.unlink()
             continue
@@ -112,7 +116,7 @@ class UsageSpool:
         self.fsync_interval, self.max_segment_bytes, self.max_segment_age = fsync_interval, max_segment_bytes, max_segment_age
         self.on_close = on_close
         folder.mkdir(parents=True, exist_ok=True)
-        self.recovered = recover(folder)
+        recover(folder)
         self.written = 0  # records written, for tests and stats
         self._counter = 0
         self._segment: _Segment | None = None
@@ -206,7 +210,7 @@ class UsageSpool:
         if seg is None:
             return
         now = time.monotonic()
-        if force_close or seg.size >= self.max_segment_bytes or now - seg.opened >= self.max_segment_age:
+        if force_close or now - seg.opened >= self.max_segment_age:  # size rotation happens as it is written
             self._rotate(seg)
         elif seg.unsynced_since is not None and now - seg.unsynced_since >= self.fsync_interval:
             os.fsync(seg.file.fileno())
@@ -215,7 +219,7 @@ class UsageSpool:
     def _rotate(self, seg: _Segment) -> None:
         os.fsync(seg.file.fileno())
         seg.file.close()
-        target = seg.path.with_name(seg.path.name.removesuffix(OPEN_SUFFIX) + CLOSED_SUFFIX)
+        target = _closed_name(seg.path)
         seg.path.rename(target)
         _fsync_dir(self.folder)
         self._segment = None

@@ -44,7 +44,7 @@ from loraplane.serving.engine.llm_engine import LLMEngine, RequestError, Request
 from loraplane.serving.engine.sampling_params import SamplingError, SamplingParams
 from loraplane.serving.engine.sequence import FinishReason
 from loraplane.serving.lora.manager import AdapterBusy, AdapterNotFound, AdapterSpec, AdapterUnavailable
-from loraplane.usage import Metering, Outcome, UsageRecord, UsageRollup
+from loraplane.usage import Metering, UsageRollup
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -241,11 +241,8 @@ def create_app(
         try:
             tenants.admit(tenant, adapter)
         except APIError as err:  # a quota refusal: billed nothing, recorded once as refused
-            await meters.record(UsageRecord(
-                request_id=meter.request_id, replica=meters.replica, tenant=meter.tenant, model=meter.model,
-                adapter=adapter, base=meter.base, endpoint=meter.endpoint, outcome=Outcome.REFUSED,
-                status_code=err.status,
-            ))  # fmt: skip
+            await meters.refuse(meter.request_id, err.status, tenant=meter.tenant, model=meter.model, adapter=adapter,
+                                base=meter.base, endpoint=meter.endpoint)  # fmt: skip
             raise
         state.pending += 1
         try:

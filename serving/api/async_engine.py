@@ -68,9 +68,11 @@ class AsyncEngine:
                 continue
             for out in outputs:
                 self._deliver(out.request_id, out)
-            if not self.engine.ran and not outputs:
-                # Requests wait (a slot held by busy adapters, a load backing off): sleep on the
-                # inbox rather than spin; a new call wakes it at once.
+            if not self.engine.ran and not outputs and not self.engine.adapters.loads_in_flight():
+                # Requests wait with nothing to run and no load to land (a slot held by busy
+                # adapters, a load backing off): sleep on the inbox rather than spin; a new call
+                # wakes it at once. A load in flight is waited for inside the step instead, so the
+                # step after it lands runs without this pause.
                 self._drain(block=True)
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:

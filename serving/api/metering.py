@@ -39,11 +39,10 @@ class RequestMeter:
             self.first_token = time.monotonic()
         self.last = out
 
-    def _record(self, outcome: Outcome | None) -> UsageRecord:
+    def _record(self) -> UsageRecord:
+        """No finish reason yet means the stream ended early: the client went away."""
         out, now = self.last, time.monotonic()
-        if outcome is None:
-            reason = out.finish_reason if out is not None else None
-            outcome = OUTCOMES.get(reason, Outcome.ABORTED) if reason is not None else Outcome.ABORTED
+        outcome = OUTCOMES.get(out.finish_reason, Outcome.ABORTED) if out is not None and out.finish_reason else Outcome.ABORTED
         return UsageRecord(
             request_id=self.request_id,
             replica=self.metering.replica,
@@ -66,9 +65,9 @@ class RequestMeter:
     async def settle(self) -> None:
         if not self.settled:
             self.settled = True
-            await self.metering.record(self._record(None))
+            await self.metering.record(self._record())
 
-    def settle_nowait(self, outcome: Outcome | None = None) -> None:
+    def settle_nowait(self) -> None:
         if not self.settled:
             self.settled = True
-            self.metering.record_nowait(self._record(outcome))
+            self.metering.record_nowait(self._record())

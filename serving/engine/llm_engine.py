@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from loraplane.adapter_format import AdapterValidationError, ValidationLimits, check_adapter_name
-from loraplane.adapter_format.golden import DriftLimits, DriftReport, load_golden
+from loraplane.adapter_format.golden import GOLDEN_FILE, DriftLimits, DriftReport, load_golden
 from loraplane.adapter_format.names import INTERNAL_OWNER
 from loraplane.adapter_format.sources import S3Settings
 from loraplane.serving.config import EngineConfig
@@ -201,7 +201,7 @@ class LLMEngine:
             return self.adapters.info(name)
         check_adapter_name(name)
         loaded = self.adapters.prepare(spec)
-        if load_golden(loaded.folder) is not None:
+        if (loaded.folder / GOLDEN_FILE).is_file():  # verify_golden reads and replays it
             candidate = f"candidate-{uuid.uuid4().hex[:12]}"
             self.adapters.install(dataclasses.replace(spec, name=candidate, tenant=INTERNAL_OWNER), loaded)
             try:

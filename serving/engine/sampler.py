@@ -52,11 +52,12 @@ class Sampler:
 
     def _sample_row(self, row: torch.Tensor, seq: Sequence) -> tuple[int, TokenLogprob | None]:
         p = seq.params
+        vocab = row.numel()
         for proc in p.logits_processors:
             row = proc(list(seq.output_token_ids), row)
         token = int(torch.argmax(row)) if p.greedy else self._draw(row, seq)
-        if not 0 <= token < row.numel():
-            raise ValueError(f"token {token} is outside the vocabulary")
+        if not 0 <= token < vocab:  # a processor that reshaped the row would feed the next step a bad id
+            raise ValueError(f"token {token} is outside the vocabulary of {vocab}")
         logprob = None
         if p.logprobs is not None:
             lp = torch.log_softmax(row, dim=-1)

@@ -344,23 +344,22 @@ class AdapterManager:
     def install(self, spec: AdapterSpec, loaded: LoadedAdapter) -> None:
         """Register ``spec`` with weights ``prepare`` already loaded (a promotion, as ``register``)."""
         self.register(spec)
-        entry = self.entries[spec.name]
+        self._hold(spec.name, loaded)
+
+    def _hold(self, name: str, loaded: LoadedAdapter) -> None:
+        """Weights loaded outside the pool's ``poll`` enter the host tier (unless already there)."""
+        entry = self._get(name)
         if entry.loaded is None:
-            self.host.insert(spec.name)
+            self.host.insert(name)
             entry.loaded = loaded
             if entry.pinned:
-                self.host.pin(spec.name)
+                self.host.pin(name)
 
     def load_now(self, name: str) -> LoadedAdapter:
         """Load synchronously (startup and explicit loads); raises the load's own error."""
         entry = self._get(name)
         if entry.loaded is None:
-            loaded, tier, seconds = self._load(entry.spec)
-            self.metrics.observe_load(name, entry.spec.tenant, tier, seconds)
-            self.host.insert(name)
-            entry.loaded = loaded
-            if entry.pinned:
-                self.host.pin(name)
+            self._hold(name, self.prepare(entry.spec))
         assert entry.loaded is not None
         return entry.loaded
 

@@ -29,7 +29,7 @@ from loraplane.serving.router.metrics import RouterMetrics
 from loraplane.serving.router.policy import Router
 from loraplane.serving.router.table import ReplicaTable
 from loraplane.serving.router.upkeep import Upkeep
-from loraplane.usage import Metering, Outcome, UsageRecord
+from loraplane.usage import Metering
 
 
 def create_router_app(
@@ -97,11 +97,8 @@ def create_router_app(
         try:
             return await admitted(request, path, tenant, seen)
         except APIError as err:
-            await meters.record(UsageRecord(
-                request_id=new_id("rtr"), source="router", replica=meters.replica,
-                tenant=tenant.name if tenant else None, model=seen["adapter"] or "", adapter=seen["adapter"],
-                endpoint=path, outcome=Outcome.REFUSED, status_code=err.status,
-            ))  # fmt: skip
+            await meters.refuse(new_id("rtr"), err.status, source="router", tenant=tenant.name if tenant else None,
+                                model=seen["adapter"] or "", adapter=seen["adapter"], endpoint=path)  # fmt: skip
             raise
 
     async def admitted(request: Request, path: str, tenant: TenantConfig | None, seen: dict[str, str | None]) -> Response:
@@ -119,8 +116,8 @@ def create_router_app(
             raise invalid_request(err.errors()) from None
         payload["stream"] = request_model.stream  # what the replica will do, e.g. for "stream": 1
         adapter = seen["adapter"] = request_model.model
-        owner = table.owners.get(adapter)
-        if owner is not None and not Tenants.may_use(tenant, owner):  # before any quota can reveal it
+        listed, owner = table.owner(adapter)
+        if listed and not Tenants.may_use(tenant, owner):  # before any quota can reveal it
             raise APIError(404, f"The model `{adapter}` does not exist.", code="model_not_found", param="model")
         tenants.admit(tenant, adapter)
         forwarder: Forwarder = request.app.state.forwarder

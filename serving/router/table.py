@@ -21,6 +21,7 @@ class Replica:
     served: int = 0
     waiting: int = 0  # the replica's own queue depth at the last stats read
     registered: set[str] = field(default_factory=set)  # every adapter it lists, in any tier
+    owners: dict[str, str | None] = field(default_factory=dict)  # adapter -> its tenant (None: shared)
     device: set[str] = field(default_factory=set)
     host: set[str] = field(default_factory=set)
     error: str | None = None
@@ -38,7 +39,6 @@ class ReplicaTable:
 
     def __init__(self) -> None:
         self.replicas: dict[str, Replica] = {}
-        self.owners: dict[str, str | None] = {}  # adapter -> its tenant (None: shared), from the replicas' stats
 
     def set_members(self, members: dict[str, str]) -> None:
         """Replace the membership (name -> URL) with what discovery reports now; a replica that
@@ -63,13 +63,20 @@ class ReplicaTable:
         if not isinstance(adapters, dict):
             return
         replica.registered = set(adapters)
-        for name, a in adapters.items():  # who owns each adapter, so the edge can hide others' adapters
-            if isinstance(a, dict):
-                self.owners[name] = a.get("tenant") if isinstance(a.get("tenant"), str) else None
+        replica.owners = {n: a.get("tenant") if isinstance(a.get("tenant"), str) else None
+                          for n, a in adapters.items() if isinstance(a, dict)}  # fmt: skip
         replica.device = {n for n, a in adapters.items() if isinstance(a, dict) and a.get("tier") == "device"}
         replica.host = {n for n, a in adapters.items() if isinstance(a, dict) and a.get("tier") == "host"}
         waiting = stats.get("waiting")
         replica.waiting = waiting if isinstance(waiting, int) else 0
+
+    def owner(self, adapter: str) -> tuple[bool, str | None]:
+        """Whether a replica lists the adapter now, and its tenant (None: shared), so the edge can
+        hide another tenant's adapter before any quota of it answers."""
+        for replica in self.replicas.values():
+            if adapter in replica.owners:
+                return True, replica.owners[adapter]
+        return False, None
 
     def sent(self, replica: Replica, adapter: str) -> None:
         """The guess between two stats reads: the adapter now sits on this replica's device."""
