@@ -9,8 +9,10 @@ that is still converting its base nor routes requests to it early.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
+from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
@@ -23,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from loraplane.adapter_format import AdapterValidationError, ErrorCode
 from loraplane.serving.api.async_engine import AsyncEngine
 from loraplane.serving.api.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from loraplane.serving.api.choices import Choice, close_all, deltas, drain
 from loraplane.serving.api.errors import APIError, api_error_handler, error_body, require_admin, validation_error_handler
 from loraplane.serving.api.metering import RequestMeter
 from loraplane.serving.api.protocol import (
@@ -43,6 +46,7 @@ from loraplane.serving.api.usage_metrics import UsageCollector
 from loraplane.serving.engine.llm_engine import LLMEngine, RequestError, RequestOutput
 from loraplane.serving.engine.sampling_params import SamplingError, SamplingParams
 from loraplane.serving.engine.sequence import FinishReason
+from loraplane.serving.engine.structured import GrammarError, Guide
 from loraplane.serving.lora.manager import AdapterBusy, AdapterNotFound, AdapterSpec, AdapterUnavailable
 from loraplane.usage import Metering, UsageRollup
 
@@ -184,7 +188,8 @@ def create_app(
         raise APIError(404, f"The model `{model}` does not exist.", code="model_not_found", param="model")
 
     # generation -------------------------------------------------------------------------------
-    def sampling(req: CompletionRequest | ChatCompletionRequest, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    async def sampling(req: CompletionRequest | ChatCompletionRequest, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        guide = await guide_for(req)
         try:
             return SamplingParams(
                 max_tokens=max_tokens,
@@ -193,26 +198,44 @@ def create_app(
                 top_k=req.top_k,
                 seed=req.seed,
                 stop=req.stop_list(),
+                stop_token_ids=tuple(req.stop_token_ids or ()),
                 logprobs=logprobs,
                 ignore_eos=req.ignore_eos,
+                frequency_penalty=req.frequency_penalty,
+                presence_penalty=req.presence_penalty,
+                repetition_penalty=req.repetition_penalty,
+                min_tokens=req.min_tokens,
+                logit_bias=req.bias_list(),
+                guide=guide,
             )
         except SamplingError as err:
             raise APIError(400, str(err)) from None
 
-    async def first_output(stream: AsyncIterator[RequestOutput]) -> tuple[RequestOutput | None, AsyncIterator[RequestOutput]]:
+    async def guide_for(req: CompletionRequest | ChatCompletionRequest) -> Guide | None:
+        """The structured-output guide for ``response_format`` (None for plain text), compiled off
+        the event loop; a schema the grammar library cannot compile is a 400 with its message."""
+        fmt = req.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        schema = fmt.json_schema.schema_ if fmt.type == "json_schema" and fmt.json_schema is not None else None
+        try:
+            return await asyncio.to_thread(state.ready().engine.grammars.compile, schema)
+        except GrammarError as err:
+            raise APIError(400, f"response_format: {err}", param="response_format") from None
+
+    async def first_output(stream: AsyncIterator[RequestOutput]) -> RequestOutput | None:
         """Start the request so that refusals (unknown adapter, too long) become 4xx before any
         streaming response has been committed."""
         try:
-            first = await stream.__anext__()
+            return await stream.__anext__()
         except StopAsyncIteration:
-            return None, stream
+            return None
         except (RequestError, SamplingError) as err:
             raise APIError(400, str(err)) from None
         except AdapterNotFound as err:
             raise APIError(404, str(err), code="model_not_found", param="model") from None
         except AdapterUnavailable as err:
             raise APIError(503, str(err), type_="server_error", code="adapter_load_failed") from None
-        return first, stream
 
     def failure(out: RequestOutput) -> APIError | None:
         """The OpenAI error a request that failed in the engine ends in: 503 when its adapter
@@ -223,14 +246,13 @@ def create_app(
         return APIError(503 if code == "adapter_load_failed" else 500, out.error or "the request failed",
                         type_="server_error", code=code)  # fmt: skip
 
-    def failed(out: RequestOutput) -> None:
-        err = failure(out)
-        if err is not None:
-            raise err
-
     async def run(
-        engine: AsyncEngine, prompt: str | list[int], params: SamplingParams, meter: RequestMeter, tenant: TenantConfig | None
-    ) -> tuple[RequestOutput | None, AsyncIterator[RequestOutput]]:
+        engine: AsyncEngine, prompts: list[str | list[int]], params: SamplingParams, n: int, meter: RequestMeter,
+        tenant: TenantConfig | None,
+    ) -> tuple[list[Choice], Callable[[], None]]:  # fmt: skip
+        """Admit the request and start one engine sequence per choice; the choices and the
+        callback that releases the request once (its quota slot, its pending count, its tokens).
+        A choice refused at its start refuses the request, and the others are aborted."""
         # Counted here on the event loop (not read from the engine thread), so a burst of
         # handlers cannot all pass the check before any of them reaches the engine.
         adapter = meter.adapter
@@ -244,148 +266,143 @@ def create_app(
             await meters.refuse(meter.request_id, err.status, tenant=meter.tenant, model=meter.model, adapter=adapter,
                                 base=meter.base, endpoint=meter.endpoint)  # fmt: skip
             raise
-        state.pending += 1
-        try:
-            stream = engine.generate(prompt, params, adapter, meter.request_id, tenant=meter.tenant)
-            first, stream = await first_output(stream)
-        except BaseException:
-            state.pending -= 1
-            tenants.finish(tenant, {"adapter": adapter, "prompt_tokens": 0, "completion_tokens": 0, "finish_reason": "rejected"})
-            raise
-        if first is not None:
-            meter.seen(first)
-            refused = failure(first)
-            if refused is not None:  # failed at its first token: an error status, not a 200 stream
+        total = len(prompts) * n
+        state.pending += total
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                state.pending -= total
+                prompt_tokens, _, completion_tokens = meter.tokens()
+                tenants.finish(
+                    tenant, {"adapter": adapter, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+                )
+
+        choices: list[Choice] = []
+        for i, prompt in enumerate(prompts):
+            leader: str | None = None
+            for j in range(n):
+                index = i * n + j
+                rid = meter.request_id if total == 1 else f"{meter.request_id}-{index}"
+                meter.expect(rid, i, index)
+                # As vLLM: the samples of a seeded request differ from each other and are each reproducible.
+                p = params if j == 0 or params.seed is None else dataclasses.replace(params, seed=params.seed + j)
+                stream = engine.generate(prompt, p, adapter, rid, tenant=meter.tenant, after=leader)
+                choices.append(Choice(index, rid, stream))
+                leader = leader or rid
+        firsts = await asyncio.gather(*(first_output(c.stream) for c in choices), return_exceptions=True)
+        error = next((f for f in firsts if isinstance(f, BaseException)), None)
+        for c, first in zip(choices, firsts, strict=True):
+            if isinstance(first, RequestOutput):
+                c.first = first
+                meter.seen(first)
+                error = error or failure(first)  # failed at its first token: an error status, not a 200 stream
+        if error is not None:
+            await close_all(choices)
+            if meter.outputs:
                 await meter.settle()
-                release(tenant, adapter, first)
-                raise refused
-        return first, stream
+            release()
+            raise error
+        return choices, release
 
     def meter_for(request_id: str, endpoint: str, model: str, adapter: str | None, tenant: TenantConfig | None) -> RequestMeter:
         base = state.ready().engine.base.shape.name
         return RequestMeter(meters, request_id, endpoint, model, adapter, tenant.name if tenant else None, base)
 
-    def release(tenant: TenantConfig | None, adapter: str | None, out: RequestOutput | None) -> None:
-        """Release the tenant's slot and count its tokens against its quotas, once per accepted request."""
-        record: dict[str, object] = {"adapter": adapter, "prompt_tokens": 0, "completion_tokens": 0}
-        if out is not None:
-            record.update(prompt_tokens=len(out.prompt_token_ids), completion_tokens=len(out.token_ids))
-        state.pending -= 1
-        tenants.finish(tenant, record)
-
-    async def final(
-        first: RequestOutput | None, stream: AsyncIterator[RequestOutput], tenant: TenantConfig | None, meter: RequestMeter
-    ) -> RequestOutput:
-        """Drain a non-streamed request; its last output (its usage record written), or the
-        OpenAI error it ended in."""
-        try:
-            async for item in stream:
-                meter.seen(item)
-            await meter.settle()
-        finally:
-            meter.settle_nowait()
-            release(tenant, meter.adapter, meter.last)
-        out = meter.last
-        assert out is not None
-        failed(out)
-        return out
+    async def final(choices: list[Choice], meter: RequestMeter, release: Callable[[], None]) -> list[RequestOutput]:
+        """Drain a non-streamed request: every choice's last output (its usage record written),
+        or the OpenAI error one of them ended in."""
+        outs = await drain(choices, meter, release)
+        for out in outs:
+            if (err := failure(out)) is not None:
+                raise err
+        return outs
 
     def finish_reason(out: RequestOutput) -> str | None:
         if out.finish_reason is None:
             return None
         return "length" if out.finish_reason is FinishReason.LENGTH else "stop"
 
-    def usage(out: RequestOutput) -> Usage:
+    def usage(meter: RequestMeter) -> dict[str, int]:
+        prompt_tokens, _, completion_tokens = meter.tokens()
         return Usage(
-            prompt_tokens=len(out.prompt_token_ids),
-            completion_tokens=len(out.token_ids),
-            total_tokens=len(out.prompt_token_ids) + len(out.token_ids),
-        )
+            prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens
+        ).model_dump()
 
     def with_running_usage(
-        req: CompletionRequest | ChatCompletionRequest, event: dict[str, Any], out: RequestOutput
+        req: CompletionRequest | ChatCompletionRequest, event: dict[str, Any], meter: RequestMeter
     ) -> dict[str, Any]:
         """vLLM's ``continuous_usage_stats``: the usage so far on every streamed chunk."""
         if req.stream_options is not None and req.stream_options.continuous_usage_stats:
-            event["usage"] = usage(out).model_dump()
+            event["usage"] = usage(meter)
         return event
 
     def tokens_left(engine: AsyncEngine, prompt_len: int) -> int:
         return max(1, engine.engine.max_model_len - prompt_len)
-
-    async def deltas(
-        engine: AsyncEngine, first: RequestOutput | None, stream: AsyncIterator[RequestOutput],
-        tenant: TenantConfig | None, meter: RequestMeter,
-    ) -> AsyncIterator[tuple[RequestOutput, str]]:  # fmt: skip
-        """Each step's new text (empty only on the final step), settling the request's quotas and
-        usage record when the stream ends however it ends; the record of a finished request is
-        written before its last event. Text is re-decoded from all tokens, so a character split
-        across tokens is sent once whole."""
-        sent = ""
-        pending = [first] if first is not None else []
-        try:
-            async for item in _chain(pending, stream):
-                meter.seen(item)
-                if item.finished:
-                    await meter.settle()
-                text = item.text if item.finished else engine.engine.tokenizer.decode(item.token_ids)
-                delta, sent = text[len(sent) :], text if text.startswith(sent) else sent
-                if delta or item.finished:
-                    yield item, delta
-        finally:
-            meter.settle_nowait()
-            release(tenant, meter.adapter, meter.last)
 
     async def sse(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
         async for event in events:
             yield f"data: {json.dumps(event)}\n\n".encode()
         yield b"data: [DONE]\n\n"
 
+    def streamed(
+        req: CompletionRequest | ChatCompletionRequest, base: dict[str, Any], choices: list[Choice], meter: RequestMeter,
+        release: Callable[[], None], choice_event: Callable[[int, RequestOutput, str], dict[str, Any]],
+    ) -> StreamingResponse:  # fmt: skip
+        """The SSE response of a streamed request: one event per choice's delta, the stream's last
+        event carrying the error a choice failed with, and the usage chunk when asked for."""
+
+        async def events() -> AsyncIterator[dict[str, Any]]:
+            async for c, out, delta in deltas(choices, meter, release):
+                if (err := failure(out)) is not None:
+                    yield error_body(err.message, err.type, err.code)
+                    return
+                yield with_running_usage(req, {**base, "choices": [choice_event(c.index, out, delta)]}, meter)
+            if req.stream_options and req.stream_options.include_usage:
+                yield {**base, "choices": [], "usage": usage(meter)}
+
+        return StreamingResponse(sse(events()), media_type="text/event-stream")
+
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, engine: Engine, tenant: Caller) -> Any:
         adapter = resolve_model(engine, req.model, tenant)
-        prompt = req.prompt
-        if isinstance(prompt, str) and not prompt:
-            raise APIError(400, "prompt must not be empty", param="prompt")
-        params = sampling(req, req.max_tokens or DEFAULT_COMPLETION_TOKENS, req.logprobs)
+        params = await sampling(req, req.max_tokens or DEFAULT_COMPLETION_TOKENS, req.logprobs)
         rid, created = new_id("cmpl"), now()
         meter = meter_for(rid, "/v1/completions", req.model, adapter, tenant)
-        first, stream = await run(engine, prompt, params, meter, tenant)
+        choices, release = await run(engine, req.prompts(), params, req.n, meter, tenant)
 
-        def choice(out: RequestOutput, text: str) -> dict[str, Any]:
-            logprobs = None
-            if req.logprobs is not None:
-                tok = engine.engine.tokenizer
-                logprobs = {
-                    "tokens": [tok.token_text(lp.token_id) for lp in out.logprobs],
-                    "token_logprobs": [lp.logprob for lp in out.logprobs],
-                    # As vLLM: the chosen token is among its step's entries too, so logprobs=0 gives it alone.
-                    "top_logprobs": [
-                        {**{tok.token_text(t): v for t, v in lp.top}, tok.token_text(lp.token_id): lp.logprob}
-                        for lp in out.logprobs
-                    ],
-                }
-            return {"index": 0, "text": text, "finish_reason": finish_reason(out), "logprobs": logprobs}
+        def logprobs_of(out: RequestOutput, start: int = 0) -> dict[str, Any] | None:
+            """The entries of ``out``'s tokens from ``start`` on (a streamed chunk carries its new ones)."""
+            if req.logprobs is None:
+                return None
+            tok, entries = engine.engine.tokenizer, out.logprobs[start:]
+            return {
+                "tokens": [tok.token_text(lp.token_id) for lp in entries],
+                "token_logprobs": [lp.logprob for lp in entries],
+                # As vLLM: the chosen token is among its step's entries too, so logprobs=0 gives it alone.
+                "top_logprobs": [
+                    {**{tok.token_text(t): v for t, v in lp.top}, tok.token_text(lp.token_id): lp.logprob} for lp in entries
+                ],
+            }
 
+        base = {"id": rid, "object": "text_completion", "created": created, "model": req.model}
         if not req.stream:
-            out = await final(first, stream, tenant, meter)
-            body = {"id": rid, "object": "text_completion", "created": created, "model": req.model,
-                    "choices": [choice(out, out.text)], "usage": usage(out).model_dump()}  # fmt: skip
+            outs = await final(choices, meter, release)
+            body = {**base, "usage": usage(meter), "choices": [
+                {"index": c.index, "text": out.text, "finish_reason": finish_reason(out), "logprobs": logprobs_of(out)}
+                for c, out in zip(choices, outs, strict=True)
+            ]}  # fmt: skip
             return JSONResponse(body)
 
-        async def events() -> AsyncIterator[dict[str, Any]]:
-            base = {"id": rid, "object": "text_completion", "created": created, "model": req.model}
-            out = None
-            async for out, delta in deltas(engine, first, stream, tenant, meter):
-                if (err := failure(out)) is not None:  # the stream's last event carries the error
-                    yield error_body(err.message, err.type, err.code)
-                    return
-                event = {**base, "choices": [{"index": 0, "text": delta, "finish_reason": finish_reason(out), "logprobs": None}]}
-                yield with_running_usage(req, event, out)
-            if out is not None and req.stream_options and req.stream_options.include_usage:
-                yield {**base, "choices": [], "usage": usage(out).model_dump()}
+        sent: dict[int, int] = defaultdict(int)  # log-probabilities sent per choice
 
-        return StreamingResponse(sse(events()), media_type="text/event-stream")
+        def event(index: int, out: RequestOutput, delta: str) -> dict[str, Any]:
+            start, sent[index] = sent[index], len(out.logprobs)
+            return {"index": index, "text": delta, "finish_reason": finish_reason(out), "logprobs": logprobs_of(out, start)}
+
+        return streamed(req, base, choices, meter, release, event)
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller) -> Any:
@@ -395,43 +412,41 @@ def create_app(
         except ValueError as err:
             raise APIError(400, str(err), param="messages") from None
         limit = req.max_completion_tokens or req.max_tokens or tokens_left(engine, len(prompt))
-        params = sampling(req, limit, (req.top_logprobs or 0) if req.logprobs else None)
+        params = await sampling(req, limit, (req.top_logprobs or 0) if req.logprobs else None)
         rid, created = new_id("chatcmpl"), now()
         meter = meter_for(rid, "/v1/chat/completions", req.model, adapter, tenant)
-        first, stream = await run(engine, prompt, params, meter, tenant)
+        choices, release = await run(engine, [prompt], params, req.n, meter, tenant)
 
-        def logprobs_of(out: RequestOutput) -> dict[str, Any] | None:
+        def logprobs_of(out: RequestOutput, start: int = 0) -> dict[str, Any] | None:
             if not req.logprobs:
                 return None
             tok = engine.engine.tokenizer
             return {"content": [
                 {"token": tok.token_text(lp.token_id), "logprob": lp.logprob, "bytes": None,
                  "top_logprobs": [{"token": tok.token_text(t), "logprob": v, "bytes": None} for t, v in lp.top]}
-                for lp in out.logprobs
+                for lp in out.logprobs[start:]
             ]}  # fmt: skip
 
+        base = {"id": rid, "object": "chat.completion", "created": created, "model": req.model}
         if not req.stream:
-            out = await final(first, stream, tenant, meter)
-            body = {"id": rid, "object": "chat.completion", "created": created, "model": req.model,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text},
-                                 "finish_reason": finish_reason(out), "logprobs": logprobs_of(out)}],
-                    "usage": usage(out).model_dump()}  # fmt: skip
+            outs = await final(choices, meter, release)
+            body = {**base, "usage": usage(meter), "choices": [
+                {"index": c.index, "message": {"role": "assistant", "content": out.text},
+                 "finish_reason": finish_reason(out), "logprobs": logprobs_of(out)}
+                for c, out in zip(choices, outs, strict=True)
+            ]}  # fmt: skip
             return JSONResponse(body)
 
-        async def events() -> AsyncIterator[dict[str, Any]]:
-            base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model}
-            yield {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
-            out = None
-            async for out, delta in deltas(engine, first, stream, tenant, meter):
-                if (err := failure(out)) is not None:
-                    yield error_body(err.message, err.type, err.code)
-                    return
-                choice = {"index": 0, "delta": {"content": delta} if delta else {}, "finish_reason": finish_reason(out)}
-                yield with_running_usage(req, {**base, "choices": [choice]}, out)
-            if out is not None and req.stream_options and req.stream_options.include_usage:
-                yield {**base, "choices": [], "usage": usage(out).model_dump()}
+        sent: dict[int, int] = {}  # log-probabilities sent per choice; a choice's first chunk carries its role
 
-        return StreamingResponse(sse(events()), media_type="text/event-stream")
+        def event(index: int, out: RequestOutput, delta: str) -> dict[str, Any]:
+            message: dict[str, str] = {"content": delta} if delta else {}
+            if index not in sent:
+                message = {"role": "assistant", "content": delta}
+            start, sent[index] = sent.get(index, 0), len(out.logprobs)
+            return {"index": index, "delta": message, "finish_reason": finish_reason(out), "logprobs": logprobs_of(out, start)}
+
+        return streamed(req, {**base, "object": "chat.completion.chunk"}, choices, meter, release, event)
 
     # adapters (vLLM's calls and our admin API; both need the admin token when one is set) -------
     @app.post("/v1/load_lora_adapter")
@@ -539,10 +554,3 @@ def create_app(
         app.post(f"/admin/adapters/{{name}}/{action}")(make(action))
 
     return app
-
-
-async def _chain(first: list[RequestOutput], rest: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
-    for item in first:
-        yield item
-    async for item in rest:
-        yield item

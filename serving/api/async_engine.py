@@ -92,16 +92,18 @@ class AsyncEngine:
         return await asyncio.wrap_future(future)
 
     async def generate(
-        self, prompt: str | list[int], params: SamplingParams, adapter: str | None, request_id: str, tenant: str | None = None
-    ) -> AsyncIterator[RequestOutput]:
-        """Outputs of one request as the engine produces them; the last one has ``finished``."""
+        self, prompt: str | list[int], params: SamplingParams, adapter: str | None, request_id: str, tenant: str | None = None,
+        after: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:  # fmt: skip
+        """Outputs of one request as the engine produces them; the last one has ``finished``.
+        ``after``: the request whose prompt this one shares (``LLMEngine.add_request``)."""
         q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
         def add() -> str:
             self._streams[request_id] = (loop, q)
             try:
-                return self.engine.add_request(prompt, params, adapter=adapter, request_id=request_id, tenant=tenant)
+                return self.engine.add_request(prompt, params, adapter=adapter, request_id=request_id, tenant=tenant, after=after)
             except BaseException:
                 self._streams.pop(request_id, None)
                 raise

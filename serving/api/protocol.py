@@ -1,15 +1,16 @@
 """Request and response bodies of the OpenAI API (the subset the engine serves), as pydantic models.
 
 Unknown fields are refused with a 400 rather than ignored: a client that sends ``best_of`` or
-``n=3`` expecting them to work should hear that they do not. The models are the single source
-of truth for the OpenAPI schema FastAPI publishes.
+``tools`` expecting them to work should hear that they do not. Documented OpenAI fields that
+change nothing here (``user``, ``metadata``, ``store``, ...) are accepted. The models are the
+single source of truth for the OpenAPI schema FastAPI publishes.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -21,6 +22,10 @@ MAX_TOKENS_LIMIT = 1 << 20
 MAX_STOPS = 16
 MAX_STOP_CHARS = 256
 StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
+# Every choice is a sequence in the shared batch: n and batched prompts are bounded together.
+MAX_N = 16
+MAX_CHOICES = 64
+MAX_PROMPTS = 64
 
 
 class _Strict(BaseModel):
@@ -30,6 +35,26 @@ class _Strict(BaseModel):
 class StreamOptions(_Strict):
     include_usage: bool = False
     continuous_usage_stats: bool = Field(default=False, description="vLLM: usage on every streamed chunk")
+
+
+class JsonSchema(_Strict):
+    name: str = Field(max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's structured output: ``json_object`` (any JSON object) or ``json_schema``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
+            raise ValueError("response_format.json_schema.schema: required when type is json_schema")
+        return self
 
 
 class _Sampling(_Strict):
@@ -43,14 +68,40 @@ class _Sampling(_Strict):
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOPS)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Literal[1] = 1
+    n: int = Field(default=1, ge=1, le=MAX_N, description="choices per prompt; they share the prompt's KV blocks")
+    frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
+    presence_penalty: float = Field(default=0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(default=1.0, gt=0, le=2, description="vLLM extension; 1 is off")
+    min_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS_LIMIT, description="vLLM extension")
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, max_length=MAX_STOPS, description="vLLM extension"
+    )
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+        default=None, max_length=300, description="token id (as a string) -> bias added to its logit"
+    )
+    response_format: ResponseFormat | None = None
+    # OpenAI fields that change nothing a model computes here: accepted, as OpenAI's own server does.
     user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _Sampling:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")  # as OpenAI and vLLM answer
         return self
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key in v or {}:
+            if not key.isdigit():
+                raise ValueError(f"logit_bias: key {key!r} is not a token id")
+        return v
+
+    def bias_list(self) -> tuple[tuple[int, float], ...]:
+        return tuple((int(k), v) for k, v in (self.logit_bias or {}).items())
 
     def stop_list(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -59,9 +110,52 @@ class _Sampling(_Strict):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[int] = Field(description="text, or token ids")
+    prompt: str | list[int] | list[str] | list[list[int]] = Field(
+        description="text, token ids, or a list of either (one choice per prompt and per n)"
+    )
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: Literal[False] = False
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, v: object) -> object:
+        """OpenAI's four prompt shapes, with an error that names the one expected rather than
+        the union's four attempts."""
+        shape = "a string, a list of strings, a list of token ids or a list of lists of token ids"
+        if isinstance(v, str):
+            if not v:
+                raise ValueError("must not be empty")
+            return v
+        if not isinstance(v, list) or not v:
+            raise ValueError(f"must be {shape}, and not empty")
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+            if any(t < 0 for t in v):
+                raise ValueError("token ids must not be negative")
+            return v
+        if len(v) > MAX_PROMPTS:
+            raise ValueError(f"at most {MAX_PROMPTS} prompts in one request")
+        for i, item in enumerate(v):
+            ok = (isinstance(item, str) and item) or (
+                isinstance(item, list) and item and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in item)
+            )
+            if not ok or type(item) is not type(v[0]):
+                raise ValueError(f"[{i}]: must be {shape}; each entry non-empty and of one kind")
+        return v
+
+    @model_validator(mode="after")
+    def _bounded_choices(self) -> CompletionRequest:
+        if len(self.prompts()) * self.n > MAX_CHOICES:
+            raise ValueError(f"prompt: the number of prompts times n must be at most {MAX_CHOICES}")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: a string, or one list of token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and isinstance(p[0], int):
+            return [p]
+        return list(p)  # type: ignore[arg-type]
 
 
 class TextPart(_Strict):

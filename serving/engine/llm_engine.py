@@ -24,11 +24,14 @@ from loraplane.adapter_format.names import INTERNAL_OWNER
 from loraplane.adapter_format.sources import S3Settings
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.block_manager import BlockManager
+from loraplane.serving.engine.detokenizer import Detokenizer
 from loraplane.serving.engine.model_runner import ModelRunner
 from loraplane.serving.engine.sampler import SampleFailure, Sampler
 from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.engine.scheduler import Scheduler
 from loraplane.serving.engine.sequence import FinishReason, Sequence, TokenLogprob
+from loraplane.serving.engine.structured import Grammars
+from loraplane.serving.engine.structured import advance as advance_grammar
 from loraplane.serving.lora.manager import AdapterBusy, AdapterInfo, AdapterManager, AdapterSpec, Residency
 from loraplane.serving.lora.slot_table import PagedSlotTable, SlotTable
 from loraplane.serving.metrics import AdapterStateCollector, EngineMetrics
@@ -76,12 +79,15 @@ class RequestOutput:
 
 
 def _output(seq: Sequence) -> RequestOutput:
+    """What a request's caller sees so far: while it runs, its text without a tail that might yet
+    turn out to be a stop string."""
+    text = seq.output_text if seq.is_finished or seq.detokenizer is None else seq.detokenizer.visible
     return RequestOutput(
         request_id=seq.request_id,
         adapter=seq.adapter,
         prompt_token_ids=seq.prompt_token_ids,
         token_ids=list(seq.output_token_ids),
-        text=seq.output_text,
+        text=text,
         finished=seq.is_finished,
         finish_reason=seq.finish_reason,
         logprobs=list(seq.logprobs),
@@ -167,13 +173,14 @@ class LLMEngine:
             metrics=self.metrics,
             pages=self.blocks if unified else None,
         )
-        self.sampler = Sampler()
+        tokenizer_eos = self.tokenizer.eos_token_id
+        self.eos_ids = frozenset(cfg.eos_token_ids) | ({tokenizer_eos} if tokenizer_eos is not None else frozenset())
+        self.sampler = Sampler(eos_ids=self.eos_ids)
+        self.grammars = Grammars(self.tokenizer.hf, cfg.vocab_size)
         self.runner = ModelRunner(self.model, self.cache, self.slots, self.sampler)
         self.requests: dict[str, Sequence] = {}
         self.ran = False  # whether the last step ran a batch (an idle one lets its caller sleep)
         self._ids = itertools.count()
-        tokenizer_eos = self.tokenizer.eos_token_id
-        self.eos_ids = set(cfg.eos_token_ids) | ({tokenizer_eos} if tokenizer_eos is not None else set())
         for name, source in config.lora_modules.items():
             self.load_lora(name, source)
 
@@ -252,6 +259,11 @@ class LLMEngine:
         self.adapters.unregister(name)
 
     def _adapter_ready(self, seq: Sequence) -> bool:
+        leader = seq.leader
+        if leader is not None:
+            if not leader.is_finished and leader.num_computed_tokens < len(leader.prompt_token_ids):
+                return False  # its prompt's blocks are not cached yet: wait and share them
+            seq.leader = None
         if seq.adapter is None:
             return True
         slot = self.adapters.ensure_device(seq.adapter)
@@ -282,7 +294,11 @@ class LLMEngine:
         adapter: str | None = None,
         request_id: str | None = None,
         tenant: str | None = None,
+        after: str | None = None,
     ) -> str:
+        """Queue a request. ``after`` names a request with the same prompt (another sample of an
+        ``n`` > 1 call): this one waits until that one's prompt is in the KV cache and then shares
+        its blocks through the prefix cache instead of computing the prompt again."""
         params = params or SamplingParams()
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
@@ -293,11 +309,15 @@ class LLMEngine:
         vocab = self.base.config.vocab_size
         if any(not 0 <= t < vocab for t in ids):
             raise RequestError(f"prompt token ids must be in [0, {vocab})")
+        if any(t >= vocab for t, _ in params.logit_bias) or any(not 0 <= t < vocab for t in params.stop_token_ids):
+            raise RequestError(f"logit_bias and stop_token_ids must name token ids in [0, {vocab})")
         if len(ids) + params.max_tokens > self.max_model_len:
             raise RequestError(
                 f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds max_model_len={self.max_model_len}"
             )
         seq = Sequence(request_id=request_id, prompt_token_ids=ids, params=params, adapter=adapter, tenant=tenant)
+        seq.detokenizer = Detokenizer(self.tokenizer.decode, params.stop)
+        seq.leader = self.requests.get(after) if after is not None else None
         seq.arrival_time = time.monotonic()
         if adapter is not None:
             info = self.adapters.info(adapter)  # raises AdapterNotFound for an unknown name
@@ -324,26 +344,28 @@ class LLMEngine:
         self.scheduler.finish(seq)
         self.sampler.forget(seq)
         self._drop_adapter(seq)
+        seq.leader = None
+        detok = seq.detokenizer
+        if detok is None:
+            return
         try:
-            seq.output_text = self._text(seq)
+            detok.flush()
+            seq.output_text = detok.text
         except Exception as err:  # a detokeniser failure ends this request, with what it had
-            seq.output_text, seq.error, seq.error_code = "", f"detokenising failed: {err}", "engine_error"
+            seq.output_text, seq.error, seq.error_code = detok.text, f"detokenising failed: {err}", "engine_error"
             seq.finish_reason = FinishReason.ERROR
-
-    def _text(self, seq: Sequence) -> str:
-        text = self.tokenizer.decode(seq.output_token_ids)
-        for stop in seq.params.stop:
-            cut = text.find(stop)
-            if cut >= 0:
-                text = text[:cut]
-        return text
 
     def _check_stop(self, seq: Sequence, token: int) -> FinishReason | None:
         p = seq.params
-        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids):
+        early = len(seq.output_token_ids) < p.min_tokens  # vLLM: no stop of any kind before min_tokens
+        if seq.detokenizer is not None:
+            seq.detokenizer.push(token, find_stops=not early)
+            if seq.detokenizer.stopped:
+                return FinishReason.STOP
+        if not early and (token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids)):
             return FinishReason.STOP
-        if p.stop and any(s in self.tokenizer.decode(seq.output_token_ids) for s in p.stop):
-            return FinishReason.STOP
+        if seq.matcher is not None and seq.matcher.is_stopped():
+            return FinishReason.STOP  # the document is complete: the grammar allows nothing more
         if len(seq.output_token_ids) >= p.max_tokens or len(seq) >= self.max_model_len:
             return FinishReason.LENGTH
         return None
@@ -391,6 +413,10 @@ class LLMEngine:
         self.scheduler.charge(seq, 1)
         if logprob is not None:
             seq.logprobs.append(logprob)
+        broken = advance_grammar(seq, token, self.eos_ids)
+        if broken is not None:  # the token breaks the request's grammar (a logits processor overrode it)
+            self._fail(seq, broken, "sampling_failed")
+            return
         reason = self._check_stop(seq, token)
         if reason is not None:
             self._finish(seq, reason)

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
+from loraplane.serving.engine.penalties import apply_penalties
 from loraplane.serving.engine.sequence import Sequence, TokenLogprob
+from loraplane.serving.engine.structured import mask_guided
 
 
 @dataclass(frozen=True)
@@ -23,9 +25,10 @@ class SampleFailure:
 
 
 class Sampler:
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, eos_ids: frozenset[int] = frozenset()) -> None:
         self.default = torch.Generator().manual_seed(seed)
         self.generators: dict[int, torch.Generator] = {}
+        self.eos_ids = eos_ids  # what min_tokens holds back
 
     def _generator(self, seq: Sequence) -> torch.Generator:
         if seq.params.seed is None:
@@ -43,7 +46,21 @@ class Sampler:
         (its logits processor raised, its distribution is not one) gives a ``SampleFailure`` for
         that sequence alone: the others in the batch still get their token."""
         out: list[tuple[int, TokenLogprob | None] | SampleFailure] = []
+        broken: dict[int, SampleFailure] = {}
+        try:
+            apply_penalties(logits, seqs, self.eos_ids)
+        except Exception as err:  # a bug in the batched adjustments: only the rows that asked for them fail
+            broken |= {
+                s.seq_id: SampleFailure(f"penalties failed: {type(err).__name__}: {err}") for s in seqs if s.params.penalised
+            }
+        try:
+            broken |= {sid: SampleFailure(message) for sid, message in mask_guided(logits, seqs).items()}
+        except Exception as err:  # as above, for the structured-output rows
+            broken |= {s.seq_id: SampleFailure(f"structured output failed: {err}") for s in seqs if s.params.guide is not None}
         for row, seq in zip(logits, seqs, strict=True):
+            if seq.seq_id in broken:
+                out.append(broken[seq.seq_id])
+                continue
             try:
                 out.append(self._sample_row(row, seq))
             except Exception as err:

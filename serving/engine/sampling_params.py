@@ -19,6 +19,12 @@ class SamplingError(ValueError):
 # uses the same cut-off).
 GREEDY_BELOW = 1e-5
 SEED_RANGE = 2**64  # torch.Generator.manual_seed takes a 64-bit seed
+# OpenAI's bounds for its penalties and logit biases; vLLM's repetition_penalty is a divisor > 0,
+# bounded here so it cannot overflow a logit.
+MAX_PENALTY = 2.0
+MAX_REPETITION_PENALTY = 2.0
+MAX_LOGIT_BIAS = 100.0
+MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit on the number of biased tokens
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,13 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), as OpenAI's map
+    # A structured-output constraint: a factory of per-sequence matchers (see structured.py).
+    guide: Any = field(default=None, compare=False)
     logits_processors: Sequence[LogitsProcessor] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -45,11 +58,32 @@ class SamplingParams:
             raise SamplingError(f"top_k must be 0 (off) or positive, got {self.top_k}")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise SamplingError(f"logprobs must be in [0, 20], got {self.logprobs}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not -MAX_PENALTY <= value <= MAX_PENALTY:
+                raise SamplingError(f"{name} must be in [-2, 2], got {value}")
+        if not 0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise SamplingError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise SamplingError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
+            raise SamplingError(f"logit_bias may bias at most {MAX_LOGIT_BIAS_ENTRIES} tokens")
+        for token, bias in self.logit_bias:
+            if token < 0 or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise SamplingError(f"logit_bias: token {token} must be a token id with a bias in [-100, 100], got {bias}")
         if any(not s for s in self.stop):
             raise SamplingError("stop strings must not be empty")
         if self.seed is not None and not 0 <= self.seed < SEED_RANGE:
             # Any integer is a valid seed to a client; the generator takes 64 bits of it.
             object.__setattr__(self, "seed", self.seed % SEED_RANGE)
+
+    @property
+    def penalised(self) -> bool:
+        """Whether the sampler has work to do on this request's row before drawing."""
+        return bool(
+            self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0 or self.logit_bias
+            or self.min_tokens
+        )  # fmt: skip
 
     @property
     def greedy(self) -> bool:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
+from loraplane.serving.engine.detokenizer import Detokenizer
 from loraplane.serving.engine.sampling_params import SamplingParams
 
 _ids = itertools.count()
@@ -60,6 +62,9 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     output_text: str = ""
+    detokenizer: Detokenizer | None = None  # the output's text so far (set by the engine)
+    leader: Sequence | None = None  # a sibling sample (n > 1) waits for this one's prompt to be cached
+    matcher: Any = None  # the structured-output grammar state (an llguidance matcher), when guided
     error: str | None = None
     error_code: str | None = None  # adapter_load_failed, sampling_failed or engine_error
 

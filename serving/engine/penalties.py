@@ -1,0 +1,79 @@
+"""OpenAI's and vLLM's per-request logit adjustments, applied to the whole batch at once.
+
+Each is one tensor operation over the rows that ask for any, with per-row coefficients as
+columns, so a batch of many penalised requests costs a few kernels rather than a Python loop of
+small ones per sequence:
+
+- ``frequency_penalty`` and ``presence_penalty`` (OpenAI): minus the coefficient times the
+  token's count in the output so far, and minus the coefficient once the token has appeared.
+- ``repetition_penalty`` (vLLM, from the CTRL paper): a token seen in the prompt or the output
+  has its logit divided by the penalty when positive, multiplied when negative.
+- ``logit_bias`` (OpenAI): added to the named tokens' logits.
+- ``min_tokens`` (vLLM): end-of-sequence and the request's stop tokens are impossible until that
+  many tokens are generated.
+
+Token ids in biases are checked against the vocabulary when the request is added, so nothing
+here depends on one request's input being valid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from loraplane.serving.engine.sequence import Sequence
+
+
+def _padded(rows: list[list[int]], pad: int) -> torch.Tensor:
+    width = max(1, max(len(r) for r in rows))
+    return torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long)
+
+
+def _occurrences(rows: list[list[int]], vocab: int) -> torch.Tensor:
+    """[len(rows), vocab] counts of each token id per row (the pad id lands in a dropped column)."""
+    ids = _padded(rows, vocab)
+    counts = torch.zeros(len(rows), vocab + 1, dtype=torch.float32)
+    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
+    return counts[:, :vocab]
+
+
+def apply_penalties(logits: torch.Tensor, seqs: list[Sequence], eos_ids: Iterable[int]) -> torch.Tensor:
+    """``logits`` [len(seqs), vocab] adjusted in place for the sequences whose requests ask for it."""
+    rows = [i for i, s in enumerate(seqs) if s.params.penalised]
+    if not rows:
+        return logits
+    group = [seqs[i] for i in rows]
+    index = torch.tensor(rows, dtype=torch.long)
+    x = logits.index_select(0, index).float()
+    vocab = x.shape[1]
+    params = [s.params for s in group]
+
+    def column(values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float32).unsqueeze(1)
+
+    if any(p.frequency_penalty or p.presence_penalty or p.repetition_penalty != 1.0 for p in params):
+        counts = _occurrences([s.output_token_ids for s in group], vocab)
+        x -= column([p.frequency_penalty for p in params]) * counts
+        x -= column([p.presence_penalty for p in params]) * (counts > 0)
+        if any(p.repetition_penalty != 1.0 for p in params):
+            seen = (counts > 0) | (_occurrences([s.prompt_token_ids for s in group], vocab) > 0)
+            penalty = column([p.repetition_penalty for p in params])
+            x = torch.where(seen, torch.where(x > 0, x / penalty, x * penalty), x)
+    biased = [(r, t, b) for r, p in enumerate(params) for t, b in p.logit_bias]
+    if biased:
+        r, t, b = zip(*biased, strict=True)
+        x.index_put_((torch.tensor(r), torch.tensor(t)), torch.tensor(b, dtype=torch.float32), accumulate=True)
+    eos = tuple(eos_ids)
+    banned = [
+        (r, t)
+        for r, (s, p) in enumerate(zip(group, params, strict=True))
+        if len(s.output_token_ids) < p.min_tokens
+        for t in (*eos, *p.stop_token_ids)
+        if t < vocab
+    ]
+    if banned:
+        r, t = zip(*banned, strict=True)
+        x[torch.tensor(r), torch.tensor(t)] = float("-inf")
+    logits.index_copy_(0, index, x.to(logits.dtype))
+    return logits

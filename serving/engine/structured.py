@@ -1,0 +1,113 @@
+"""Structured output: JSON (any object, or one matching a schema) enforced token by token.
+
+The grammar work is llguidance's (Microsoft's Rust library behind vLLM's and SGLang's
+``guidance`` backend): it compiles a JSON schema against the tokenizer's vocabulary and, for each
+sequence's state, computes the bitmask of tokens that keep the output inside the grammar. The
+engine keeps one matcher per sequence, fills the masks of every guided row of a step in one
+parallel call, and applies them to the batch's logits at once, so guided and unguided requests
+(on any adapters) share a batch. A request's guide is compiled before it is queued, so a schema
+the library refuses is the caller's 400, never a failure inside a step.
+
+The mask is unpacked with three torch operations rather than ``llguidance.torch``'s kernel,
+which goes through ``torch.compile`` and so needs a C compiler and a compile on the first request.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import llguidance
+import llguidance.hf
+import llguidance.torch
+import torch
+
+from loraplane.serving.engine.sequence import Sequence
+
+
+class GrammarError(ValueError):
+    """A response format the grammar library cannot compile."""
+
+
+class Guide:
+    """One compiled grammar: what a request's ``SamplingParams.guide`` holds."""
+
+    def __init__(self, grammars: Grammars, grammar: str) -> None:
+        self.grammars, self.grammar = grammars, grammar
+
+    def matcher(self) -> llguidance.LLMatcher:
+        return llguidance.LLMatcher(self.grammars.tokenizer, self.grammar, log_level=0)
+
+
+class Grammars:
+    """The engine's grammar compiler. Wrapping the tokenizer costs about a second, so it is done
+    once, on the first structured request."""
+
+    def __init__(self, hf_tokenizer: Any, vocab_size: int) -> None:
+        self.hf, self.vocab_size = hf_tokenizer, vocab_size
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._lock = threading.Lock()
+        self.executor = llguidance.LLExecutor()
+
+    @property
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer = llguidance.hf.from_tokenizer(self.hf, n_vocab=self.vocab_size)
+            return self._tokenizer
+
+    def compile(self, schema: dict[str, Any] | None) -> Guide:
+        """A guide for documents matching ``schema`` (None: any JSON object, OpenAI's ``json_object``)."""
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                schema if schema is not None else {"type": "object"}, defaults={"whitespace_flexible": False}
+            )
+        except (ValueError, TypeError) as err:
+            raise GrammarError(f"the JSON schema cannot be compiled: {err}") from None
+        problem = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
+        if problem:
+            raise GrammarError(f"the JSON schema cannot be compiled: {problem}")
+        return Guide(self, grammar)
+
+
+def mask_guided(logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, str]:
+    """Set the logits of every token a guided row's grammar forbids to -inf, in place. Returns
+    the rows (by seq id) whose matcher is in an error state, with its message."""
+    rows = [(i, s) for i, s in enumerate(seqs) if s.params.guide is not None]
+    if not rows:
+        return {}
+    broken: dict[int, str] = {}
+    live: list[tuple[int, Sequence]] = []
+    for i, s in rows:
+        if s.matcher is None:
+            s.matcher = s.params.guide.matcher()
+        if s.matcher.is_error():
+            broken[s.seq_id] = f"structured output: {s.matcher.get_error()}"
+        else:
+            live.append((i, s))
+    if not live:
+        return broken
+    grammars: Grammars = live[0][1].params.guide.grammars
+    vocab = logits.shape[1]
+    bitmask = llguidance.torch.allocate_token_bitmask(len(live), grammars.tokenizer.vocab_size)
+    llguidance.torch.fill_next_token_bitmask_par(grammars.executor, [(s.matcher, k) for k, (_, s) in enumerate(live)], bitmask)
+    bits = torch.arange(32, dtype=torch.int32)
+    allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).flatten(1).bool()[:, :vocab]
+    if allowed.shape[1] < vocab:  # the model's padding rows beyond the tokenizer's vocabulary
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
+    index = torch.tensor([i for i, _ in live], dtype=torch.long)
+    logits.index_copy_(0, index, logits.index_select(0, index).masked_fill(~allowed, float("-inf")))
+    return broken
+
+
+def advance(seq: Sequence, token: int, eos_ids: frozenset[int]) -> str | None:
+    """Move a guided sequence's matcher past its new token; the error when the token breaks the
+    grammar (a logits processor overrode the mask)."""
+    m = seq.matcher
+    if m is None:
+        return None
+    if token in eos_ids and m.is_accepting():
+        return None
+    if not m.consume_token(token):
+        return f"structured output: {m.get_error()}"
+    return None

@@ -1,0 +1,204 @@
+"""What ordinary OpenAI clients send, through the official client: batched prompts, n > 1,
+penalties and biases, structured output, and stop strings in streams."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from engine_helpers import tiny_engine
+
+from loraplane.serving.api.app import create_app
+from loraplane.serving.api.loopback import serve_app
+from loraplane.usage import Metering
+
+PROMPTS = ["the quick brown fox", "a platform team", "serves many fine-tunes"]
+CHOICE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "tone": {"enum": ["calm", "loud"]},
+        "n": {"type": "integer", "minimum": 0, "maximum": 9},
+    },
+    "required": ["ok", "tone", "n"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory) -> Iterator[tuple[str, Path]]:
+    root = tmp_path_factory.mktemp("surfaces")
+    usage = root / "usage"
+    app = create_app(
+        lambda: tiny_engine(tiny_llama, root / "cache", {"qv4": tiny_adapters["qv4"]}, max_model_len=256),
+        metering=Metering.create("test", usage, fsync_interval=0.05),
+    )
+    with serve_app(app) as url:
+        yield url, usage
+
+
+@pytest.fixture
+def client(server: tuple[str, Path]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server[0]}/v1", api_key="unused", max_retries=0)
+
+
+def _base(client: openai.OpenAI) -> str:
+    return client.models.list().data[0].id
+
+
+def test_a_list_of_prompts_gives_one_choice_each_in_order(client: openai.OpenAI) -> None:
+    batch = client.completions.create(model="qv4", prompt=PROMPTS, max_tokens=6, temperature=0)
+    assert [c.index for c in batch.choices] == [0, 1, 2]
+    singles = [client.completions.create(model="qv4", prompt=p, max_tokens=6, temperature=0) for p in PROMPTS]
+    assert [c.text for c in batch.choices] == [s.choices[0].text for s in singles]
+    assert batch.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles)
+    assert batch.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
+    ids = client.completions.create(model="qv4", prompt=[[5, 17, 42], [9, 9]], max_tokens=3, temperature=0)
+    assert len(ids.choices) == 2 and ids.usage.prompt_tokens == 5
+    one = client.completions.create(model="qv4", prompt=[5, 17, 42], max_tokens=3, temperature=0)
+    assert one.choices[0].text == ids.choices[0].text
+
+
+def test_n_samples_are_indexed_distinct_reproducible_and_bill_the_prompt_once(client: openai.OpenAI, server) -> None:
+    kwargs = {"model": "qv4", "prompt": PROMPTS[:2], "max_tokens": 8, "temperature": 1.0, "seed": 11, "n": 3,
+              "extra_body": {"ignore_eos": True}}  # fmt: skip
+    first = client.completions.create(**kwargs)
+    assert [c.index for c in first.choices] == list(range(6))
+    texts = [c.text for c in first.choices]
+    assert len(set(texts[:3])) > 1  # the samples of one prompt differ
+    assert [c.text for c in client.completions.create(**kwargs).choices] == texts  # and a seed reproduces them all
+    single = client.completions.create(model="qv4", prompt=PROMPTS[0], max_tokens=8)
+    single2 = client.completions.create(model="qv4", prompt=PROMPTS[1], max_tokens=8)
+    assert first.usage.prompt_tokens == single.usage.prompt_tokens + single2.usage.prompt_tokens
+    assert first.usage.completion_tokens == 6 * 8
+    # One usage record for the request, its prompts counted once, every choice's completion.
+    _, usage = server
+    records = [json.loads(line) for f in sorted(usage.glob("*.jsonl*")) for line in f.read_text().splitlines() if line]
+    mine = [r for r in records if r["request_id"] == first.id]
+    assert len(mine) == 1 and mine[0]["completion_tokens"] == 48 and mine[0]["prompt_tokens"] == first.usage.prompt_tokens
+
+
+def test_n_streamed_interleaves_choices_that_add_up_to_the_plain_answer(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "tell me about adapters"}]
+    kwargs = {"model": _base(client), "messages": messages, "max_tokens": 10, "temperature": 0.9, "seed": 5, "n": 2}
+    plain = client.chat.completions.create(**kwargs)
+    text: dict[int, str] = defaultdict(str)
+    finished: dict[int, str | None] = {}
+    roles = set()
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        for choice in chunk.choices:
+            text[choice.index] += choice.delta.content or ""
+            if choice.delta.role:
+                roles.add(choice.index)
+            if choice.finish_reason:
+                finished[choice.index] = choice.finish_reason
+    assert dict(text) == {c.index: c.message.content for c in plain.choices}
+    assert set(finished) == roles == {0, 1}
+
+
+def test_penalties_and_bias_are_applied(client: openai.OpenAI) -> None:
+    base = {"model": "qv4", "prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0, "logprobs": 0,
+            "extra_body": {"ignore_eos": True}}  # fmt: skip
+    plain = client.completions.create(**base).choices[0].logprobs.tokens
+    penalised = client.completions.create(**base, frequency_penalty=2.0, presence_penalty=2.0).choices[0].logprobs.tokens
+    assert len(set(plain)) < len(plain) and len(set(penalised)) == len(penalised)  # it loops; penalised, it does not
+    biased = client.completions.create(**base, logit_bias={"77": 100}).choices[0].logprobs.tokens
+    assert len(set(biased)) == 1 and len(biased) == 24
+    repeated = client.completions.create(**{**base, "extra_body": {"ignore_eos": True, "repetition_penalty": 1.8}})
+    assert repeated.choices[0].logprobs.tokens != plain
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("frequency_penalty", 2.5), ("presence_penalty", -2.5), ("logit_bias", {"77": 101}), ("logit_bias", {"x": 1}),
+     ("logit_bias", {"999999": 1}), ("n", 17), ("repetition_penalty", 0), ("min_tokens", -1), ("prompt", []),
+     ("prompt", ["ok", ""]), ("response_format", {"type": "json_schema"}), ("suffix", "x"), ("best_of", 2)],
+)  # fmt: skip
+def test_bad_values_are_a_400_naming_the_field(server, field: str, value: object) -> None:
+    body = {"model": "qv4", "prompt": "hi", "max_tokens": 2, field: value}
+    r = httpx.post(f"{server[0]}/v1/completions", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (
+        field in error["message"]
+        or (error["param"] or "").startswith(field)
+        or (field == "logit_bias" and "token" in error["message"])
+    )
+
+
+def test_documented_openai_fields_that_change_nothing_are_accepted(client: openai.OpenAI) -> None:
+    out = client.chat.completions.create(
+        model=_base(client), messages=[{"role": "user", "content": "hi"}], max_completion_tokens=2,
+        user="u-1", metadata={"team": "search"}, store=False, service_tier="auto",
+    )  # fmt: skip
+    assert out.choices[0].message.content is not None
+
+
+def test_json_schema_output_validates_and_mixes_with_plain_requests(client: openai.OpenAI) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": CHOICE_SCHEMA, "strict": True}}
+    messages = [{"role": "user", "content": "judge this"}]
+    out = client.chat.completions.create(model="qv4", messages=messages, max_tokens=40, temperature=1.0, seed=2, n=4,
+                                         response_format=fmt)  # fmt: skip
+    for choice in out.choices:
+        jsonschema.validate(json.loads(choice.message.content), CHOICE_SCHEMA)
+        assert choice.finish_reason == "stop"
+    anything = client.completions.create(model=_base(client), prompt="{", max_tokens=60, temperature=0,
+                                         extra_body={"response_format": {"type": "json_object"}})  # fmt: skip
+    text = anything.choices[0].text
+    if anything.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(text), dict)
+    else:  # the tiny model may not close its object in 60 tokens; what it wrote is still a JSON prefix
+        assert text.startswith("{")
+
+
+def test_a_schema_the_library_cannot_compile_is_a_400_with_its_message(server) -> None:
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}
+    r = httpx.post(f"{server[0]}/v1/completions", json={"model": "qv4", "prompt": "hi", "response_format": bad})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+    assert "nope" in r.json()["error"]["message"]
+
+
+def test_a_stop_string_never_reaches_a_stream(client: openai.OpenAI) -> None:
+    """A stop string picked from the middle of the greedy answer: the stream stops before it, and
+    no chunk carries its beginning."""
+    kwargs = {"model": "qv4", "prompt": PROMPTS[1], "max_tokens": 30, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    full = client.completions.create(**kwargs).choices[0].text
+    assert len(full) > 12
+    stop = full[8:12]
+    cut = full[: full.find(stop)]
+    chunks = [c.choices[0].text for c in client.completions.create(**kwargs, stop=[stop], stream=True) if c.choices]
+    assert "".join(chunks) == cut
+    sent = ""
+    for piece in chunks:
+        sent += piece
+        assert cut.startswith(sent)  # nothing sent was taken back
+
+
+def test_streamed_log_probabilities_add_up_to_the_plain_ones(client: openai.OpenAI) -> None:
+    kwargs = {"model": "qv4", "prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0, "logprobs": 2, "n": 2}
+    plain = client.completions.create(**kwargs)
+    tokens: dict[int, list[str]] = defaultdict(list)
+    for chunk in client.completions.create(**kwargs, stream=True):
+        for choice in chunk.choices:
+            tokens[choice.index] += choice.logprobs.tokens if choice.logprobs else []
+    assert dict(tokens) == {c.index: c.logprobs.tokens for c in plain.choices}
+    messages = [{"role": "user", "content": "hi"}]
+    chat = client.chat.completions.create(
+        model="qv4", messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=1
+    )
+    streamed = [
+        entry.token
+        for chunk in client.chat.completions.create(
+            model="qv4", messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=1, stream=True
+        )
+        for choice in chunk.choices
+        if choice.logprobs and choice.logprobs.content
+        for entry in choice.logprobs.content
+    ]
+    assert streamed == [entry.token for entry in chat.choices[0].logprobs.content]
