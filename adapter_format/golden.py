@@ -20,20 +20,44 @@ from loraplane.adapter_format.errors import AdapterValidationError, ErrorCode
 GOLDEN_FILE = "golden_outputs.json"
 
 
+# A replay runs on the serving engine beside real traffic: the file bounds what it may ask of it.
+MAX_CASES = 256
+MAX_PROMPT_TOKENS = 8192
+MAX_GREEDY_TOKENS = 1024
+
+
 class GoldenCase(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    prompt_token_ids: list[int] = Field(min_length=1)
-    greedy_token_ids: list[int] = Field(min_length=1)
+    prompt_token_ids: list[int] = Field(min_length=1, max_length=MAX_PROMPT_TOKENS)
+    greedy_token_ids: list[int] = Field(min_length=1, max_length=MAX_GREEDY_TOKENS)
     top_logprobs: list[dict[int, float]] | None = Field(
-        default=None, description="per generated step, the training base's top log-probabilities by token id"
-    )
+        default=None, max_length=MAX_GREEDY_TOKENS,
+        description="per generated step, the training base's top log-probabilities by token id",
+    )  # fmt: skip
+
+    def token_ids(self) -> set[int]:
+        ids = set(self.prompt_token_ids) | set(self.greedy_token_ids)
+        for step in self.top_logprobs or []:
+            ids |= set(step)
+        return ids
 
 
 class GoldenOutputs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    cases: list[GoldenCase] = Field(min_length=1)
+    cases: list[GoldenCase] = Field(min_length=1, max_length=MAX_CASES)
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """Every token id must be one of the base's: outside it, a replay would index past the
+        logits (an error inside the engine) instead of refusing the file."""
+        for i, case in enumerate(self.cases):
+            bad = sorted(t for t in case.token_ids() if not 0 <= t < vocab_size)
+            if bad:
+                raise AdapterValidationError(
+                    ErrorCode.BAD_CONFIG,
+                    f"{GOLDEN_FILE}: case {i} names token ids {bad[:5]} outside this base's vocabulary of {vocab_size}",
+                )
 
 
 class DriftLimits(BaseModel):
@@ -70,6 +94,7 @@ def load_golden(folder: Path) -> GoldenOutputs | None:
     if not path.is_file():
         return None
     try:
-        return GoldenOutputs.model_validate(json.loads(path.read_text()))
-    except (json.JSONDecodeError, ValidationError) as err:
+        return GoldenOutputs.model_validate(json.loads(path.read_text(encoding="utf-8")))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValidationError) as err:
+        # not UTF-8 (found by the readers' fuzz test: it was a 500), not JSON, nested past the parser, or not golden outputs
         raise AdapterValidationError(ErrorCode.BAD_CONFIG, f"{GOLDEN_FILE}: {err}") from err

@@ -70,7 +70,7 @@ def load_peft_config(path: str | Path) -> PeftLoraConfig:
     path = Path(path)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise AdapterValidationError(ErrorCode.BAD_CONFIG, f"{path.name} is not readable JSON: {exc}") from None
     try:
         config = PeftLoraConfig.model_validate(raw)

@@ -48,6 +48,7 @@ from loraplane.serving.engine.sampling_params import SamplingError, SamplingPara
 from loraplane.serving.engine.sequence import FinishReason
 from loraplane.serving.engine.structured import GrammarError, Guide
 from loraplane.serving.lora.manager import AdapterBusy, AdapterNotFound, AdapterSpec, AdapterUnavailable
+from loraplane.serving.tokenizer import PromptTooLong
 from loraplane.usage import Metering, UsageRollup
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -307,6 +308,19 @@ def create_app(
             raise error
         return choices, release
 
+    async def tokenised(engine: AsyncEngine, prompts: list[str | list[int]]) -> list[str | list[int]]:
+        """Each prompt as token ids, encoded off the event loop and the engine thread; one longer
+        than the context is a 400 before most of it is encoded."""
+        tokenizer, limit = engine.engine.tokenizer, engine.engine.max_model_len
+
+        def encode() -> list[str | list[int]]:
+            return [tokenizer.encode_within(p, limit) if isinstance(p, str) else p for p in prompts]
+
+        try:
+            return await asyncio.to_thread(encode)
+        except PromptTooLong as err:
+            raise APIError(400, str(err), param="prompt") from None
+
     def meter_for(request_id: str, endpoint: str, model: str, adapter: str | None, tenant: TenantConfig | None) -> RequestMeter:
         base = state.ready().engine.base.shape.name
         return RequestMeter(meters, request_id, endpoint, model, adapter, tenant.name if tenant else None, base)
@@ -371,7 +385,8 @@ def create_app(
         params = await sampling(req, req.max_tokens or DEFAULT_COMPLETION_TOKENS, req.logprobs)
         rid, created = new_id("cmpl"), now()
         meter = meter_for(rid, "/v1/completions", req.model, adapter, tenant)
-        choices, release = await run(engine, req.prompts(), params, req.n, meter, tenant)
+        prompts = await tokenised(engine, req.prompts())
+        choices, release = await run(engine, prompts, params, req.n, meter, tenant)
 
         def logprobs_of(out: RequestOutput, start: int = 0) -> dict[str, Any] | None:
             """The entries of ``out``'s tokens from ``start`` on (a streamed chunk carries its new ones)."""
@@ -407,9 +422,10 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller) -> Any:
         adapter = resolve_model(engine, req.model, tenant)
-        try:
-            prompt = engine.engine.tokenizer.chat([{"role": m.role, "content": m.text()} for m in req.messages])
-        except ValueError as err:
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        try:  # templated and encoded off the event loop and the engine thread
+            prompt = await asyncio.to_thread(engine.engine.tokenizer.chat, messages, limit=engine.engine.max_model_len)
+        except ValueError as err:  # no chat template, or a conversation beyond the context
             raise APIError(400, str(err), param="messages") from None
         limit = req.max_completion_tokens or req.max_tokens or tokens_left(engine, len(prompt))
         params = await sampling(req, limit, (req.top_logprobs or 0) if req.logprobs else None)

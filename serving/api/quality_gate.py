@@ -31,7 +31,7 @@ async def verify_candidate(engine: AsyncEngine, req: VerifyRequest) -> DriftRepo
         if golden is None:
             raise APIError(400, f"the quality gate needs {GOLDEN_FILE} next to the weights; this version has none",
                            code="golden_outputs_missing", param="lora_path")  # fmt: skip
-        paths, params = forced_requests(golden)
+        paths, params = forced_requests(golden, engine.engine.base.config.vocab_size)
 
         async def run(i: int) -> None:
             async for _ in engine.generate(golden.cases[i].prompt_token_ids, params[i], name, f"{name}-{i}"):

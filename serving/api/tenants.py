@@ -141,6 +141,8 @@ class Tenants:
             for key in self._keys(tenant, adapter if isinstance(adapter, str) else None):
                 u = self.usage.setdefault(key, _Usage())
                 u.in_flight -= 1
-                u.window.append((time.monotonic(), tokens))
+                now = time.monotonic()
+                u.tokens(now)  # prune: a tenant without a token quota is never checked, and its window would only grow
+                u.window.append((now, tokens))
                 if key.startswith("adapter:") and not u.in_flight and key[8:] not in self.adapter_limits:
                     del self.usage[key]  # an adapter without quotas needs no history

@@ -37,8 +37,10 @@ def _kl(reference: dict[int, float], logits: torch.Tensor) -> float:
     return float((p * (p.clamp_min(1e-300).log() - q.clamp_min(1e-300).log())).sum())
 
 
-def forced_requests(golden: GoldenOutputs) -> tuple[list[ForcedPath], list[SamplingParams]]:
-    """One teacher-forced request per golden case: run them on any engine, then :func:`drift`."""
+def forced_requests(golden: GoldenOutputs, vocab_size: int) -> tuple[list[ForcedPath], list[SamplingParams]]:
+    """One teacher-forced request per golden case: run them on any engine, then :func:`drift`.
+    ``AdapterValidationError`` when the file names token ids this base does not have."""
+    golden.check_vocabulary(vocab_size)
     paths = [ForcedPath(case.greedy_token_ids) for case in golden.cases]
     params = [
         SamplingParams(max_tokens=len(case.greedy_token_ids), temperature=0, ignore_eos=True, logits_processors=[path])
@@ -64,6 +66,6 @@ def drift(golden: GoldenOutputs, paths: list[ForcedPath]) -> DriftReport:
 
 def replay_golden(engine: LLMEngine, adapter: str | None, golden: GoldenOutputs) -> DriftReport:
     """Synchronously, on an engine nobody else is stepping (loading at startup, tests)."""
-    paths, params = forced_requests(golden)
+    paths, params = forced_requests(golden, engine.base.config.vocab_size)
     engine.generate([case.prompt_token_ids for case in golden.cases], params, [adapter] * len(golden.cases))
     return drift(golden, paths)

@@ -1,13 +1,20 @@
-"""The shared validation rules: one adapter folder per rule, each failing with its own code."""
+"""The shared validation rules: one adapter folder per rule, each failing with its own code; and
+corrupt adapters failing alone and clearly: random damage to the weights file, the PEFT config
+and the golden outputs gives ``AdapterValidationError`` (a 400/422 to the caller) and never another
+exception, a hang or an allocation sized by a hostile header."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import struct
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
 from loraplane.adapter_format import (
@@ -20,6 +27,7 @@ from loraplane.adapter_format import (
     read_safetensors_header,
     validate_adapter_dir,
 )
+from loraplane.adapter_format.golden import GOLDEN_FILE, load_golden
 
 BASE = BaseShape(
     name="HuggingFaceTB/SmolLM2-135M-Instruct",
@@ -216,3 +224,95 @@ def test_header_reader_agrees_with_the_safetensors_library(tmp_path: Path) -> No
     with safe_open(str(folder / "adapter_model.safetensors"), framework="numpy") as f:
         for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
             assert ours[key].shape == f.get_tensor(key).shape
+
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_adapter(tmp_path_factory.mktemp("good") / "adapter")
+
+
+def _copy(good: Path, into: Path) -> Path:
+    into.mkdir(parents=True, exist_ok=True)
+    for f in good.iterdir():
+        (into / f.name).write_bytes(f.read_bytes())
+    return into
+
+
+def _refused_or_valid(folder: Path) -> None:
+    with contextlib.suppress(AdapterValidationError):
+        validate_adapter_dir(folder, BASE)
+
+
+@SETTINGS
+@given(edits=st.lists(st.tuples(st.integers(min_value=0), st.integers(0, 255)), min_size=1, max_size=8),
+       cut=st.one_of(st.none(), st.integers(min_value=0)))  # fmt: skip
+def test_damaged_weights_fail_with_a_validation_error(good: Path, tmp_path_factory, edits, cut) -> None:
+    folder = _copy(good, tmp_path_factory.mktemp("weights"))
+    data = bytearray((folder / "adapter_model.safetensors").read_bytes())
+    for at, value in edits:
+        data[at % len(data)] = value
+    if cut is not None:
+        data = data[: cut % (len(data) + 1)]
+    (folder / "adapter_model.safetensors").write_bytes(bytes(data))
+    _refused_or_valid(folder)
+
+
+@SETTINGS
+@given(header=st.dictionaries(st.text(max_size=12), st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=12,
+), max_size=6), declared=st.one_of(st.none(), st.integers(0, 2**64 - 1)))  # fmt: skip
+def test_hostile_safetensors_headers_fail_with_a_validation_error(good: Path, tmp_path_factory, header, declared) -> None:
+    """Any JSON as the header, and any declared header length (up to 2^64), against a small file."""
+    folder = _copy(good, tmp_path_factory.mktemp("header"))
+    raw = json.dumps(header).encode()
+    size = len(raw) if declared is None else declared
+    (folder / "adapter_model.safetensors").write_bytes(struct.pack("<Q", size) + raw + b"\0" * 64)
+    _refused_or_valid(folder)
+
+
+@SETTINGS
+@given(config=st.dictionaries(
+    st.sampled_from(["peft_type", "r", "lora_alpha", "target_modules", "base_model_name_or_path", "revision",
+                     "use_rslora", "task_type", "lora_dropout", "rank_pattern", "alpha_pattern", "bias", "extra"]),
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=12)
+    | st.lists(st.text(max_size=8) | st.integers(), max_size=4) | st.dictionaries(st.text(max_size=6), st.integers(), max_size=3),
+    max_size=10,
+), raw=st.one_of(st.none(), st.binary(max_size=64)))  # fmt: skip
+def test_damaged_configs_fail_with_a_validation_error(good: Path, tmp_path_factory, config, raw) -> None:
+    folder = _copy(good, tmp_path_factory.mktemp("config"))
+    path = folder / "adapter_config.json"
+    if raw is not None:
+        path.write_bytes(raw)
+    else:
+        path.write_text(json.dumps({**json.loads(path.read_text()), **config}))
+    _refused_or_valid(folder)
+
+
+@SETTINGS
+@given(body=st.one_of(
+    st.binary(max_size=64),
+    st.recursive(st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+                 lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+                     st.sampled_from(["cases", "prompt", "token_ids", "logprobs", "adapter", "x"]), inner, max_size=4),
+                 max_leaves=16).map(lambda v: json.dumps(v).encode()),
+))  # fmt: skip
+def test_damaged_golden_outputs_fail_with_a_validation_error(tmp_path_factory, body: bytes) -> None:
+    folder = tmp_path_factory.mktemp("golden")
+    (folder / GOLDEN_FILE).write_bytes(body)
+    with contextlib.suppress(AdapterValidationError):
+        load_golden(folder)
+
+
+def test_json_nested_past_the_parser_is_a_validation_error(good: Path, tmp_path: Path) -> None:
+    deep = b"[" * 200_000 + b"]" * 200_000
+    folder = _copy(good, tmp_path / "deep")
+    (folder / "adapter_config.json").write_bytes(deep)
+    with pytest.raises(AdapterValidationError):
+        validate_adapter_dir(folder, BASE)
+    (folder / GOLDEN_FILE).write_bytes(deep)
+    with pytest.raises(AdapterValidationError):
+        load_golden(folder)

@@ -98,3 +98,37 @@ def test_bodies_beyond_the_cap_are_refused_with_413_and_stop_lists_are_bounded(s
         r = httpx.post(f"{server}/v1/completions", json={"model": "x", "prompt": "hi", "stop": stop}, headers=headers)
         assert r.status_code == 400 and r.json()["error"]["param"].startswith("stop"), r.text
     assert httpx.get(f"{server}/ready").status_code == 200
+
+
+@pytest.fixture(scope="module")
+def plain_server(tiny_llama: Path, tmp_path_factory) -> Iterator[tuple[str, object]]:
+    cache = tmp_path_factory.mktemp("hostile-plain")
+    app = create_app(lambda: tiny_engine(tiny_llama, cache, max_model_len=512))
+    with serve_app(app) as url:
+        yield url, app
+
+
+def test_a_prompt_far_beyond_the_context_is_refused_before_it_is_encoded_in_full(plain_server, monkeypatch) -> None:
+    url, app = plain_server
+    tokenizer = app.state.server.engine.engine.tokenizer  # type: ignore[attr-defined]
+    encoded: list[int] = []
+    real = tokenizer.hf.encode
+
+    def counting(text, *args, **kwargs):  # type: ignore[no-untyped-def]
+        encoded.append(len(text))
+        return real(text, *args, **kwargs)
+
+    monkeypatch.setattr(tokenizer.hf, "encode", counting)
+    model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    huge = "river stone light garden " * 200_000  # 5 MB, under the body cap
+    for path, body in [
+        ("/v1/completions", {"model": model, "prompt": huge, "max_tokens": 1}),
+        ("/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": huge}], "max_tokens": 1}),
+    ]:
+        encoded.clear()
+        r = httpx.post(f"{url}{path}", json=body, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] in ("prompt", "messages"), r.text
+        assert "512" in r.json()["error"]["message"]
+        assert encoded and max(encoded) < len(huge) // 100  # a prefix, not the 5 MB
+    ok = httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": "river stone", "max_tokens": 2})
+    assert ok.status_code == 200

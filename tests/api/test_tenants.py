@@ -8,15 +8,17 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import openai
 import pytest
 from engine_helpers import tiny_engine
 
+from loraplane.serving.api import tenants as tenants_module
 from loraplane.serving.api.app import create_app
 from loraplane.serving.api.loopback import serve_app
-from loraplane.serving.api.tenants import Tenants, load_tenants
+from loraplane.serving.api.tenants import TenantConfig, Tenants, load_tenants
 from loraplane.serving.lora.manager import AdapterSpec
 from loraplane.usage import Metering
 
@@ -157,3 +159,17 @@ def test_an_adapters_own_quota_holds_without_touching_its_tenants_other_adapters
     acme.completions.create(model="acme-bot", prompt="hi", max_tokens=2)  # the tenant's other adapter is not metered
     httpx.post(f"{url}/admin/adapters", json={**body, "quotas": None})  # re-registered without quotas: no limit
     acme.completions.create(model="acme-metered", prompt="hi", max_tokens=2)
+
+
+def test_every_tenants_token_window_is_pruned(monkeypatch) -> None:
+    """A tenant without a token quota is never checked against its window; finishing its
+    requests must still drop what is older than the minute, or the window grows without bound."""
+    clock = [1000.0]
+    monkeypatch.setattr(tenants_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    tenants = Tenants([TenantConfig(name="open-ended", api_keys=["k"])])
+    tenant = tenants.authenticate("Bearer k")
+    for _ in range(500):
+        tenants.admit(tenant, None)
+        tenants.finish(tenant, {"adapter": None, "prompt_tokens": 3, "completion_tokens": 4})
+        clock[0] += 1.0
+    assert len(tenants.usage["tenant:open-ended"].window) <= 61

@@ -116,3 +116,22 @@ def test_the_quality_gate_replays_a_candidates_golden_outputs_and_registers_noth
         assert list(stats) == ["live"]  # candidates leave nothing behind
         models = [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]]
         assert not any(m.startswith("quality-gate") for m in models)
+
+
+def test_golden_ids_outside_the_vocabulary_refuse_the_file_not_the_step(tiny_llama, tiny_adapters, tmp_path) -> None:
+    engine = tiny_engine(tiny_llama, tmp_path / "serve")
+    engine.load_lora("kept", str(tiny_adapters["qv4"]))
+    vocab = engine.base.config.vocab_size
+    for case in (
+        {"prompt_token_ids": [5, vocab + 7], "greedy_token_ids": [3]},
+        {"prompt_token_ids": [5, 6], "greedy_token_ids": [3, 10**9]},
+        {"prompt_token_ids": [5, 6], "greedy_token_ids": [3], "top_logprobs": [{str(vocab): -0.1}]},
+    ):
+        bad = shutil.copytree(tiny_adapters["all8"], tmp_path / f"bad-{len(list(tmp_path.iterdir()))}")
+        (bad / GOLDEN_FILE).write_text(json.dumps({"cases": [case]}))
+        with pytest.raises(AdapterValidationError, match="vocabulary") as err:
+            engine.load_lora("kept", str(bad))  # a new version of a serving name: refused, the old one stays
+        assert err.value.code is ErrorCode.BAD_CONFIG
+        assert engine.adapters.info("kept").source == str(tiny_adapters["qv4"])
+    out = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0), ["kept"])[0]
+    assert len(out.token_ids) == 3
