@@ -25,7 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from loraplane.adapter_format import AdapterValidationError, ErrorCode
 from loraplane.serving.api.async_engine import AsyncEngine
 from loraplane.serving.api.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
-from loraplane.serving.api.choices import Choice, close_all, deltas, drain
+from loraplane.serving.api.choices import Choice, Choices, CleanupResponse
 from loraplane.serving.api.errors import APIError, api_error_handler, error_body, require_admin, validation_error_handler
 from loraplane.serving.api.metering import RequestMeter
 from loraplane.serving.api.protocol import (
@@ -250,14 +250,15 @@ def create_app(
     async def run(
         engine: AsyncEngine, prompts: list[str | list[int]], params: SamplingParams, n: int, meter: RequestMeter,
         tenant: TenantConfig | None,
-    ) -> tuple[list[Choice], Callable[[], None]]:  # fmt: skip
-        """Admit the request and start one engine sequence per choice; the choices and the
-        callback that releases the request once (its quota slot, its pending count, its tokens).
+    ) -> Choices:  # fmt: skip
+        """Admit the request and start one engine sequence per choice; the request's choices,
+        which release it once (its quota slot, its pending count, its tokens) however it ends.
         A choice refused at its start refuses the request, and the others are aborted."""
         # Counted here on the event loop (not read from the engine thread), so a burst of
         # handlers cannot all pass the check before any of them reaches the engine.
         adapter = meter.adapter
-        if state.pending >= max_pending_requests:
+        total = len(prompts) * n
+        if state.pending and state.pending + total > max_pending_requests:
             raise APIError(
                 503, "the server is at capacity; retry shortly", type_="server_error", code="overloaded", retry_after=1
             )
@@ -267,7 +268,6 @@ def create_app(
             await meters.refuse(meter.request_id, err.status, tenant=meter.tenant, model=meter.model, adapter=adapter,
                                 base=meter.base, endpoint=meter.endpoint)  # fmt: skip
             raise
-        total = len(prompts) * n
         state.pending += total
         released = False
 
@@ -281,7 +281,8 @@ def create_app(
                     tenant, {"adapter": adapter, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
                 )
 
-        choices: list[Choice] = []
+        request = Choices([], meter, release)
+        choices = request.choices
         for i, prompt in enumerate(prompts):
             leader: str | None = None
             for j in range(n):
@@ -293,7 +294,11 @@ def create_app(
                 stream = engine.generate(prompt, p, adapter, rid, tenant=meter.tenant, after=leader)
                 choices.append(Choice(index, rid, stream))
                 leader = leader or rid
-        firsts = await asyncio.gather(*(first_output(c.stream) for c in choices), return_exceptions=True)
+        try:
+            firsts = await asyncio.gather(*(first_output(c.stream) for c in choices), return_exceptions=True)
+        except BaseException:  # cancelled (the client left, the server stops): nothing stays held
+            request.close()
+            raise
         error = next((f for f in firsts if isinstance(f, BaseException)), None)
         for c, first in zip(choices, firsts, strict=True):
             if isinstance(first, RequestOutput):
@@ -301,12 +306,9 @@ def create_app(
                 meter.seen(first)
                 error = error or failure(first)  # failed at its first token: an error status, not a 200 stream
         if error is not None:
-            await close_all(choices)
-            if meter.outputs:
-                await meter.settle()
-            release()
+            request.close()
             raise error
-        return choices, release
+        return request
 
     async def tokenised(engine: AsyncEngine, prompts: list[str | list[int]]) -> list[str | list[int]]:
         """Each prompt as token ids, encoded off the event loop and the engine thread; one longer
@@ -325,10 +327,10 @@ def create_app(
         base = state.ready().engine.base.shape.name
         return RequestMeter(meters, request_id, endpoint, model, adapter, tenant.name if tenant else None, base)
 
-    async def final(choices: list[Choice], meter: RequestMeter, release: Callable[[], None]) -> list[RequestOutput]:
+    async def final(request: Choices) -> list[RequestOutput]:
         """Drain a non-streamed request: every choice's last output (its usage record written),
         or the OpenAI error one of them ended in."""
-        outs = await drain(choices, meter, release)
+        outs = await request.drain()
         for out in outs:
             if (err := failure(out)) is not None:
                 raise err
@@ -362,22 +364,23 @@ def create_app(
         yield b"data: [DONE]\n\n"
 
     def streamed(
-        req: CompletionRequest | ChatCompletionRequest, base: dict[str, Any], choices: list[Choice], meter: RequestMeter,
-        release: Callable[[], None], choice_event: Callable[[int, RequestOutput, str], dict[str, Any]],
+        req: CompletionRequest | ChatCompletionRequest, base: dict[str, Any], request: Choices,
+        choice_event: Callable[[int, RequestOutput, str], dict[str, Any]],
     ) -> StreamingResponse:  # fmt: skip
         """The SSE response of a streamed request: one event per choice's delta, the stream's last
         event carrying the error a choice failed with, and the usage chunk when asked for."""
 
         async def events() -> AsyncIterator[dict[str, Any]]:
-            async for c, out, delta in deltas(choices, meter, release):
+            async for c, out, delta in request.deltas():
                 if (err := failure(out)) is not None:
+                    request.close()  # the other choices end here too
                     yield error_body(err.message, err.type, err.code)
                     return
-                yield with_running_usage(req, {**base, "choices": [choice_event(c.index, out, delta)]}, meter)
+                yield with_running_usage(req, {**base, "choices": [choice_event(c.index, out, delta)]}, request.meter)
             if req.stream_options and req.stream_options.include_usage:
-                yield {**base, "choices": [], "usage": usage(meter)}
+                yield {**base, "choices": [], "usage": usage(request.meter)}
 
-        return StreamingResponse(sse(events()), media_type="text/event-stream")
+        return CleanupResponse(sse(events()), request, media_type="text/event-stream")
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, engine: Engine, tenant: Caller) -> Any:
@@ -386,7 +389,7 @@ def create_app(
         rid, created = new_id("cmpl"), now()
         meter = meter_for(rid, "/v1/completions", req.model, adapter, tenant)
         prompts = await tokenised(engine, req.prompts())
-        choices, release = await run(engine, prompts, params, req.n, meter, tenant)
+        request = await run(engine, prompts, params, req.n, meter, tenant)
 
         def logprobs_of(out: RequestOutput, start: int = 0) -> dict[str, Any] | None:
             """The entries of ``out``'s tokens from ``start`` on (a streamed chunk carries its new ones)."""
@@ -404,10 +407,10 @@ def create_app(
 
         base = {"id": rid, "object": "text_completion", "created": created, "model": req.model}
         if not req.stream:
-            outs = await final(choices, meter, release)
+            outs = await final(request)
             body = {**base, "usage": usage(meter), "choices": [
                 {"index": c.index, "text": out.text, "finish_reason": finish_reason(out), "logprobs": logprobs_of(out)}
-                for c, out in zip(choices, outs, strict=True)
+                for c, out in zip(request.choices, outs, strict=True)
             ]}  # fmt: skip
             return JSONResponse(body)
 
@@ -417,7 +420,7 @@ def create_app(
             start, sent[index] = sent[index], len(out.logprobs)
             return {"index": index, "text": delta, "finish_reason": finish_reason(out), "logprobs": logprobs_of(out, start)}
 
-        return streamed(req, base, choices, meter, release, event)
+        return streamed(req, base, request, event)
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller) -> Any:
@@ -431,7 +434,7 @@ def create_app(
         params = await sampling(req, limit, (req.top_logprobs or 0) if req.logprobs else None)
         rid, created = new_id("chatcmpl"), now()
         meter = meter_for(rid, "/v1/chat/completions", req.model, adapter, tenant)
-        choices, release = await run(engine, [prompt], params, req.n, meter, tenant)
+        request = await run(engine, [prompt], params, req.n, meter, tenant)
 
         def logprobs_of(out: RequestOutput, start: int = 0) -> dict[str, Any] | None:
             if not req.logprobs:
@@ -445,11 +448,11 @@ def create_app(
 
         base = {"id": rid, "object": "chat.completion", "created": created, "model": req.model}
         if not req.stream:
-            outs = await final(choices, meter, release)
+            outs = await final(request)
             body = {**base, "usage": usage(meter), "choices": [
                 {"index": c.index, "message": {"role": "assistant", "content": out.text},
                  "finish_reason": finish_reason(out), "logprobs": logprobs_of(out)}
-                for c, out in zip(choices, outs, strict=True)
+                for c, out in zip(request.choices, outs, strict=True)
             ]}  # fmt: skip
             return JSONResponse(body)
 
@@ -462,7 +465,7 @@ def create_app(
             start, sent[index] = sent.get(index, 0), len(out.logprobs)
             return {"index": index, "delta": message, "finish_reason": finish_reason(out), "logprobs": logprobs_of(out, start)}
 
-        return streamed(req, {**base, "object": "chat.completion.chunk"}, choices, meter, release, event)
+        return streamed(req, {**base, "object": "chat.completion.chunk"}, request, event)
 
     # adapters (vLLM's calls and our admin API; both need the admin token when one is set) -------
     @app.post("/v1/load_lora_adapter")

@@ -4,17 +4,24 @@ as one stream or one list.
 
 Settling is here because it must happen exactly once however the request ends: the usage record
 is written before the last event of a finished request, and the request's quota slot and pending
-count are released when the stream closes, finished, failed or abandoned by its client.
+count are released when it ends, finished, failed or abandoned by its client, even one that
+leaves before its response starts (``CleanupResponse``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from loraplane.serving.api.metering import RequestMeter
 from loraplane.serving.engine.llm_engine import RequestOutput
+from loraplane.serving.engine.sequence import FinishReason
 
 
 @dataclass
@@ -25,75 +32,116 @@ class Choice:
     first: RequestOutput | None = None
 
 
+class _ChoiceFailed(Exception):
+    """One choice ended in an error: the others of a non-streamed request need not finish."""
+
+
+@dataclass
+class Choices:
+    choices: list[Choice]
+    meter: RequestMeter
+    release: Callable[[], None]
+    pumps: list[asyncio.Task[None]] = field(default_factory=list)
+    closed: bool = False
+
+    def close(self) -> None:
+        """Settle and release the request, and abort every choice still running. Synchronous and
+        idempotent: it runs in cleanup paths that a client's disconnect has cancelled, where an
+        await would be cancelled in turn before anything is released."""
+        if self.closed:
+            return
+        self.closed = True
+        self.meter.settle_nowait()
+        self.release()
+        if self.pumps:  # a cancelled pump's generator aborts its sequence
+            for t in self.pumps:
+                t.cancel()
+        else:  # nobody iterates the streams: close them in a task of their own
+            asyncio.get_running_loop().create_task(close_all(self.choices))
+
+    async def drain(self) -> list[RequestOutput]:
+        """Every choice's last output, in index order, once its usage record is written. The
+        first choice to fail ends the wait: the others are aborted."""
+
+        async def one(c: Choice) -> None:
+            async for item in c.stream:
+                self.meter.seen(item)
+                if item.finish_reason is FinishReason.ERROR:
+                    raise _ChoiceFailed
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for c in self.choices:
+                    group.create_task(one(c))
+            await self.meter.settle()
+        except* _ChoiceFailed:
+            pass
+        finally:
+            self.close()
+        return [self.meter.outputs[c.request_id] for c in self.choices]
+
+    async def deltas(self) -> AsyncIterator[tuple[Choice, RequestOutput, str]]:
+        """Each choice's new text as its outputs arrive, interleaved across choices (empty only on
+        a choice's final output). The engine's text never takes back what it showed, so a delta
+        is the text past what was sent."""
+        inbox: asyncio.Queue[tuple[Choice, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+        async def pump(c: Choice) -> None:
+            try:
+                if c.first is not None:
+                    inbox.put_nowait((c, c.first))
+                async for item in c.stream:
+                    inbox.put_nowait((c, item))
+            except Exception as err:  # handed to the consumer, which raises it in the response
+                inbox.put_nowait((c, err))
+            finally:
+                inbox.put_nowait((c, None))
+
+        self.pumps = [asyncio.create_task(pump(c)) for c in self.choices]
+        sent = {c.index: "" for c in self.choices}
+        running = {c.index for c in self.choices}
+        try:
+            while running:
+                c, item = await inbox.get()
+                if item is None:
+                    running.discard(c.index)
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                self.meter.seen(item)
+                if item.finished and running == {c.index}:
+                    await self.meter.settle()  # the last choice: its record before its last event
+                text = item.text
+                delta = text[len(sent[c.index]) :] if text.startswith(sent[c.index]) else ""
+                sent[c.index] += delta
+                if delta or item.finished:
+                    yield c, item, delta
+                if item.finished:
+                    running.discard(c.index)
+        finally:
+            self.close()
+
+
+class CleanupResponse(StreamingResponse):
+    """A streamed response that closes its request however the connection ends. Starlette never
+    iterates the body of a response whose client left before it started, so cleanup in the body
+    alone would leak that request's quota slot, pending count and sequences."""
+
+    def __init__(self, content: Any, request: Choices, **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.request = request
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.request.close()
+
+
 async def close_all(choices: list[Choice]) -> None:
     """Abort every choice still running (an async generator's close runs its abort)."""
     for c in choices:
         aclose = getattr(c.stream, "aclose", None)
         if aclose is not None:
-            await aclose()
-
-
-async def drain(choices: list[Choice], meter: RequestMeter, release: Callable[[], None]) -> list[RequestOutput]:
-    """Every choice's last output, in index order, once its usage record is written."""
-
-    async def one(c: Choice) -> None:
-        async for item in c.stream:
-            meter.seen(item)
-
-    try:
-        await asyncio.gather(*(one(c) for c in choices))
-        await meter.settle()
-    finally:
-        meter.settle_nowait()  # a cancelled request (its client went away) still leaves a record
-        release()
-    return [meter.outputs[c.request_id] for c in choices]
-
-
-async def deltas(
-    choices: list[Choice], meter: RequestMeter, release: Callable[[], None]
-) -> AsyncIterator[tuple[Choice, RequestOutput, str]]:
-    """Each choice's new text as its outputs arrive, interleaved across choices (empty only on a
-    choice's final output). The engine's text never takes back what it showed, so a delta is the
-    text past what was sent."""
-    inbox: asyncio.Queue[tuple[Choice, RequestOutput | BaseException | None]] = asyncio.Queue()
-
-    async def pump(c: Choice) -> None:
-        try:
-            if c.first is not None:
-                inbox.put_nowait((c, c.first))
-            async for item in c.stream:
-                inbox.put_nowait((c, item))
-        except Exception as err:  # handed to the consumer, which raises it in the response
-            inbox.put_nowait((c, err))
-        finally:
-            inbox.put_nowait((c, None))
-
-    tasks = [asyncio.create_task(pump(c)) for c in choices]
-    sent = {c.index: "" for c in choices}
-    running = {c.index for c in choices}
-    try:
-        while running:
-            c, item = await inbox.get()
-            if item is None:
-                running.discard(c.index)
-                continue
-            if isinstance(item, BaseException):
-                raise item
-            meter.seen(item)
-            if item.finished and running == {c.index}:
-                await meter.settle()  # the last choice: its record before its last event
-            text = item.text
-            delta = text[len(sent[c.index]) :] if text.startswith(sent[c.index]) else ""
-            sent[c.index] += delta
-            if delta or item.finished:
-                yield c, item, delta
-            if item.finished:
-                running.discard(c.index)
-    finally:
-        # Nothing here awaits: a client that hung up cancels this generator, and an await in its
-        # cleanup would be cancelled in turn before the request is released. A cancelled pump
-        # aborts its engine sequence on its own.
-        meter.settle_nowait()
-        release()
-        for t in tasks:
-            t.cancel()
+            with contextlib.suppress(RuntimeError):  # being iterated: closed by whoever iterates it
+                await aclose()

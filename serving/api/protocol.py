@@ -8,6 +8,7 @@ single source of truth for the OpenAPI schema FastAPI publishes.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Annotated, Any, Literal
@@ -26,6 +27,7 @@ StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
 MAX_N = 16
 MAX_CHOICES = 64
 MAX_PROMPTS = 64
+TOKEN_ID_KEY = re.compile(r"[0-9]{1,9}")
 
 
 class _Strict(BaseModel):
@@ -71,7 +73,7 @@ class _Sampling(_Strict):
     n: int = Field(default=1, ge=1, le=MAX_N, description="choices per prompt; they share the prompt's KV blocks")
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
     presence_penalty: float = Field(default=0.0, ge=-2, le=2)
-    repetition_penalty: float = Field(default=1.0, gt=0, le=2, description="vLLM extension; 1 is off")
+    repetition_penalty: float = Field(default=1.0, ge=0.01, le=2, description="vLLM extension; 1 is off")
     min_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS_LIMIT, description="vLLM extension")
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
         default=None, max_length=MAX_STOPS, description="vLLM extension"
@@ -95,9 +97,13 @@ class _Sampling(_Strict):
     @field_validator("logit_bias")
     @classmethod
     def _token_id_keys(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        seen: set[int] = set()
         for key in v or {}:
-            if not key.isdigit():
+            if not TOKEN_ID_KEY.fullmatch(key):  # ASCII digits only: str.isdigit() takes "²", which int() refuses
                 raise ValueError(f"logit_bias: key {key!r} is not a token id")
+            if int(key) in seen:  # "01" and "1": one token biased twice, past the bound
+                raise ValueError(f"logit_bias: token {int(key)} is given twice")
+            seen.add(int(key))
         return v
 
     def bias_list(self) -> tuple[tuple[int, float], ...]:

@@ -30,6 +30,13 @@ class Detokenizer:
         self.read_offset = 0  # the first token whose text is not yet in ``text``
         self.text = ""
         self.stopped = False  # a stop string was found; ``text`` ends where it began
+        self.floor = 0  # text written while stop strings did not count (min_tokens) is never searched
+        # For each stop string, the positions of each of its characters, last first: the tails
+        # worth holding back end with the text's last character, so only those are tried.
+        self._ends = [
+            {c: sorted((i for i, d in enumerate(stop[:-1]) if d == c), reverse=True) for c in set(stop[:-1])}
+            for stop in stops
+        ]
 
     def push(self, token: int, *, find_stops: bool = True) -> None:
         """Add a token's text; after a stop string, nothing more is added. ``find_stops`` is off
@@ -56,11 +63,13 @@ class Detokenizer:
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         if find_stops:
             self._find_stop(before)
+        else:
+            self.floor = len(self.text)
 
     def _find_stop(self, before: int) -> None:
         if not self.stops:
             return
-        start = max(0, before - self.longest_stop + 1)  # a match must end in the new text
+        start = max(self.floor, before - self.longest_stop + 1)  # a match must end in the new text
         cuts = [c for c in (self.text.find(s, start) for s in self.stops) if c >= 0]
         if cuts:
             self.text, self.stopped = self.text[: min(cuts)], True
@@ -70,9 +79,16 @@ class Detokenizer:
         """The text that no later token can take back: all of it but a tail that begins a stop string."""
         if self.stopped or not self.stops:
             return self.text
-        held = 0
-        for stop in self.stops:
-            for k in range(min(len(stop) - 1, len(self.text)), held, -1):
+        if not self.text:
+            return ""
+        held, last = 0, self.text[-1]
+        for stop, ends in zip(self.stops, self._ends, strict=True):
+            for i in ends.get(last, ()):
+                k = i + 1  # the tail would be stop[:k], which ends with the text's last character
+                if k > len(self.text) - self.floor:
+                    continue  # it would begin where stop strings do not count
+                if k <= held:
+                    break
                 if self.text.endswith(stop[:k]):
                     held = k
                     break

@@ -176,7 +176,7 @@ class LLMEngine:
         tokenizer_eos = self.tokenizer.eos_token_id
         self.eos_ids = frozenset(cfg.eos_token_ids) | ({tokenizer_eos} if tokenizer_eos is not None else frozenset())
         self.sampler = Sampler(eos_ids=self.eos_ids)
-        self.grammars = Grammars(self.tokenizer.hf, cfg.vocab_size)
+        self.grammars = Grammars(self.tokenizer.hf, cfg.vocab_size, self.eos_ids)
         self.runner = ModelRunner(self.model, self.cache, self.slots, self.sampler)
         self.requests: dict[str, Sequence] = {}
         self.ran = False  # whether the last step ran a batch (an idle one lets its caller sleep)

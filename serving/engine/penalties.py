@@ -9,8 +9,11 @@ small ones per sequence:
 - ``repetition_penalty`` (vLLM, from the CTRL paper): a token seen in the prompt or the output
   has its logit divided by the penalty when positive, multiplied when negative.
 - ``logit_bias`` (OpenAI): added to the named tokens' logits.
-- ``min_tokens`` (vLLM): end-of-sequence and the request's stop tokens are impossible until that
-  many tokens are generated.
+- ``min_tokens`` (vLLM): end-of-sequence (unless ``ignore_eos``) and the request's stop tokens are
+  impossible until that many tokens are generated.
+
+Repetition comes before frequency and presence, as in vLLM, so a request combining them gets
+vLLM's numbers.
 
 Token ids in biases are checked against the vocabulary when the request is added, so nothing
 here depends on one request's input being valid.
@@ -54,12 +57,12 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence], eos_ids: Iterabl
 
     if any(p.frequency_penalty or p.presence_penalty or p.repetition_penalty != 1.0 for p in params):
         counts = _occurrences([s.output_token_ids for s in group], vocab)
-        x -= column([p.frequency_penalty for p in params]) * counts
-        x -= column([p.presence_penalty for p in params]) * (counts > 0)
-        if any(p.repetition_penalty != 1.0 for p in params):
+        if any(p.repetition_penalty != 1.0 for p in params):  # first, as vLLM orders them
             seen = (counts > 0) | (_occurrences([s.prompt_token_ids for s in group], vocab) > 0)
             penalty = column([p.repetition_penalty for p in params])
             x = torch.where(seen, torch.where(x > 0, x / penalty, x * penalty), x)
+        x -= column([p.frequency_penalty for p in params]) * counts
+        x -= column([p.presence_penalty for p in params]) * (counts > 0)
     biased = [(r, t, b) for r, p in enumerate(params) for t, b in p.logit_bias]
     if biased:
         r, t, b = zip(*biased, strict=True)
@@ -69,7 +72,7 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence], eos_ids: Iterabl
         (r, t)
         for r, (s, p) in enumerate(zip(group, params, strict=True))
         if len(s.output_token_ids) < p.min_tokens
-        for t in (*eos, *p.stop_token_ids)
+        for t in (*(() if p.ignore_eos else eos), *p.stop_token_ids)
         if t < vocab
     ]
     if banned:

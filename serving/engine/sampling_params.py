@@ -23,6 +23,7 @@ SEED_RANGE = 2**64  # torch.Generator.manual_seed takes a 64-bit seed
 # bounded here so it cannot overflow a logit.
 MAX_PENALTY = 2.0
 MAX_REPETITION_PENALTY = 2.0
+MIN_REPETITION_PENALTY = 0.01  # below it a positive logit divided by it overflows float32 to inf
 MAX_LOGIT_BIAS = 100.0
 MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit on the number of biased tokens
 
@@ -62,8 +63,8 @@ class SamplingParams:
             value = getattr(self, name)
             if not -MAX_PENALTY <= value <= MAX_PENALTY:
                 raise SamplingError(f"{name} must be in [-2, 2], got {value}")
-        if not 0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
-            raise SamplingError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise SamplingError(f"repetition_penalty must be in [0.01, 2], got {self.repetition_penalty}")
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise SamplingError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
         if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:

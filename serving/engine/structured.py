@@ -30,21 +30,26 @@ class GrammarError(ValueError):
 
 
 class Guide:
-    """One compiled grammar: what a request's ``SamplingParams.guide`` holds."""
+    """One compiled grammar: what a request's ``SamplingParams.guide`` holds. Its first matcher
+    is built when the request is compiled (off the event loop and the engine thread); each
+    sequence gets a copy of it, which costs a copy of the parser's state, not a grammar build."""
 
     def __init__(self, grammars: Grammars, grammar: str) -> None:
         self.grammars, self.grammar = grammars, grammar
+        self.template = llguidance.LLMatcher(grammars.tokenizer, grammar, log_level=0)
+        if self.template.is_error():
+            raise GrammarError(f"the JSON schema cannot be compiled: {self.template.get_error()}")
 
     def matcher(self) -> llguidance.LLMatcher:
-        return llguidance.LLMatcher(self.grammars.tokenizer, self.grammar, log_level=0)
+        return self.template.deep_copy()
 
 
 class Grammars:
     """The engine's grammar compiler. Wrapping the tokenizer costs about a second, so it is done
     once, on the first structured request."""
 
-    def __init__(self, hf_tokenizer: Any, vocab_size: int) -> None:
-        self.hf, self.vocab_size = hf_tokenizer, vocab_size
+    def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_ids: frozenset[int] = frozenset()) -> None:
+        self.hf, self.vocab_size, self.eos_ids = hf_tokenizer, vocab_size, eos_ids
         self._tokenizer: llguidance.LLTokenizer | None = None
         self._lock = threading.Lock()
         self.executor = llguidance.LLExecutor()
@@ -53,7 +58,9 @@ class Grammars:
     def tokenizer(self) -> llguidance.LLTokenizer:
         with self._lock:
             if self._tokenizer is None:
-                self._tokenizer = llguidance.hf.from_tokenizer(self.hf, n_vocab=self.vocab_size)
+                # Every id the engine ends a sequence on (the model's config may name more than the tokenizer).
+                eos = sorted(self.eos_ids) or None
+                self._tokenizer = llguidance.hf.from_tokenizer(self.hf, n_vocab=self.vocab_size, eos_token=eos)
             return self._tokenizer
 
     def compile(self, schema: dict[str, Any] | None) -> Guide:
@@ -62,9 +69,10 @@ class Grammars:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(
                 schema if schema is not None else {"type": "object"}, defaults={"whitespace_flexible": False}
             )
-        except (ValueError, TypeError) as err:
+            tokenizer = self.tokenizer
+        except (ValueError, TypeError) as err:  # a bad schema, or a tokenizer llguidance cannot wrap
             raise GrammarError(f"the JSON schema cannot be compiled: {err}") from None
-        problem = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
+        problem = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
         if problem:
             raise GrammarError(f"the JSON schema cannot be compiled: {problem}")
         return Guide(self, grammar)

@@ -4,6 +4,7 @@ penalties and biases, structured output, and stop strings in streams."""
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from loraplane.serving.api.app import create_app
 from loraplane.serving.api.loopback import serve_app
 from loraplane.usage import Metering
 
+APPS: dict[str, object] = {}
 PROMPTS = ["the quick brown fox", "a platform team", "serves many fine-tunes"]
 CHOICE_SCHEMA = {
     "type": "object",
@@ -40,6 +42,7 @@ def server(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory) -
         metering=Metering.create("test", usage, fsync_interval=0.05),
     )
     with serve_app(app) as url:
+        APPS[url] = app
         yield url, usage
 
 
@@ -118,7 +121,8 @@ def test_penalties_and_bias_are_applied(client: openai.OpenAI) -> None:
     ("field", "value"),
     [("frequency_penalty", 2.5), ("presence_penalty", -2.5), ("logit_bias", {"77": 101}), ("logit_bias", {"x": 1}),
      ("logit_bias", {"999999": 1}), ("n", 17), ("repetition_penalty", 0), ("min_tokens", -1), ("prompt", []),
-     ("prompt", ["ok", ""]), ("response_format", {"type": "json_schema"}), ("suffix", "x"), ("best_of", 2)],
+     ("prompt", ["ok", ""]), ("response_format", {"type": "json_schema"}), ("suffix", "x"), ("best_of", 2),
+     ("logit_bias", {"²": 1}), ("logit_bias", {"01": 60, "1": 60}), ("repetition_penalty", 1e-40)],
 )  # fmt: skip
 def test_bad_values_are_a_400_naming_the_field(server, field: str, value: object) -> None:
     body = {"model": "qv4", "prompt": "hi", "max_tokens": 2, field: value}
@@ -202,3 +206,26 @@ def test_streamed_log_probabilities_add_up_to_the_plain_ones(client: openai.Open
         for entry in choice.logprobs.content
     ]
     assert streamed == [entry.token for entry in chat.choices[0].logprobs.content]
+
+
+def test_a_client_that_leaves_before_its_stream_starts_releases_every_choice(server, monkeypatch) -> None:
+    """The client times out while its n=4 choices wait for their first tokens: the request's
+    pending count, quota slot and sequences are released although no body byte was ever sent."""
+    url, _ = server
+    app = APPS[url]
+    state = app.state.server  # type: ignore[attr-defined]
+    engine = state.engine.engine
+    real_step = engine.step
+
+    def slow_step():  # type: ignore[no-untyped-def]
+        time.sleep(0.05)
+        return real_step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
+    body = {"model": "qv4", "prompt": PROMPTS[0] * 20, "max_tokens": 50, "n": 4, "stream": True, "ignore_eos": True}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{url}/v1/completions", json=body, timeout=httpx.Timeout(5.0, read=0.02))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (state.pending or engine.has_unfinished()):
+        time.sleep(0.1)
+    assert state.pending == 0 and not engine.has_unfinished()

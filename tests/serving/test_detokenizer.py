@@ -86,3 +86,19 @@ def test_cost_per_token_does_not_grow_with_the_output(tokenizer: Tokenizer) -> N
         _ = detok.visible
     assert len(ids) > 400
     assert decoded < 6 * len(ids)
+
+
+def test_text_written_before_min_tokens_is_never_cut_by_a_stop_string(tokenizer: Tokenizer) -> None:
+    """Stop strings do not count before min_tokens: a stop inside that text must not cut what the
+    stream already showed once they start to count."""
+    detok = Detokenizer(tokenizer.decode, ("ab",))
+    for t in tokenizer.hf.encode("xx ab", add_special_tokens=False):
+        detok.push(t, find_stops=False)
+    shown = detok.visible
+    assert shown == "xx ab"
+    for t in tokenizer.hf.encode(" c", add_special_tokens=False):
+        detok.push(t)
+    assert not detok.stopped and detok.visible.startswith(shown)
+    for t in tokenizer.hf.encode(" ab d", add_special_tokens=False):
+        detok.push(t)
+    assert detok.stopped and detok.text == "xx ab c "
