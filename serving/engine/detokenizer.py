@@ -34,8 +34,7 @@ class Detokenizer:
         # For each stop string, the positions of each of its characters, last first: the tails
         # worth holding back end with the text's last character, so only those are tried.
         self._ends = [
-            {c: sorted((i for i, d in enumerate(stop[:-1]) if d == c), reverse=True) for c in set(stop[:-1])}
-            for stop in stops
+            {c: sorted((i for i, d in enumerate(stop[:-1]) if d == c), reverse=True) for c in set(stop[:-1])} for stop in stops
         ]
 
     def push(self, token: int, *, find_stops: bool = True) -> None:

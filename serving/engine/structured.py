@@ -8,8 +8,11 @@ parallel call, and applies them to the batch's logits at once, so guided and ung
 (on any adapters) share a batch. A request's guide is compiled before it is queued, so a schema
 the library refuses is the caller's 400, never a failure inside a step.
 
-The mask is unpacked with three torch operations rather than ``llguidance.torch``'s kernel,
-which goes through ``torch.compile`` and so needs a C compiler and a compile on the first request.
+The mask is filled through ``llguidance.numpy`` and unpacked with three torch operations rather
+than through ``llguidance.torch``: that module's kernel goes through ``torch.compile`` (a C
+compiler and a compile on the first request), and importing it imports Triton, whose standard
+library is then built outside ``TRITON_INTERPRET`` and breaks the interpreted kernels of the
+CPU tests.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 import llguidance
 import llguidance.hf
-import llguidance.torch
+import llguidance.numpy
 import torch
 
 from loraplane.serving.engine.sequence import Sequence
@@ -97,8 +100,9 @@ def mask_guided(logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, str]:
         return broken
     grammars: Grammars = live[0][1].params.guide.grammars
     vocab = logits.shape[1]
-    bitmask = llguidance.torch.allocate_token_bitmask(len(live), grammars.tokenizer.vocab_size)
-    llguidance.torch.fill_next_token_bitmask_par(grammars.executor, [(s.matcher, k) for k, (_, s) in enumerate(live)], bitmask)
+    words = llguidance.numpy.allocate_token_bitmask(len(live), grammars.tokenizer.vocab_size)
+    llguidance.numpy.fill_next_token_bitmask_par(grammars.executor, [(s.matcher, k) for k, (_, s) in enumerate(live)], words)
+    bitmask = torch.from_numpy(words)
     bits = torch.arange(32, dtype=torch.int32)
     allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).flatten(1).bool()[:, :vocab]
     if allowed.shape[1] < vocab:  # the model's padding rows beyond the tokenizer's vocabulary
