@@ -5,7 +5,18 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint crds e2e-cluster clean
+.PHONY: demo test lint kube crds e2e-cluster clean
+
+# The Kubernetes control plane the tests run against (etcd, kube-apiserver, kubectl), built from
+# tools/kube/'s pinned modules through the Go module proxy, once, into an ignored folder; rebuilt
+# only when tools/kube/go.mod or go.sum change. The first build takes about 10 minutes on 2 cores.
+KUBE_BIN := .kube-bin
+KUBE_VERSION := $(shell sed -n 's/^\tk8s.io\/kubernetes v\([^ ]*\).*/\1/p' tools/kube/go.mod)
+KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=v$(KUBE_VERSION) \
+	-X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(KUBE_VERSION))) \
+	-X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(KUBE_VERSION))) \
+	-X k8s.io/client-go/pkg/version.gitVersion=v$(KUBE_VERSION)
+GO_BUILD := cd tools/kube && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go build -trimpath -ldflags '$(KUBE_LDFLAGS)'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +36,15 @@ lint: $(STAMP)
 	$(BIN)/mypy -p loraplane
 	$(BIN)/lint-imports
 
-test: lint
+$(KUBE_BIN)/.built: tools/kube/go.mod tools/kube/go.sum
+	$(GO_BUILD) -o ../../$(KUBE_BIN)/etcd go.etcd.io/etcd/server/v3
+	$(GO_BUILD) -o ../../$(KUBE_BIN)/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
+	$(GO_BUILD) -o ../../$(KUBE_BIN)/kubectl k8s.io/kubernetes/cmd/kubectl
+	touch $@
+
+kube: $(KUBE_BIN)/.built
+
+test: lint kube
 	$(BIN)/pytest
 
 # The end-to-end story against the cluster your kubeconfig names (see e2e/README.md): it creates objects there.
@@ -38,4 +57,4 @@ crds: $(STAMP)
 	cp crds/*.loraplane.dev.yaml crds/rbac.yaml charts/loraplane/files/crds/
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(KUBE_BIN) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

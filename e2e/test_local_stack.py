@@ -1,8 +1,8 @@
 """The whole stack on loopback: the real operator, two serving replicas and the router as processes,
-kmock as the Kubernetes API and moto as S3. The examples' manifests go in as `kubectl apply` would
-send them (the base swapped for the tiny test model and each adapter's source for weights uploaded
-here, since the examples point at a real store); traffic goes through the router with the
-official client."""
+a real Kubernetes API server (etcd and kube-apiserver, tests/helpers/envtest.py) and moto as S3.
+The examples' manifests go in as `kubectl apply` would send them (the base swapped for the tiny
+test model and each adapter's source for weights uploaded here, since the examples point at a real
+store); traffic goes through the router with the official client."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from kube_emulator import Kube, kube_emulator
+from envtest import Kube, control_plane, node_address
 from operator_process import start_operator
 from s3_server import ACCESS, SECRET, moto_server, upload_folder
 from scenario import condition, daily_promotion, example_manifests, status_of, wait_for
@@ -85,13 +85,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tenants = sorted({a["spec"]["tenant"] for a in adapters})
     with ExitStack() as stack_:
         endpoint = stack_.enter_context(moto_server())
-        kube = stack_.enter_context(kube_emulator(root))
+        kube = stack_.enter_context(control_plane(root / "kube"))
         config = EngineConfig(
             model=str(tiny), dtype="float32", cache_dir=root / "cache", max_loras=2, max_cpu_loras=8, max_lora_rank=16,
             block_size=4, num_kv_blocks=256, s3_endpoint=endpoint, s3_access_key=ACCESS, s3_secret_key=SECRET,
             s3_region="us-east-1",
         )  # fmt: skip
-        fleet = stack_.enter_context(spawn_replicas(config, {}, tenants, 2, start_timeout=180))
+        # Pod IPs and EndpointSlice addresses cannot be loopback on a real API server: the replicas
+        # listen on this machine's own address.
+        node = node_address()
+        fleet = stack_.enter_context(spawn_replicas(config, {}, tenants, 2, start_timeout=180, host=node))
 
         # What the cluster would hold: the Secrets the manifests reference, the serving pods the
         # operator's Deployment would run (pointing at the local replicas), and the EndpointSlices
@@ -110,13 +113,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 "metadata": {"name": pod, "namespace": ns, "labels": {BASE_LABEL: base_name, COMPONENT_LABEL: "serving"},
                              "annotations": {ADMIN_URL_ANNOTATION: url}},
                 "spec": {"containers": [{"name": "serving", "image": "loraplane/serving"}]},
-                "status": {"phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
+                "status": {"phase": "Running", "podIP": node, "conditions": [{"type": "Ready", "status": "True"}]},
             })  # fmt: skip
             kube.apply({
                 "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
                 "metadata": {"name": pod, "namespace": ns, "labels": {"kubernetes.io/service-name": f"{base_name}-serving"}},
                 "addressType": "IPv4", "ports": [{"name": "http", "port": int(url.rsplit(":", 1)[1]), "protocol": "TCP"}],
-                "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True},
+                "endpoints": [{"addresses": [node], "conditions": {"ready": True},
                                "targetRef": {"kind": "Pod", "name": pod, "namespace": ns}}],
             })  # fmt: skip
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import BaseModel
@@ -80,7 +80,34 @@ KINDS = (
 def structural(model: type[BaseModel]) -> dict[str, Any]:
     """The model's validation schema as a structural OpenAPI v3.0 schema."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
-    return _convert(raw, raw.get("$defs", {}))
+    schema = _convert(raw, raw.get("$defs", {}))
+    _object_defaults(model, schema)
+    return schema
+
+
+def _object_defaults(model: type[BaseModel], schema: dict[str, Any]) -> None:
+    """``default: {}`` on every nested object the model builds by default (``default_factory``),
+    and ``[]`` / ``{}`` on its empty lists and maps, so the stored object is what the model reads.
+
+    JSON Schema has no default for a factory, and the API server applies a field's default only
+    inside an object that is present: without this, a BaseModel that leaves ``engine`` out is
+    stored without any of the engine's defaults, though the operator (reading it through the
+    model) acts on them. kubebuilder's ``+kubebuilder:default={}`` is the same idiom."""
+    for name, info in model.model_fields.items():
+        prop = schema.get("properties", {}).get(info.alias or name)
+        if prop is None:
+            continue
+        if info.default_factory in (list, dict):
+            prop["default"] = info.default_factory()
+        nested = next((t for t in (info.annotation, *get_args(info.annotation)) if _is_model(t)), None)
+        if nested is not None:
+            if info.default_factory is nested:
+                prop["default"] = {}
+            _object_defaults(nested, prop)
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
 def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:

@@ -76,10 +76,13 @@ class Fleet:
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     replica_args: Callable[[int], list[str]] | None = None  # more flags for replica i (e.g. its usage spool)
     env: Mapping[str, str] | None = None  # more environment for every replica
+    # The address replicas listen on and are reached at. Loopback unless a test publishes them in
+    # EndpointSlices, which a real API server refuses to hold loopback addresses in.
+    host: str = "127.0.0.1"
 
     @property
     def urls(self) -> list[str]:
-        return [f"http://127.0.0.1:{port}" for port in self.ports]
+        return [f"http://{self.host}:{port}" for port in self.ports]
 
     @property
     def models(self) -> list[str]:
@@ -91,7 +94,7 @@ class Fleet:
 
     def start(self, i: int) -> None:
         """Launch replica ``i`` on its port (again, after a kill); ``ready`` waits for it."""
-        args = ["serve", "--config", str(self.work / "engine.yaml"), "--port", str(self.ports[i])]
+        args = ["serve", "--config", str(self.work / "engine.yaml"), "--host", self.host, "--port", str(self.ports[i])]
         args += ["--admin-token", self.admin_token]
         if self.tenant_names:
             args += ["--tenants", str(self.work / "tenants.yaml")]
@@ -159,9 +162,11 @@ def spawn_replicas(
     replica_args: Callable[[int], list[str]] | None = None,
     env: Mapping[str, str] | None = None,
     quotas: Mapping[str, Mapping[str, int]] | None = None,
+    host: str = "127.0.0.1",
 ) -> Iterator[Fleet]:
     """``count`` replicas of ``loraplane serve``, each a child process with every adapter registered
-    (``quotas``: tenant -> its ``max_concurrent``/``tokens_per_minute``)."""
+    (``quotas``: tenant -> its ``max_concurrent``/``tokens_per_minute``; ``host``: the address they
+    listen on)."""
     admin_token = secrets.token_hex(16)
     tenants = [
         TenantConfig(name=t, api_keys=[f"sk-{t}-{secrets.token_hex(8)}"], **dict((quotas or {}).get(t, {}))) for t in tenant_names
@@ -172,7 +177,7 @@ def spawn_replicas(
         (work / "engine.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
         (work / "tenants.yaml").write_text(yaml.safe_dump({"tenants": [t.model_dump() for t in tenants]}))
         fleet = Fleet([free_port() for _ in range(count)], adapters, keys, admin_token, tenant_names, work,
-                      replica_args=replica_args, env=env)  # fmt: skip
+                      replica_args=replica_args, env=env, host=host)  # fmt: skip
         try:
             for i in range(count):
                 fleet.start(i)

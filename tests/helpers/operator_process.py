@@ -1,4 +1,4 @@
-"""The real `loraplane operator` as a child process against a test's Kubernetes API (kmock)."""
+"""The real `loraplane operator` as a child process against a test's Kubernetes API server (envtest.py)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,21 @@ from loraplane.serving.api.loopback import free_port
 
 
 def start_operator(
-    kubeconfig: Path, admin_token: str, log_path: Path, timeout: float = 60, peering: tuple[str, ...] = ("--standalone",)
+    kubeconfig: Path,
+    admin_token: str,
+    log_path: Path,
+    timeout: float = 60,
+    peering: tuple[str, ...] = ("--standalone",),
+    namespaces: tuple[str, ...] = (),
 ) -> subprocess.Popen[bytes]:
     """Started and answering its liveness endpoint; syncs every second so tests do not wait.
-    ``peering``: the flags that choose standalone or peering (``--peering NAME --priority N``)."""
+    ``peering``: the flags that choose standalone or peering (``--peering NAME --priority N``);
+    ``namespaces``: ``("--namespace", NS, ...)`` to watch only those (cluster-wide without)."""
     port = free_port()
     env = dict(os.environ, KUBECONFIG=str(kubeconfig), LORAPLANE_ADMIN_TOKEN=admin_token,
                LORAPLANE_SYNC_INTERVAL="1", LORAPLANE_METRICS_INTERVAL="0", LORAPLANE_METRICS_REFRESH="2",
                LORAPLANE_RETRY_DELAY="1")  # fmt: skip
-    # Cluster-wide: with a namespace list kopf lists /api/v1/namespaces, a path kmock 0.8 cannot parse.
-    args = ["operator", *peering, "--liveness", f"http://127.0.0.1:{port}/healthz"]
+    args = ["operator", *peering, *namespaces, "--liveness", f"http://127.0.0.1:{port}/healthz"]
     with log_path.open("ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "loraplane.cli", *args], env=env, stdout=log, stderr=log)
     deadline = time.monotonic() + timeout

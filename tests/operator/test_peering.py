@@ -1,4 +1,4 @@
-"""Two operators peering for HA against kmock: the one with the higher priority reconciles, the
+"""Two operators peering for HA against a real API server: the one with the higher priority reconciles, the
 other stands by, and takes over as soon as the first leaves (a rolling update, a drained node)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from crd_schema import examples
-from kube_emulator import kube_emulator
+from envtest import control_plane
 from operator_process import start_operator
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ def test_the_standby_operator_takes_over_when_the_active_one_leaves(tmp_path: Pa
         flags = ("--peering", "loraplane", "--priority", str(priority))
         return start_operator(kube.kubeconfig, "token", tmp_path / f"{name}.log", peering=flags)
 
-    with kube_emulator(tmp_path) as kube:
+    with control_plane(tmp_path / "kube") as kube:
         kube.apply({"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "loraplane"}})
         active = operator("active", 200)
         standby = operator("standby", 100)  # starts paused: kopf waits for the peering to say it may run

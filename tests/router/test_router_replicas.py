@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from kube_emulator import kube_emulator
+from envtest import control_plane, node_address
 
 from loraplane.serving.api.loopback import serve_app
 from loraplane.serving.api.tenants import Tenants, load_tenants
@@ -35,7 +35,8 @@ def fleet(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory: py
         max_cpu_loras=4, max_lora_rank=16, block_size=4, num_kv_blocks=256, max_num_seqs=2,
     )  # fmt: skip
     adapters = {name: (tiny_adapters[name], owner) for name, owner in OWNERS.items()}
-    with spawn_replicas(config, adapters, ["acme", "globex"], 3, start_timeout=180) as f:
+    # On this machine's own address, not loopback: the discovery test publishes them in EndpointSlices.
+    with spawn_replicas(config, adapters, ["acme", "globex"], 3, start_timeout=180, host=node_address()) as f:
         yield f
 
 
@@ -200,16 +201,16 @@ def test_replicas_are_discovered_from_the_services_endpointslices(fleet: Fleet, 
     from kubernetes import config as kube_config
 
     def endpoint_slice(name: str, service: str, url: str) -> dict[str, Any]:
-        port = int(url.rsplit(":", 1)[1])
+        host, port = url.removeprefix("http://").rsplit(":", 1)
         return {
             "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
             "metadata": {"name": name, "namespace": "default", "labels": {"kubernetes.io/service-name": service}},
-            "addressType": "IPv4", "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
-            "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True},
+            "addressType": "IPv4", "ports": [{"name": "http", "port": int(port), "protocol": "TCP"}],
+            "endpoints": [{"addresses": [host], "conditions": {"ready": True},
                            "targetRef": {"kind": "Pod", "name": f"serving-{name}", "namespace": "default"}}],
         }  # fmt: skip
 
-    with kube_emulator(tmp_path) as kube:
+    with control_plane(tmp_path / "kube") as kube:
         kube.apply(endpoint_slice("a", "tiny-serving", fleet.urls[0]))
         kube.apply(endpoint_slice("b", "tiny-serving", fleet.urls[1]))
         kube.apply(endpoint_slice("other", "someone-else", fleet.urls[2]))
