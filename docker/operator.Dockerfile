@@ -9,10 +9,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # The source is bind-mounted (read-write, for setuptools' build folder, discarded after the step),
-# so no layer keeps it. certbuilder makes kopf's self-signed webhook certificate (--webhook-port);
-# the operator extra does not list it.
+# so no layer keeps it. The operator extra carries everything, the webhook's certificate included
+# (operator/webhook_tls.py).
 RUN --mount=type=bind,source=.,target=/src,rw \
-    pip install "/src[operator]" "certbuilder>=0.14"
+    pip install "/src[operator]"
 
 # Numeric, so that Kubernetes' runAsNonRoot can check it without reading /etc/passwd.
 RUN useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin loraplane

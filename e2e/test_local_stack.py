@@ -7,7 +7,9 @@ store); traffic goes through the router with the official client."""
 from __future__ import annotations
 
 import base64
+import itertools
 import json
+import re
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -18,7 +20,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from envtest import Kube, control_plane, node_address
+from envtest import Kube, control_plane, node_address, token_kubeconfig
 from operator_process import start_operator
 from s3_server import ACCESS, SECRET, moto_server, upload_folder
 from scenario import condition, daily_promotion, example_manifests, status_of, wait_for
@@ -141,12 +143,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         versions["broken"] = (broken_uri, versions["v2"][1])  # the pipeline recorded the wrong digest
 
         stack_.enter_context(_operator(kube, fleet, root))
-        router = stack_.enter_context(spawn_router(fleet, service=(ns, f"{base_name}-serving"), kubeconfig=kube.kubeconfig))
         kube.apply({**base, "spec": {**base["spec"], "source": {"uri": str(tiny)},
                                      "adapterStore": {**base["spec"]["adapterStore"], "endpoint": endpoint,
                                                       "region": "us-east-1"}}})  # fmt: skip
         for manifest in applied.values():
             kube.apply(manifest)
+        # The router runs as the ServiceAccount the operator made for it, with only the Role the
+        # operator granted it: a permission the router lacks fails its discovery here.
+        account = f"{base_name}-router"
+        kube.wait_for("the router's RoleBinding", lambda: kube.get("RoleBinding", ns, account), timeout=60)
+        access = token_kubeconfig(kube, ns, account, root / "router.kubeconfig")
+        router = stack_.enter_context(spawn_router(fleet, service=(ns, f"{base_name}-serving"), kubeconfig=access))
         yield Stack(kube, fleet, router, ns, applied, versions)
 
 
@@ -205,6 +212,42 @@ def test_traffic_through_the_router_reaches_each_adapters_status(stack: Stack) -
     other = stack.client(b["spec"]["tenant"])
     with pytest.raises(openai.NotFoundError):
         other.completions.create(model=a["spec"].get("servedName", names[0]), prompt="x", max_tokens=2)
+
+
+def table(text: str) -> list[dict[str, str]]:
+    """kubectl's table output as rows of header -> cell (columns are two or more spaces apart)."""
+    lines = text.splitlines()
+    starts = [m.start() for m in re.finditer(r"(?:^|(?<=\s{2}))\S", lines[0])]
+    cut = [*starts, None]
+    return [{lines[0][a:b].strip(): line[a:b].strip() for a, b in itertools.pairwise(cut)} for line in lines[1:]]
+
+
+def test_kubectl_get_prints_each_adapters_figures_after_traffic(stack: Stack) -> None:
+    """The printer columns a person reads, from the real kubectl, against the stored status (read
+    before and after, and again until no status write fell in between)."""
+
+    def snapshot() -> tuple[dict[str, Any], str, dict[str, Any]] | None:
+        before = {name: status_of(stack.kube, stack.namespace, name) for name in stack.adapters}
+        out = stack.kube.kubectl("get", "loraadapters", "-n", stack.namespace).stdout
+        after = {name: status_of(stack.kube, stack.namespace, name) for name in stack.adapters}
+        return (before, out, after) if before == after else None
+
+    statuses, out, _ = wait_for("a table between two status writes", snapshot, 30)
+    rows = {r["NAME"]: r for r in table(out)}
+    assert set(rows) == set(stack.adapters)
+    for name, manifest in stack.adapters.items():
+        status, row = statuses[name], rows[name]
+        assert (row["BASE"], row["TENANT"], row["PHASE"]) == (manifest["spec"]["baseModel"], manifest["spec"]["tenant"], "Ready")
+        assert int(row["RANK"]) == status["rank"] and row["PINNED"] == str(status["pinned"]).lower()
+        assert float(row["HIT RATE"]) == pytest.approx(status["metrics"]["deviceHitRate"], abs=1e-6)
+        assert float(row["REQ/S"]) == pytest.approx(status["metrics"]["requestsPerSecond"], abs=1e-6)
+    base, _ = example_manifests()
+    [row] = table(stack.kube.kubectl("get", "basemodels", "-n", stack.namespace).stdout)
+    stored = stack.kube.get("BaseModel", stack.namespace, base["metadata"]["name"])
+    assert stored is not None
+    assert row["NAME"] == base["metadata"]["name"] and row["PHASE"] == stored["status"]["phase"]
+    assert int(row["ADAPTERS"]) == stored["status"]["readyAdapters"] == len(stack.adapters)
+    assert int(row["REPLICAS"]) == stored["spec"]["replicas"]
 
 
 def test_the_base_models_status_rolls_up_each_tenants_usage(stack: Stack) -> None:

@@ -44,10 +44,15 @@ class ServingClient:
         """Nothing to release: the connections belong to the shared pool."""
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        # The timeout starts once a connection is ours: waiting for one of the pool's connections is
+        # the operator's own queue, not the replica failing. With a pool timeout, a fleet of 2,000
+        # adapters created at once against a real API server (fast enough to start every reconcile
+        # together) timed out in the queue, retried, and turned into a retry storm of Events.
+        timeout = httpx.Timeout(self.timeout, pool=None)
         try:
-            r = await _pool().request(method, f"{self.url}{path}", json=body, headers=self.headers, timeout=self.timeout)
+            r = await _pool().request(method, f"{self.url}{path}", json=body, headers=self.headers, timeout=timeout)
         except httpx.HTTPError as err:
-            raise ReplicaError(self.url, f"unreachable: {err}") from None
+            raise ReplicaError(self.url, f"unreachable: {type(err).__name__}: {err}") from None
         if r.status_code >= 400:
             try:
                 error = r.json().get("error", {})

@@ -12,13 +12,14 @@ from loraplane.operator import cluster
 from loraplane.operator.admission import review_adapter, review_base
 from loraplane.operator.api import GROUP, VERSION
 from loraplane.operator.handlers import SETTINGS
+from loraplane.operator.webhook_tls import WebhookServer
 
 
 @kopf.on.startup()
 def serve_webhook(settings: kopf.OperatorSettings, **_: Any) -> None:
     if SETTINGS.webhook_port is None:
         raise kopf.PermanentError("the webhook module was loaded without LORAPLANE_WEBHOOK_PORT")
-    settings.admission.server = kopf.WebhookServer(port=SETTINGS.webhook_port, host=SETTINGS.webhook_host)
+    settings.admission.server = WebhookServer(port=SETTINGS.webhook_port, host=SETTINGS.webhook_host)
     settings.admission.managed = f"{GROUP}.admission"
 
 

@@ -164,7 +164,7 @@ def test_one_replica_renders_none_of_it(render: Any, replicas: int) -> None:
         assert cli_params(objects)["standalone"] is True
         assert deployment(objects)["spec"]["strategy"] == {"type": "Recreate"}
         assert "affinity" not in deployment(objects)["spec"]["template"]["spec"]
-        assert not any(g == "kopf.dev" for g, _, _ in grants(objects.one("ClusterRole")["rules"]))
+        assert not any(g == "kopf.dev" for g, _, _ in grants(objects.one("ClusterRole", "loraplane-operator")["rules"]))
 
 
 def test_the_webhook_with_peered_replicas_is_refused_with_the_reason(chart: helm.Chart) -> None:

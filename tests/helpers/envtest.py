@@ -397,8 +397,7 @@ def install(kube: Kube) -> None:
 
 
 def service_account_kubeconfig(kube: Kube, namespace: str, account: str, cluster_role: str, target: Path) -> Path:
-    """A ServiceAccount bound to ``cluster_role`` and a kubeconfig holding a token minted for it
-    through the TokenRequest API (what a projected token volume gives a pod)."""
+    """A ServiceAccount bound to ``cluster_role``, and a kubeconfig with a token for it."""
     kube.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": namespace}})
     kube.apply({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
@@ -406,6 +405,12 @@ def service_account_kubeconfig(kube: Kube, namespace: str, account: str, cluster
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
     })  # fmt: skip
+    return token_kubeconfig(kube, namespace, account, target)
+
+
+def token_kubeconfig(kube: Kube, namespace: str, account: str, target: Path) -> Path:
+    """A kubeconfig holding a token minted for an existing ServiceAccount through the TokenRequest
+    API (what a projected token volume gives a pod): that account's permissions and no others."""
     r = kube.http.post(path("ServiceAccount", namespace, account, "token"),
                        json={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
                              "spec": {"expirationSeconds": 86400}})  # fmt: skip

@@ -19,16 +19,18 @@ def start_operator(
     log_path: Path,
     timeout: float = 60,
     peering: tuple[str, ...] = ("--standalone",),
-    namespaces: tuple[str, ...] = (),
+    extra_args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Started and answering its liveness endpoint; syncs every second so tests do not wait.
     ``peering``: the flags that choose standalone or peering (``--peering NAME --priority N``);
-    ``namespaces``: ``("--namespace", NS, ...)`` to watch only those (cluster-wide without)."""
+    ``extra_args``: more flags (``--namespace NS`` to watch only that one, ``--webhook-port P``);
+    ``extra_env``: more environment."""
     port = free_port()
     env = dict(os.environ, KUBECONFIG=str(kubeconfig), LORAPLANE_ADMIN_TOKEN=admin_token,
                LORAPLANE_SYNC_INTERVAL="1", LORAPLANE_METRICS_INTERVAL="0", LORAPLANE_METRICS_REFRESH="2",
-               LORAPLANE_RETRY_DELAY="1")  # fmt: skip
-    args = ["operator", *peering, *namespaces, "--liveness", f"http://127.0.0.1:{port}/healthz"]
+               LORAPLANE_RETRY_DELAY="1", **(extra_env or {}))  # fmt: skip
+    args = ["operator", *peering, *extra_args, "--liveness", f"http://127.0.0.1:{port}/healthz"]
     with log_path.open("ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "loraplane.cli", *args], env=env, stdout=log, stderr=log)
     deadline = time.monotonic() + timeout

@@ -1,6 +1,6 @@
 """The CRDs: generated from the pydantic models and checked in without drift, valid
 apiextensions.k8s.io/v1 objects with structural schemas, and every example manifest valid
-against them (kmock validates nothing, so this is where a bad manifest is caught in tests)."""
+against them offline, without an API server (test_apiserver.py asks a real one)."""
 
 from __future__ import annotations
 

@@ -351,6 +351,22 @@ def test_an_operator_killed_in_the_middle_of_a_reconcile_finishes_it_after_resta
     assert all(stack.on_replica(url, "midway")["digest"] == stack.digests["ku2"] for url in stack.replicas.values())
 
 
+def test_the_operator_converges_across_an_api_server_restart(stack: Stack) -> None:
+    """The API server goes away in the middle of a reconcile and comes back on the same etcd (a
+    control-plane upgrade): the operator's watches reconnect and it finishes, and it notices an
+    adapter created while it was reconnecting."""
+    with registration_held(stack, "tiny-serving-1", "restarted", stack.digests["ku2"]) as entered:
+        stack.apply(lora("restarted", stack.uris["ku2"], stack.digests["ku2"]))
+        assert entered.wait(60), stack.log()
+        stack.kube.plane.stop_apiserver()
+    stack.kube.plane.start_apiserver()
+    stack.apply(lora("after-restart", stack.uris["qv4"], stack.digests["qv4"]))
+    for name in ("restarted", "after-restart"):
+        status = stack.wait_phase(name, "Ready", timeout=120)["status"]
+        assert sorted(r["replica"] for r in status["replicas"]) == sorted(stack.replicas)
+    assert stack.operator is not None and stack.operator.poll() is None
+
+
 def test_a_promotion_in_progress_shows_both_versions_in_status(stack: Stack) -> None:
     stack.wait_phase("midway", "Ready")
     with registration_held(stack, "tiny-serving-0", "midway", stack.digests["qv4"]) as entered:

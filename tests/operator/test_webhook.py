@@ -1,0 +1,80 @@
+"""The validating webhook as a cluster uses it: the operator runs with `--webhook-port` (as the chart
+starts it, its host pointed at loopback instead of the chart's Service), kopf writes the
+ValidatingWebhookConfiguration with its self-signed CA, and the real API server calls it over TLS
+on every `kubectl apply`. Deleting still works with the operator, and so the webhook, down."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from crd_schema import examples
+from envtest import Kube, control_plane
+from operator_process import start_operator
+
+from loraplane.serving.api.loopback import free_port
+
+pytestmark = pytest.mark.slow
+NS = "hooked"
+CONFIG = "loraplane.dev.admission"
+
+
+@pytest.fixture(scope="module")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
+    with control_plane(tmp_path_factory.mktemp("apiserver")) as k:
+        k.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+        yield k
+
+
+def example(kind: str, name: str) -> dict[str, Any]:
+    manifest = copy.deepcopy(next(d for d in examples() if d["kind"] == kind))
+    manifest["metadata"] = {"name": name, "namespace": NS}
+    return manifest
+
+
+def test_the_api_server_calls_the_webhook_and_deletion_needs_neither(kube: Kube, tmp_path: Path) -> None:
+    port = free_port()
+    operator = start_operator(kube.kubeconfig, "token", tmp_path / "operator.log", extra_args=("--webhook-port", str(port)),
+                              extra_env={"LORAPLANE_WEBHOOK_HOST": "127.0.0.1"})  # fmt: skip
+    try:
+        config = kube.wait_for("kopf's webhook configuration", lambda: kube.get("ValidatingWebhookConfiguration", None, CONFIG))
+        hooks = config["webhooks"]
+        assert hooks and all(h["clientConfig"]["url"].startswith(f"https://127.0.0.1:{port}/") for h in hooks)
+        assert all(h["clientConfig"].get("caBundle") for h in hooks)  # TLS, verified against kopf's own CA
+
+        base = example("BaseModel", "hooked-base")
+        assert kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(base)).returncode == 0
+        orphan = example("LoraAdapter", "orphan")
+        orphan["spec"]["baseModel"] = "nowhere"
+        r = kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(orphan), check=False)
+        assert r.returncode != 0 and 'admission webhook "' in r.stderr, r.stderr
+        assert "spec.baseModel: BaseModel 'nowhere' does not exist in this namespace" in r.stderr
+        assert kube.get("LoraAdapter", NS, "orphan") is None
+        adapter = example("LoraAdapter", "kept")
+        adapter["spec"]["baseModel"] = "hooked-base"
+        assert kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(adapter)).returncode == 0
+        kube.wait_for(
+            "the operator's finalizer", lambda: (kube.get("LoraAdapter", NS, "kept") or {})["metadata"].get("finalizers")
+        )
+    finally:
+        operator.terminate()
+        try:
+            operator.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+
+    # The operator (and with it the webhook) is down: deleting is still accepted. The finalizer
+    # keeps the adapter until an operator is back to take it off every replica.
+    assert kube.kubectl("delete", "loraadapter", "kept", "-n", NS, "--wait=false").returncode == 0
+    assert kube.get("LoraAdapter", NS, "kept")["metadata"]["deletionTimestamp"]
+    operator = start_operator(kube.kubeconfig, "token", tmp_path / "operator-2.log")
+    try:
+        kube.wait_for("the deletion to finish", lambda: kube.get("LoraAdapter", NS, "kept") is None, timeout=60)
+    finally:
+        operator.terminate()
+        operator.wait(timeout=30)
