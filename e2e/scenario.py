@@ -1,7 +1,7 @@
 """The end-to-end story, written once for two clusters: a test control plane on loopback (etcd and
-kube-apiserver, in the test suite) and a real cluster with nodes (`make e2e-cluster`). A ``Cluster`` is whatever can apply a manifest the way
-`kubectl apply` does and read an object back; the rest is the user's view: manifests in, status
-and answers out."""
+kube-apiserver, in the test suite) and a real cluster with nodes (`make e2e-cluster`). A ``Cluster``
+is whatever can apply a manifest the way `kubectl apply` does and read an object back; the rest is
+the user's view: manifests in, status and answers out."""
 
 from __future__ import annotations
 

@@ -2,10 +2,11 @@
 
 kopf makes one itself only through ``certbuilder``, an optional extra kopf leaves out of its runtime
 dependencies: the image installed it by hand, and a `pip install loraplane[operator]` without it
-exits at startup with ``--webhook-port`` (found when the tests first ran the webhook behind a
-real API server). ``certbuilder`` rests on ``oscrypto``, which has had no release in years, so we build
-the same certificate with `cryptography` instead, and the operator extra carries it: a self-signed CA certificate for the webhook's host names and addresses,
-which kopf also puts into the ValidatingWebhookConfiguration's ``caBundle``."""
+exits at startup with ``--webhook-port`` (found when the tests first ran the webhook behind a real
+API server). ``certbuilder`` rests on ``oscrypto``, which has had no release in years, so we build
+the same certificate with `cryptography` instead, and the operator extra carries it: a self-signed
+CA certificate for the webhook's host names and addresses, which kopf also puts into the
+ValidatingWebhookConfiguration's ``caBundle``."""
 
 from __future__ import annotations
 

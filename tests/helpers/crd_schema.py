@@ -1,7 +1,7 @@
-"""Validate manifests against a CRD's openAPIV3Schema offline, without an API server (the tests
-that start one, through envtest.py, ask it instead): OpenAPI 3.0's ``nullable`` becomes a null
-type for jsonschema's draft-4 validator, whose boolean ``exclusiveMinimum`` matches OpenAPI 3.0's. CEL rules are not evaluated here; the pydantic
-models carry the same rules and the tests check both."""
+"""Validate manifests against a CRD's openAPIV3Schema offline, without an API server (the tests that
+start one, through envtest.py, ask it instead): OpenAPI 3.0's ``nullable`` becomes a null type for
+jsonschema's draft-4 validator, whose boolean ``exclusiveMinimum`` matches OpenAPI 3.0's. CEL rules
+are not evaluated here; the pydantic models carry the same rules and the tests check both."""
 
 from __future__ import annotations
 
