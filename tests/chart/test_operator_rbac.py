@@ -7,7 +7,6 @@ and a BaseModel elsewhere is left alone."""
 from __future__ import annotations
 
 import copy
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 import pytest
 from crd_schema import examples
 from envtest import Kube, control_plane, token_kubeconfig
-from operator_process import start_operator
+from operator_process import start_operator, stop
 
 pytestmark = pytest.mark.slow
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
@@ -84,10 +83,6 @@ def test_the_operator_works_with_the_charts_rbac_and_nothing_more(
         log = (tmp_path / "operator.log").read_text()
         assert "403" not in log and "Forbidden" not in log, log[-4000:]
     finally:
-        operator.terminate()
-        try:
-            operator.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            operator.kill()
+        stop(operator)
         for obj in rbac:  # the next mode starts from no grants
             kube.delete(obj["kind"], obj["metadata"].get("namespace", "lp"), obj["metadata"]["name"])

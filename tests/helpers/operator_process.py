@@ -45,3 +45,13 @@ def start_operator(
         if time.monotonic() > deadline:
             raise RuntimeError(f"the operator's liveness endpoint did not answer:\n{log_path.read_text()[-4000:]}")
         time.sleep(0.2)
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    """SIGTERM (kopf's graceful exit), then SIGKILL if it has not exited after ``timeout`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

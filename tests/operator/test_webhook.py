@@ -6,7 +6,6 @@ on every `kubectl apply`. Deleting still works with the operator, and so the web
 from __future__ import annotations
 
 import copy
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import pytest
 import yaml
 from crd_schema import examples
 from envtest import Kube, control_plane
-from operator_process import start_operator
+from operator_process import start_operator, stop
 
 from loraplane.serving.api.loopback import free_port
 
@@ -62,11 +61,7 @@ def test_the_api_server_calls_the_webhook_and_deletion_needs_neither(kube: Kube,
             "the operator's finalizer", lambda: (kube.get("LoraAdapter", NS, "kept") or {})["metadata"].get("finalizers")
         )
     finally:
-        operator.terminate()
-        try:
-            operator.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            operator.kill()
+        stop(operator)
 
     # The operator (and with it the webhook) is down: deleting is still accepted. The finalizer
     # keeps the adapter until an operator is back to take it off every replica.
@@ -76,5 +71,4 @@ def test_the_api_server_calls_the_webhook_and_deletion_needs_neither(kube: Kube,
     try:
         kube.wait_for("the deletion to finish", lambda: kube.get("LoraAdapter", NS, "kept") is None, timeout=60)
     finally:
-        operator.terminate()
-        operator.wait(timeout=30)
+        stop(operator)
