@@ -43,11 +43,12 @@ def test_object_names_are_unique_per_kind(render: Any, value_set: tuple[dict[str
 
 
 def test_namespaced_objects_go_to_the_release_namespace(render: Any, value_set: tuple[dict[str, Any], list[str]]) -> None:
-    """...but for kopf's KopfPeerings, which go to the namespaces the operator watches."""
+    """...but for kopf's KopfPeerings and the operator's RoleBindings (its grants with
+    ``operator.watchNamespaces``), which go to the namespaces the operator watches."""
     cluster_scoped = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"}
     watched = value_set[0].get("operator", {}).get("watchNamespaces", [])
     for obj in render(*value_set):
-        if obj["kind"] == "KopfPeering":
+        if obj["kind"] in ("KopfPeering", "RoleBinding"):
             assert obj["metadata"]["namespace"] in watched
         else:
             assert (obj["metadata"].get("namespace") == "lp") != (obj["kind"] in cluster_scoped), obj["metadata"]["name"]
