@@ -34,6 +34,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
+from operator_process import stop
 from waiting import wait_for
 
 from loraplane.serving.api.loopback import free_port
@@ -181,6 +182,7 @@ class Kube:
         self.plane, self.url = plane, plane.url
         self.kubeconfig, self.admin_kubeconfig = operator_kubeconfig, plane.admin_kubeconfig
         self.http = httpx.Client(base_url=plane.url, timeout=30, verify=plane.pki.admin_tls())
+        self._namespaces: set[str] = set()
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply, as `kubectl apply --server-side --force-conflicts` does: fields this
@@ -189,8 +191,10 @@ class Kube:
         namespace is created first when it does not exist yet."""
         meta = obj["metadata"]
         namespace = meta.get("namespace")
-        if namespace and RESOURCES[obj["kind"]][2] and self.get("Namespace", None, namespace) is None:
-            self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        if namespace and RESOURCES[obj["kind"]][2] and namespace not in self._namespaces:
+            if self.get("Namespace", None, namespace) is None:
+                self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+            self._namespaces.add(namespace)  # nothing deletes a namespace here (no controller would finish it)
         body = {k: v for k, v in obj.items() if k != "status"}
         result = self._apply(path(obj["kind"], namespace, meta["name"]), body)
         if "status" in obj:
@@ -360,12 +364,7 @@ class ControlPlane:
 
 def _stop(proc: subprocess.Popen[bytes] | None) -> None:
     if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 # kopf's peering CRDs, the same as the chart installs (charts/loraplane/templates/operator/peering.yaml):
