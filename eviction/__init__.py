@@ -6,22 +6,26 @@ the simulator is the policy that runs in production. Nothing here imports torch 
 """
 
 from loraplane.eviction.policies import (
+    ONLINE_POLICY_NAMES,
     POLICY_NAMES,
     BeladyPolicy,
     EvictionPolicy,
     LFUAgingPolicy,
     LRUPolicy,
+    OnlinePolicyName,
     TinyLFUPolicy,
     make_policy,
 )
 from loraplane.eviction.tier import Tier, TierFullError
 
 __all__ = [
+    "ONLINE_POLICY_NAMES",
     "POLICY_NAMES",
     "BeladyPolicy",
     "EvictionPolicy",
     "LFUAgingPolicy",
     "LRUPolicy",
+    "OnlinePolicyName",
     "Tier",
     "TierFullError",
     "TinyLFUPolicy",

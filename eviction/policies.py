@@ -14,6 +14,8 @@ Policies:
 * ``tinylfu`` - ``lfu`` eviction plus TinyLFU admission: a newcomer is kept only if it has been
   asked for more often than the victim it would displace. One-hit wonders then pass through a
   tier without flushing the hot set.
+* ``demand`` - decayed demand (:mod:`loraplane.eviction.demand`): evict the key asked for least
+  lately, counts decaying continuously with a half-life, with TinyLFU's admission filter.
 * ``belady`` - Belady's MIN: evict the key needed furthest in the future. Offline (it is handed the
   whole access stream up front), so it only runs in the simulator, as the bound for the others.
 """
@@ -23,7 +25,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
 Key = Hashable
 Skip = Callable[[Key], bool]
@@ -231,7 +233,10 @@ def _next_use(stream: Sequence[Key]) -> list[int]:
     return nxt
 
 
-POLICY_NAMES = ("lru", "lfu", "tinylfu", "belady")
+POLICY_NAMES = ("lru", "lfu", "tinylfu", "demand", "belady")
+# What a serving engine can run (Belady needs the future); the type its configuration fields use.
+OnlinePolicyName = Literal["lru", "lfu", "tinylfu", "demand"]
+ONLINE_POLICY_NAMES: tuple[str, ...] = get_args(OnlinePolicyName)
 
 
 def make_policy(name: str, future: Sequence[Key] | None = None) -> EvictionPolicy:
@@ -242,6 +247,10 @@ def make_policy(name: str, future: Sequence[Key] | None = None) -> EvictionPolic
         return LFUAgingPolicy()
     if name == "tinylfu":
         return TinyLFUPolicy()
+    if name == "demand":
+        from loraplane.eviction.demand import DemandPolicy  # it builds on this module's protocol
+
+        return DemandPolicy()
     if name == "belady":
         if future is None:
             raise ValueError("belady is offline: it needs the future access stream")

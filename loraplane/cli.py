@@ -11,6 +11,7 @@ import click
 
 from loraplane import __version__
 from loraplane.cli_usage import make_metering, usage, usage_options
+from loraplane.eviction import ONLINE_POLICY_NAMES, POLICY_NAMES
 
 
 def _parse_config(values: tuple[str, ...]) -> list[tuple[int, int]]:
@@ -63,7 +64,7 @@ def main() -> None:
     "--policy",
     "policies",
     multiple=True,
-    type=click.Choice(["lru", "lfu", "tinylfu", "belady"]),
+    type=click.Choice(list(POLICY_NAMES)),
     help="Eviction policy, repeatable. [default: lru]",
 )
 @click.option("--pin-top", default=0, type=click.IntRange(min=0), help="Pin the K most requested adapters in device slots.")
@@ -128,7 +129,7 @@ def sim(
     if compare:
         g, h = sizes[0] if configs else (32, 100)
         pin_k = pin_top or g // 2
-        rows = [simulate_tiers(trace.adapters, g, h, p, costs=costs) for p in ("lru", "lfu", "tinylfu")]
+        rows = [simulate_tiers(trace.adapters, g, h, p, costs=costs) for p in ("lru", "lfu", "tinylfu", "demand")]
         rows.append(simulate_tiers(trace.adapters, g, h, "lru", costs=costs, pinned=trace.hottest(pin_k)))
         rows.append(simulate_tiers(trace.adapters, g, h, "tinylfu", costs=costs, pinned=trace.hottest(pin_k)))
         belady = simulate_tiers(trace.adapters, g, h, "belady", costs=costs)
@@ -151,7 +152,7 @@ def sim(
 
         plot_policies(
             trace.adapters,
-            ["lru", "lfu", "tinylfu", "belady"],
+            list(POLICY_NAMES),
             plot_path,
             costs=costs,
             title=f"{len(trace)} requests over {len(trace.names)} adapters",
@@ -259,7 +260,7 @@ def generate(
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
 @click.option("--quantization", type=click.Choice(["fp8"]))
 @click.option("--lora-memory", type=click.Choice(["static", "unified"]))
-@click.option("--eviction-policy", type=click.Choice(["lru", "lfu", "tinylfu"]))
+@click.option("--eviction-policy", type=click.Choice(ONLINE_POLICY_NAMES))
 @click.option("--admin-token", envvar="LORAPLANE_ADMIN_TOKEN", help="Bearer token the admin calls require.")
 @click.option(
     "--tenants",

@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from loraplane.eviction import OnlinePolicyName
+
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("LORAPLANE_CACHE", Path.home() / ".cache" / "loraplane"))
@@ -36,7 +38,7 @@ class EngineConfig(BaseModel):
     max_adapter_bytes: int = Field(default=2 * 2**30, gt=0, description="largest adapter weights file accepted")
     max_cpu_loras: int | None = Field(default=None, ge=1, description="adapters kept in host memory; default 4 x max_loras")
     max_loads_in_flight: int = Field(default=2, ge=1, description="adapter loads running at once, off the request path")
-    eviction_policy: Literal["lru", "lfu", "tinylfu"] = "lru"
+    eviction_policy: OnlinePolicyName = "demand"
     lora_memory: Literal["static", "unified"] = Field(
         default="static",
         description="static: max_loras slots each reserving max_lora_rank (vLLM); unified: adapters take pages of the "

@@ -21,6 +21,8 @@ OTHER = "__other__"
 NONE = "__base__"
 RECENT_LOADS = 64
 LOAD_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+# vLLM's buckets for vllm:time_to_first_token_seconds, so dashboards built for it read ours.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560)
 
 
 @dataclass
@@ -81,6 +83,13 @@ class EngineMetrics:
             buckets=LOAD_BUCKETS,
             registry=r,
         )
+        self.ttft = Histogram(
+            "loraplane_time_to_first_token_seconds",
+            "Time from a request's arrival at the engine to its first generated token",
+            labels,
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
         self.counts: dict[str, AdapterCounts] = defaultdict(AdapterCounts)
         self.tenants: dict[str, AdapterCounts] = defaultdict(AdapterCounts)
 
@@ -119,6 +128,9 @@ class EngineMetrics:
         for c in self._both(adapter, tenant):
             c.queue_wait[0] += 1
             c.queue_wait[1] += seconds
+
+    def observe_ttft(self, adapter: str | None, tenant: str | None, seconds: float) -> None:
+        self.ttft.labels(*self._labels(adapter, tenant)).observe(seconds)
 
     @staticmethod
     def as_json(c: AdapterCounts) -> dict[str, object]:

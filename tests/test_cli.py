@@ -32,7 +32,7 @@ def test_sim_compare_shows_the_cut_against_lru_and_the_distance_to_belady() -> N
     code, out = run("sim", "--compare")
     assert code == 0
     rows = {line.split()[0]: line for line in out.splitlines()[7:] if line and not line.startswith(("policy", "lower"))}
-    assert set(rows) == {"lru", "lfu", "tinylfu", "lru+pin16", "tinylfu+pin16", "belady"}
+    assert set(rows) == {"lru", "lfu", "tinylfu", "demand", "lru+pin16", "tinylfu+pin16", "belady"}
     cuts = {name: float(re.findall(r"([+-]\d+\.\d)%", line)[-1]) for name, line in rows.items()}
     assert min(cuts[p] for p in ("lfu", "tinylfu")) <= -35.0
     assert "lower bound on mean wait" in out

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from loraplane.eviction import OnlinePolicyName
 from loraplane.operator.api.common import Condition, KubeModel, ObjectMeta, Quotas, SecretRef
 
 CPU_LORAS_RULE = "!has(self.maxCpuLoras) || self.maxCpuLoras >= self.maxLoras"
@@ -35,7 +36,7 @@ class EngineSizing(KubeModel):
     lora_memory: Literal["static", "unified"] = Field(
         default="static", description="static slots, or adapters paged with the KV cache"
     )
-    eviction_policy: Literal["lru", "lfu", "tinylfu"] = "lru"
+    eviction_policy: OnlinePolicyName = "demand"
 
     @model_validator(mode="after")
     def _cpu_holds_device(self) -> EngineSizing:

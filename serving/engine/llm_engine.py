@@ -12,6 +12,7 @@ import itertools
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,6 +173,7 @@ class LLMEngine:
             ),
             metrics=self.metrics,
             pages=self.blocks if unified else None,
+            queued=self._queued_per_adapter,
         )
         tokenizer_eos = self.tokenizer.eos_token_id
         self.eos_ids = frozenset(cfg.eos_token_ids) | ({tokenizer_eos} if tokenizer_eos is not None else frozenset())
@@ -258,6 +260,9 @@ class LLMEngine:
             raise AdapterBusy(f"adapter {name!r} has {waiting} queued requests")
         self.adapters.unregister(name)
 
+    def _queued_per_adapter(self) -> Counter[str]:
+        return Counter(s.adapter for s in self.scheduler.waiting if s.adapter is not None)
+
     def _adapter_ready(self, seq: Sequence) -> bool:
         leader = seq.leader
         if leader is not None:
@@ -273,6 +278,8 @@ class LLMEngine:
         return True
 
     def _hold_adapter(self, seq: Sequence) -> None:
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = time.monotonic()
         if seq.adapter is not None and not seq.holds_adapter:
             seq.adapter_lease = self.adapters.acquire(seq.adapter)
             seq.holds_adapter = True
@@ -324,6 +331,7 @@ class LLMEngine:
             self.adapters.check_available(adapter)
             seq.tenant = info.tenant or tenant
             seq.arrival_tier = {Residency.DEVICE: "device", Residency.HOST: "host"}.get(info.residency, "cold")
+            self.adapters.note_arrival(adapter)
             if info.residency is not Residency.DEVICE:
                 self.adapters.prefetch(adapter)  # start the load now, not when the batch has room
         self.metrics.observe_request(adapter, seq.tenant, len(ids), seq.arrival_tier)
@@ -373,6 +381,10 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One scheduling round and one forward pass; outputs of the sequences that advanced."""
         outputs = self._fail_loads()
+        overdue = self.adapters.overdue_drain()
+        if overdue is not None:  # its slot is owed to a waiting adapter (see AdapterManager.overdue_drain)
+            name, slot = overdue
+            self.scheduler.preempt_where(lambda s: s.adapter == name and s.adapter_slot == slot)
         batch = self.scheduler.schedule()
         self.ran = bool(batch.items)
         if not batch.items:
@@ -410,6 +422,8 @@ class LLMEngine:
         token, logprob = result
         seq.output_token_ids.append(token)
         self.metrics.observe_tokens(seq.adapter, seq.tenant, 1)
+        if len(seq.output_token_ids) == 1:
+            self.metrics.observe_ttft(seq.adapter, seq.tenant, time.monotonic() - seq.arrival_time)
         self.scheduler.charge(seq, 1)
         if logprob is not None:
             seq.logprobs.append(logprob)

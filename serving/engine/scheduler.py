@@ -79,6 +79,15 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
+    def preempt_where(self, pred: Callable[[Sequence], bool]) -> int:
+        """Preempt every running sequence ``pred`` selects (back to the queue's front, in their
+        order, keeping their tokens); returns how many."""
+        chosen = [s for s in self.running if pred(s)]
+        for seq in reversed(chosen):
+            self.running.remove(seq)
+            self._preempt(seq)
+        return len(chosen)
+
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         self._fair_share_preemption(batch)
@@ -171,7 +180,9 @@ class Scheduler:
         running = Counter(s.tenant for s in self.running)
         tenants = set(running) | {s.tenant for s in self.waiting}
         share = self.max_num_seqs / len(tenants)
-        if not any(running[s.tenant] + 1 <= share for s in self.waiting):
+        # Only for a waiter that could run now: preempting the heavy tenant for a request whose
+        # adapter has no slot yet would cost the heavy tenant and give nobody anything.
+        if not any(running[s.tenant] + 1 <= share and self.ready(s) for s in self.waiting):
             return
         heavy = max(running, key=lambda t: running[t])
         if running[heavy] <= share:

@@ -49,6 +49,7 @@ class Sequence:
     tenant: str | None = None
     arrival_time: float = 0.0
     arrival_tier: str | None = None  # where the adapter was when the request arrived
+    first_scheduled_time: float | None = None  # when it was first admitted into a batch (vLLM's name)
     holds_adapter: bool = False  # counted in the adapter's running sequences (protects its slot)
     adapter_lease: object | None = None  # the adapter version it holds (opaque to the scheduler)
     adapter_version: str | None = None  # the version it runs on, bound at admission (for usage records)

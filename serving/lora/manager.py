@@ -17,7 +17,9 @@ device as well.
 from __future__ import annotations
 
 import enum
+import math
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
@@ -26,6 +28,7 @@ from pathlib import Path
 from loraplane.adapter_format import AdapterValidationError, BaseShape, ValidationLimits, check_adapter_name
 from loraplane.adapter_format.sources import S3Settings, open_source
 from loraplane.eviction import Tier, TierFullError, make_policy
+from loraplane.eviction.demand import DecayedCounts
 from loraplane.serving.engine.block_manager import BlockManager
 from loraplane.serving.lora.disk_cache import DiskCache
 from loraplane.serving.lora.peft_loader import LoadedAdapter, load_peft_adapter
@@ -35,6 +38,23 @@ from loraplane.serving.metrics import EngineMetrics
 # A drained slot's waiter asks again every scheduling step; a drain it stopped asking about (the
 # request was aborted) lapses after this long rather than holding the victim back for good.
 DRAIN_LAPSE_SECONDS = 1.0
+# An adapter placed in a slot keeps it at least this long before a drain may pick it: two adapters
+# sharing one slot then take turns long enough to serve their queues, instead of paying a drain
+# (the victim's running requests finishing while its new ones wait) for every request.
+SLOT_HOLD_SECONDS = 1.0
+# A drained adapter's running requests get this long to finish; then they are preempted (and
+# resume later from the prefix cache). On a CPU a 32-token answer can take ten seconds inside a
+# busy batch, and waiting for it is what made the demo's colder adapters wait longest.
+DRAIN_PREEMPT_SECONDS = 1.0
+# Demand (requests per adapter, decayed with this half-life in wall time, plus the requests queued
+# for it) decides which adapter is drained and which form the hot set. Short enough to follow a
+# shift in traffic within a minute, long enough that at a fraction of a request per second the
+# hot adapter's lead is not lost to the noise of a few arrivals.
+DEMAND_HALF_LIFE_SECONDS = 30.0
+HOT_SET_MARGIN = 1.5
+# ... and no adapter is hot on fewer decayed requests than this: at startup the first adapter to
+# arrive would otherwise hold the hot set before the real favourite has shown itself.
+HOT_SET_MIN = 4.0
 
 
 class AdapterNotFound(KeyError):
@@ -90,6 +110,7 @@ class _Entry:
     failures: int = 0  # transient failures in a row
     retry_at: float = 0.0  # no new load before this (monotonic seconds)
     retired_key: str | None = None  # set once a new version took its name (see _retire)
+    placed_at: float = 0.0  # when it last took a device slot (monotonic seconds)
 
     @property
     def residency(self) -> Residency:
@@ -100,6 +121,16 @@ class _Entry:
         if self.future is not None:
             return Residency.LOADING
         return Residency.FAILED if self.error else Residency.COLD
+
+
+@dataclass
+class _Drain:
+    """``victim`` admits nothing new until its slot frees for ``waiter``."""
+
+    victim: str
+    waiter: str
+    started: float  # monotonic seconds
+    asked: float  # when the waiter last asked; the drain lapses if it stops asking
 
 
 @dataclass(frozen=True)
@@ -135,13 +166,15 @@ class AdapterManager:
         cache_dir: Path,
         max_cpu_loras: int,
         max_loads_in_flight: int = 2,
-        policy: str = "lru",
+        policy: str = "demand",
         s3: S3Settings | None = None,
         metrics: EngineMetrics | None = None,
         pages: BlockManager | None = None,
+        queued: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         """With ``pages`` (and a :class:`PagedSlotTable`), adapters live in the KV block pool:
-        each takes the pages its rank needs, and KV pressure evicts idle adapters."""
+        each takes the pages its rank needs, and KV pressure evicts idle adapters. ``queued``
+        counts the requests waiting per adapter (the scheduler's queue), part of their demand."""
         if max_cpu_loras < table.num_slots:
             raise ValueError(f"max_cpu_loras ({max_cpu_loras}) must be at least max_loras ({table.num_slots})")
         self.table, self.base, self.limits, self.s3 = table, base, limits, s3
@@ -150,17 +183,26 @@ class AdapterManager:
         self.entries: dict[str, _Entry] = {}
         self.retired: dict[str, _Entry] = {}  # replaced versions still finishing running requests
         self._retired_count = 0
-        self.device = Tier(table.num_slots, make_policy(policy), name="device", in_use=self._busy, on_evict=self._off_device)
+        self.queued = queued
+        # "demand" places by demand: a hot set that keeps its slots, and drains chosen by demand.
+        # The other policies keep their own order for both (lru: recency, as vLLM's slots do).
+        self.follows_demand = policy == "demand"
+        # Requests per adapter on arrival, decayed in wall time: what placement follows (see hot_set).
+        self.arrivals = DecayedCounts(DEMAND_HALF_LIFE_SECONDS, clock=time.monotonic)
+        self._hot: frozenset[str] = frozenset()
+        self._hot_at = -1.0
+        self.device = Tier(table.num_slots, make_policy(policy), name="device", in_use=self._held, on_evict=self._off_device)
         self.host = Tier(max_cpu_loras, make_policy(policy), name="host", in_use=self._busy, on_evict=self._off_host)
         self.pool = ThreadPoolExecutor(max_workers=max_loads_in_flight, thread_name_prefix="adapter-load")
         self.pages = pages
         # Slot draining, against starvation: when an adapter is loaded and waiting but every
-        # device slot is held by adapters with running requests, one of those (the policy's
-        # choice) stops admitting new requests until its running ones finish and the slot frees.
-        # Without it a steadily busy adapter keeps its slot for as long as its traffic lasts and
-        # the waiting one starves (the demo showed 18 s waits with 2 slots and 3 busy adapters).
+        # device slot is held by adapters with running requests, one of those stops admitting new
+        # requests until its running ones finish and the slot frees. Without it a steadily busy
+        # adapter keeps its slot for as long as its traffic lasts and the waiting one starves (the
+        # demo showed 18 s waits with 2 slots and 3 busy adapters). The victim is the one in least
+        # demand outside the hot set, never the one that is simply always busy (see _drain_victim).
         # (victim, waiter, when the waiter last asked): the drain lapses if the waiter stops asking.
-        self._drain: tuple[str, str, float] | None = None
+        self._drain: _Drain | None = None
         if pages is not None:
             if not isinstance(table, PagedSlotTable):
                 raise TypeError("unified paging needs a PagedSlotTable")
@@ -188,6 +230,7 @@ class AdapterManager:
         else:
             self._drop(name)
         del self.entries[name]
+        self.arrivals.forget(name)
 
     def _retire(self, name: str) -> None:
         """Move a replaced (or removed) version with running requests aside under a private key: it
@@ -223,6 +266,42 @@ class AdapterManager:
         entry = self._lookup(name)
         return bool(entry and entry.running)
 
+    def _held(self, name: object) -> bool:
+        """What the device tier may not evict: adapters with running requests, and the hot set."""
+        return self._busy(name) or name in self.hot_set()
+
+    # demand ---------------------------------------------------------------------------------
+    def note_arrival(self, name: str) -> None:
+        """A request for ``name`` arrived (whether or not it can run yet)."""
+        self.arrivals.add(name)
+
+    def demand(self, name: str, queued: Mapping[str, int] | None = None) -> float:
+        """Decayed arrivals plus the requests queued now (``queued``: the scheduler's counts, when
+        the caller already has them)."""
+        return self.arrivals.value(name) + (self.queued() if queued is None else queued).get(name, 0)
+
+    def hot_set(self) -> frozenset[str]:
+        """The engine's own hot set: the adapters with the highest decayed arrival rate, as many
+        as half the device slots (rounded up) and never more than ``max_loras - 1`` less the
+        pinned ones, so unpinned traffic always has a slot to share. They stay in their device
+        slots: neither evicted while idle nor drained for a colder adapter. Recomputed at most
+        every 50 ms (it is asked on every eviction decision)."""
+        now = time.monotonic()
+        if not self.follows_demand or now - self._hot_at < 0.05:
+            return self._hot
+        self._hot_at = now
+        slots = self.table.num_slots
+        room = min((slots + 1) // 2, slots - 1 - len(self.device.pinned))
+        # Hysteresis: a member stays until a newcomer's demand is HOT_SET_MARGIN times its own,
+        # so two adapters of similar demand do not trade the hot set back and forth on noise.
+        contenders = {
+            n for n in [*self.arrivals.top(room), *self._hot] if n in self.entries and self.arrivals.value(n) >= HOT_SET_MIN
+        }
+        margin = math.log2(HOT_SET_MARGIN)
+        ranked = sorted(contenders, key=lambda n: self.arrivals.rank_key(n) + (margin if n in self._hot else 0.0))
+        self._hot = frozenset(ranked[-room:] if room > 0 else [])
+        return self._hot
+
     def _off_device(self, name: object) -> None:
         entry = self._lookup(name)
         if entry is not None and entry.slot is not None:
@@ -232,9 +311,11 @@ class AdapterManager:
                 self.pages.return_pages(entry.pages)
                 entry.pages = []
 
-    def _evict_idle(self) -> bool:
-        """Take the policy's choice among idle, unpinned device adapters off the device."""
-        victim = self.device.policy.victim(lambda k: k in self.device.pinned or self._busy(k))
+    def _evict_idle(self, *, spare_hot: bool) -> bool:
+        """Take the policy's choice among idle, unpinned device adapters off the device (sparing
+        the hot set when another adapter wants the pages; KV pressure spares only pinned ones)."""
+        hot = self.hot_set() if spare_hot else frozenset()
+        victim = self.device.policy.victim(lambda k: k in self.device.pinned or self._busy(k) or k in hot)
         if victim is None:
             return False
         self.device.remove(victim)
@@ -245,7 +326,7 @@ class AdapterManager:
         """KV is short of ``needed`` pages: idle adapters give theirs back, in eviction order."""
         assert self.pages is not None
         target = self.pages.num_free + needed
-        while self.pages.num_free < target and self._evict_idle():
+        while self.pages.num_free < target and self._evict_idle(spare_hot=False):
             pass
 
     def _off_host(self, name: object) -> None:
@@ -382,7 +463,7 @@ class AdapterManager:
         if self.pages is not None:
             assert isinstance(self.table, PagedSlotTable)
             need = self.table.pages_needed(entry.loaded.weights)
-            while self.pages.num_free < need and self._evict_idle():
+            while self.pages.num_free < need and self._evict_idle(spare_hot=True):
                 pass
             if self.pages.num_free < need:
                 return None  # KV and busy adapters hold the pool; retry after sequences finish
@@ -391,7 +472,7 @@ class AdapterManager:
         except TierFullError:
             self._start_drain(name)
             return None
-        if self._drain is not None and self._drain[1] == name:
+        if self._drain is not None and self._drain.waiter == name:
             self._drain = None
         used = {e.slot for e in [*self.entries.values(), *self.retired.values()] if e.slot is not None}
         slot = next(s for s in range(self.table.num_slots) if s not in used)
@@ -403,7 +484,7 @@ class AdapterManager:
             entry.pages = pages
         else:
             self.table.write(slot, entry.loaded.weights, entry.loaded.manifest.scaling)
-        entry.slot = slot
+        entry.slot, entry.placed_at = slot, time.monotonic()
         self.host.touch(name)
         if entry.pinned:
             self.device.pin(name)
@@ -412,22 +493,62 @@ class AdapterManager:
 
     def _start_drain(self, waiter: str) -> None:
         now, current = time.monotonic(), self._drain
-        if current is not None and current[1] != waiter and now - current[2] < DRAIN_LAPSE_SECONDS:
+        if current is not None and current.waiter != waiter and now - current.asked < DRAIN_LAPSE_SECONDS:
             return  # one drain at a time; the next waiter's turn comes after this one's
-        if current is not None and current[1] == waiter and self._on_device(current[0]):
-            self._drain = (current[0], waiter, now)  # still draining for this waiter
+        if current is not None and current.waiter == waiter and self._on_device(current.victim):
+            current.asked = now  # still draining for this waiter
             return
-        victim = self.device.policy.victim(lambda k: k in self.device.pinned)
-        self._drain = (str(victim), waiter, now) if victim is not None else None
+        victim = self._drain_victim(waiter, now)
+        self._drain = _Drain(victim, waiter, now, now) if victim is not None else None
+
+    def overdue_drain(self) -> tuple[str, int] | None:
+        """The drained adapter (and its slot) whose running requests have held the slot for
+        DRAIN_PREEMPT_SECONDS since the drain began: the engine preempts them (they resume later,
+        mostly from the prefix cache), so a waiter's wait is bounded by the hold and this, not by
+        the longest request the victim happens to be running. Only under demand placement."""
+        d = self._drain
+        if not self.follows_demand or d is None or not self._draining(d.victim):
+            return None
+        entry = self.entries.get(d.victim)
+        if entry is None or entry.slot is None or not entry.running:
+            return None
+        if time.monotonic() - d.started < DRAIN_PREEMPT_SECONDS:
+            return None
+        return d.victim, entry.slot
+
+    def _drain_victim(self, waiter: str, now: float) -> str | None:
+        """The slot holder to drain for ``waiter``: the one in least demand among those neither
+        pinned, nor hot, nor placed within SLOT_HOLD_SECONDS; the fewest running requests break
+        ties (its slot frees soonest). None when every holder is protected: the waiter asks again
+        next step. A waiter therefore gets a slot within SLOT_HOLD_SECONDS plus the victim's
+        longest running request, and the hot set is never its price."""
+        if not self.follows_demand:
+            victim = self.device.policy.victim(lambda k: k in self.device.pinned)
+            return None if victim is None else str(victim)
+        hot = self.hot_set()
+        candidates = [
+            e
+            for name, e in self.entries.items()
+            if e.slot is not None
+            and not e.pinned
+            and name not in hot
+            and name != waiter
+            and now - e.placed_at >= SLOT_HOLD_SECONDS
+        ]
+        if not candidates:
+            return None
+        queued = self.queued()
+        victim = min(candidates, key=lambda e: (self.demand(e.spec.name, queued), e.running))
+        return victim.spec.name
 
     def _on_device(self, name: str) -> bool:
         entry = self.entries.get(name)
         return entry is not None and entry.slot is not None
 
     def _draining(self, name: str) -> bool:
-        if self._drain is None or self._drain[0] != name:
+        if self._drain is None or self._drain.victim != name:
             return False
-        if time.monotonic() - self._drain[2] > DRAIN_LAPSE_SECONDS:  # the waiter went away
+        if time.monotonic() - self._drain.asked > DRAIN_LAPSE_SECONDS:  # the waiter went away
             self._drain = None
             return False
         return True

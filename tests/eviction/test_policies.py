@@ -65,7 +65,7 @@ def test_belady_must_be_fed_its_own_stream() -> None:
         tier.touch("C")
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu", "tinylfu"])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "tinylfu", "demand"])
 def test_pinned_and_in_use_keys_are_never_evicted(policy: str) -> None:
     busy = {"B"}
     tier = Tier(3, make_policy(policy), in_use=busy.__contains__)
@@ -102,7 +102,7 @@ def test_sized_entries_share_one_capacity() -> None:
 
 
 def test_unknown_policy_names_the_choices() -> None:
-    with pytest.raises(ValueError, match="lru, lfu, tinylfu, belady"):
+    with pytest.raises(ValueError, match="lru, lfu, tinylfu, demand, belady"):
         make_policy("fifo")
 
 
@@ -114,5 +114,5 @@ def test_belady_hits_at_least_as_often_as_any_online_policy(stream: list[int], c
         return sum(tier.touch(k) for k in stream)
 
     best = hits("belady")
-    for policy in ("lru", "lfu", "tinylfu"):
+    for policy in ("lru", "lfu", "tinylfu", "demand"):
         assert hits(policy) <= best

@@ -219,11 +219,16 @@ def test_prometheus_shows_each_adapters_tier_and_pin(tiny_llama, tiny_adapters, 
     assert 'loraplane_requests_total{adapter="qv4",tenant="tenant-a"} 1.0' in text
 
 
-def test_a_busy_adapter_cannot_starve_one_waiting_for_its_slot(tiny_llama, tiny_adapters, tmp_path) -> None:
+@pytest.mark.parametrize("policy", ["demand", "lru"])
+def test_a_busy_adapter_cannot_starve_one_waiting_for_its_slot(tiny_llama, tiny_adapters, tmp_path, monkeypatch, policy) -> None:
     """One device slot; adapter qv4 always has requests running and more arriving; all8 waits for
     the slot. The slot must drain (qv4's new requests hold back until its running ones finish) so
-    all8 gets served, rather than waiting for as long as qv4's traffic lasts."""
-    engine = tiny_engine(tiny_llama, tmp_path, max_loras=1, max_cpu_loras=2)
+    all8 gets served, rather than waiting for as long as qv4's traffic lasts. (The slot hold is
+    a wall-time bound, set to zero here so the drain shows within steps.)"""
+    from loraplane.serving.lora import manager
+
+    monkeypatch.setattr(manager, "SLOT_HOLD_SECONDS", 0.0)
+    engine = tiny_engine(tiny_llama, tmp_path, max_loras=1, max_cpu_loras=2, eviction_policy=policy)
     for name in ("qv4", "all8"):
         engine.load_lora(name, str(tiny_adapters[name]))
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)

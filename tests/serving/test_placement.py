@@ -1,0 +1,111 @@
+"""Placement that follows demand: the hot adapter keeps its slot, a waiter's wait is bounded.
+
+The bounds are in seconds (a slot holder keeps its slot SLOT_HOLD_SECONDS, a drained holder's
+requests are preempted after DRAIN_PREEMPT_SECONDS); these tests set them to zero so the
+behaviour shows in a handful of steps of the tiny model instead of in wall time.
+"""
+
+from __future__ import annotations
+
+import pytest
+from engine_helpers import tiny_engine
+
+from loraplane.serving.engine.sampling_params import SamplingParams
+from loraplane.serving.lora import manager
+
+PROMPT = [5, 6, 7, 8]
+
+
+@pytest.fixture
+def no_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(manager, "SLOT_HOLD_SECONDS", 0.0)
+    monkeypatch.setattr(manager, "DRAIN_PREEMPT_SECONDS", 0.0)
+    monkeypatch.setattr(manager, "HOT_SET_MIN", 1.0)
+
+
+def swaps(engine, name: str) -> int:  # type: ignore[no-untyped-def]
+    """Host -> device placements of ``name`` so far."""
+    return engine.metrics.counts[name].load_seconds.get("host", [0, 0.0])[0]
+
+
+def test_the_hot_adapter_keeps_its_slot_while_two_colder_ones_share_the_other(
+    tiny_llama, tiny_adapters, tmp_path, no_hold
+) -> None:
+    """Two slots, three adapters that always have work: qv4 gets three requests for every one of
+    all8's and mlp16's. qv4 is placed once and never drained or evicted; the other two take turns
+    in the second slot, and both are served."""
+    engine = tiny_engine(tiny_llama, tmp_path, max_loras=2, max_cpu_loras=3, max_num_seqs=8)
+    for name in ("qv4", "all8", "mlp16"):
+        engine.load_lora(name, str(tiny_adapters[name]))
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    finished = {"qv4": 0, "all8": 0, "mlp16": 0}
+    owner: dict[str, str] = {}
+    for step in range(120):
+        if step % 2 == 0:
+            for name in ("qv4", "qv4", "qv4", "all8" if step % 4 == 0 else "mlp16"):
+                owner[engine.add_request(PROMPT, params, adapter=name, tenant=name)] = name
+        for out in engine.step():
+            if out.finished:
+                finished[owner[out.request_id]] += 1
+    assert engine.adapters.hot_set() == {"qv4"}
+    assert swaps(engine, "qv4") == 1, "the hot adapter lost its slot"
+    assert swaps(engine, "all8") > 1 and swaps(engine, "mlp16") > 1  # they shared the other slot
+    assert min(finished.values()) > 0, finished
+
+
+def test_a_waiter_is_served_without_waiting_for_the_holders_long_requests(tiny_llama, tiny_adapters, tmp_path, no_hold) -> None:
+    """One slot held by qv4, whose two running requests want 120 tokens each; all8 arrives. The
+    drain preempts qv4's requests instead of waiting 120 steps for them, all8 is served within a
+    few steps, and qv4's requests then finish with exactly the tokens they would have had alone
+    (preemption recomputes, it does not change an answer)."""
+    long = SamplingParams(max_tokens=120, temperature=0, ignore_eos=True)
+    alone = tiny_engine(tiny_llama, tmp_path / "alone", max_loras=1, max_cpu_loras=2)
+    alone.load_lora("qv4", str(tiny_adapters["qv4"]))
+    expected = alone.generate([PROMPT, PROMPT[:3]], long, ["qv4", "qv4"])
+
+    engine = tiny_engine(tiny_llama, tmp_path / "shared", max_loras=1, max_cpu_loras=2)
+    for name in ("qv4", "all8"):
+        engine.load_lora(name, str(tiny_adapters[name]))
+    first = engine.add_request(PROMPT, long, adapter="qv4")
+    second = engine.add_request(PROMPT[:3], long, adapter="qv4")
+    for _ in range(5):
+        engine.step()
+    waiter = engine.add_request(PROMPT, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), adapter="all8")
+    done: dict[str, tuple[int, list[int]]] = {}
+    step = 0
+    while engine.has_unfinished() and step < 600:
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = (step, out.token_ids)
+        step += 1
+    assert done[waiter][0] < 20, f"all8 waited {done[waiter][0]} steps for qv4's long requests"
+    assert engine.scheduler.num_preemptions >= 2
+    assert done[first][1] == expected[0].token_ids
+    assert done[second][1] == expected[1].token_ids
+
+
+def test_under_lru_the_drain_keeps_its_old_order(tiny_llama, tiny_adapters, tmp_path, no_hold) -> None:
+    """``eviction_policy="lru"`` keeps the previous placement: no hot set, and no preemption of
+    a drained holder's requests (they finish first)."""
+    engine = tiny_engine(tiny_llama, tmp_path, max_loras=1, max_cpu_loras=2, eviction_policy="lru")
+    for name in ("qv4", "all8"):
+        engine.load_lora(name, str(tiny_adapters[name]))
+    for _ in range(6):
+        engine.add_request(PROMPT, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), adapter="qv4")
+    engine.step()
+    engine.add_request(PROMPT, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), adapter="all8")
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.adapters.hot_set() == frozenset()
+    assert engine.scheduler.num_preemptions == 0
+
+
+def test_time_to_first_token_is_a_histogram_per_adapter(tiny_llama, tiny_adapters, tmp_path) -> None:
+    from prometheus_client import generate_latest
+
+    engine = tiny_engine(tiny_llama, tmp_path, max_loras=1)
+    engine.register_lora(manager.AdapterSpec("qv4", str(tiny_adapters["qv4"]), tenant="tenant-a"))
+    engine.generate([PROMPT, PROMPT], SamplingParams(max_tokens=3, temperature=0), ["qv4", None])
+    text = generate_latest(engine.metrics.registry).decode()
+    assert 'loraplane_time_to_first_token_seconds_count{adapter="qv4",tenant="tenant-a"} 1.0' in text
+    assert 'loraplane_time_to_first_token_seconds_count{adapter="__base__",tenant="__base__"} 1.0' in text
