@@ -13,37 +13,20 @@ requests per run, so p99 is not simply the slowest one on a noisy machine.
 from __future__ import annotations
 
 import argparse
-import random
-import time
 
+from loraplane.serving.bench.engine_replay import Arrival, replay
 from loraplane.serving.bench.report import percentile
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.llm_engine import LLMEngine
-from loraplane.serving.engine.sampling_params import SamplingParams
 
 
 def run(engine: LLMEngine, seconds: float, rates: dict[str, float], prompt_len: int, out_len: int) -> dict[str, list[float]]:
     """Send each tenant's requests at its rate for ``seconds``; TTFT per tenant (seconds)."""
-    rng = random.Random(0)
-    vocab = engine.base.config.vocab_size
-    arrivals = sorted((i / rate, tenant) for tenant, rate in rates.items() for i in range(int(seconds * rate)))
-    params = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
-    pending: dict[str, tuple[float, str]] = {}
+    arrivals = [Arrival(i / rate, None, tenant) for tenant, rate in rates.items() for i in range(int(seconds * rate))]
+    records, _ = replay(engine, arrivals, prompt_len=prompt_len, out_len=out_len, label="+".join(rates), seed=0)
     ttft: dict[str, list[float]] = {t: [] for t in rates}
-    start, sent = time.monotonic(), 0
-    while sent < len(arrivals) or engine.has_unfinished():
-        now = time.monotonic() - start
-        while sent < len(arrivals) and arrivals[sent][0] <= now:
-            at, tenant = arrivals[sent]
-            rid = engine.add_request([rng.randrange(100, vocab) for _ in range(prompt_len)], params, tenant=tenant)
-            pending[rid] = (at, tenant)
-            sent += 1
-        for out in engine.step():
-            if out.request_id in pending and out.token_ids:
-                at, tenant = pending.pop(out.request_id)
-                ttft[tenant].append(time.monotonic() - start - at)
-        if not engine.has_unfinished() and sent < len(arrivals):
-            time.sleep(max(0.0, min(0.01, arrivals[sent][0] - (time.monotonic() - start))))
+    for r in records:
+        ttft[str(r.arrival.tenant)].append(r.ttft)
     return ttft
 
 

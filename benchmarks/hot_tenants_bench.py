@@ -1,6 +1,7 @@
 """Placement that follows demand: hot adapters against cold-start spikes, on the real engine.
 
-Run: python benchmarks/hot_tenants_bench.py  (about 12 minutes on 2 CPU cores)
+Run: python benchmarks/hot_tenants_bench.py  (about 55 minutes on 2 AVX2 CPU cores in float32; the offered
+load is a fraction of the capacity it measures first, so a slower machine takes longer)
 
 Two scenarios, each served three ways side by side in one run, contenders alternated per round:
 

@@ -25,17 +25,17 @@ import random
 import statistics
 import sys
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from loraplane.eviction import ONLINE_POLICY_NAMES
+from loraplane.serving.bench.engine_replay import Arrival, Record
+from loraplane.serving.bench.engine_replay import replay as engine_replay
 from loraplane.serving.bench.report import percentile
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.llm_engine import LLMEngine
-from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.lora.manager import AdapterSpec
 from loraplane.serving.lora.synthetic import PEFT_DEFAULT, seed_ranks, write_adapter
 from loraplane.sim.tiers import Costs, simulate_tiers
@@ -45,50 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"
 from s3_server import ACCESS, SECRET, moto_server, upload_folder
 
 
-@dataclass
-class Record:
-    adapter: str | None
-    arrival_tier: str | None
-    ttft: float
-    tokens: int
-
-
 def replay(
     engine: LLMEngine, adapters: list[str | None], rate: float, prompt_len: int, out_len: int, label: str
 ) -> tuple[list[Record], float]:
-    """Send the requests at ``rate`` per second (fixed spacing) and step the engine meanwhile.
-    Returns per-request records and the wall time from the first arrival to the last token."""
-    rng = random.Random(1)
-    vocab = engine.base.config.vocab_size
-    params = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
-    arrivals = [i / rate for i in range(len(adapters))]
-    pending: dict[str, tuple[float, str | None, str | None]] = {}
-    first: dict[str, float] = {}
-    records: list[Record] = []
-    start = time.monotonic()
-    sent = 0
-    bar = tqdm(total=len(adapters), desc=label, unit="req", leave=False)
-    while sent < len(adapters) or engine.has_unfinished():
-        now = time.monotonic() - start
-        while sent < len(adapters) and arrivals[sent] <= now:
-            prompt = [rng.randrange(100, vocab) for _ in range(prompt_len)]
-            rid = engine.add_request(prompt, params, adapter=adapters[sent])
-            seq = engine.requests[rid]
-            pending[rid] = (arrivals[sent], adapters[sent], seq.arrival_tier)
-            sent += 1
-        outs = engine.step()
-        t = time.monotonic() - start
-        for out in outs:
-            if out.request_id not in first and out.token_ids:
-                first[out.request_id] = t
-            if out.finished:
-                arrival, adapter, tier = pending.pop(out.request_id)
-                records.append(Record(adapter, tier, first.get(out.request_id, t) - arrival, len(out.token_ids)))
-                bar.update()
-        if not outs and not engine.has_unfinished() and sent < len(adapters):
-            time.sleep(max(0.0, min(0.01, arrivals[sent] - (time.monotonic() - start))))
-    bar.close()
-    return records, time.monotonic() - start
+    """The requests at a fixed spacing of ``1 / rate`` seconds, in order (see ``engine_replay``)."""
+    arrivals = [Arrival(i / rate, name) for i, name in enumerate(adapters)]
+    return engine_replay(engine, arrivals, prompt_len=prompt_len, out_len=out_len, label=label)
 
 
 def make_engine(cache: Path, max_loras: int, max_cpu_loras: int, endpoint: str | None = None, **extra: object) -> LLMEngine:
@@ -113,12 +75,13 @@ def seed_scenario(args: argparse.Namespace, work: Path, folders: dict[str, Path]
     }
     print(
         f"\n1. seed scenario: {args.requests} requests, Zipf 1.1 over {len(folders)} adapters, {args.rate:g} req/s, "
-        f"{args.prompt_len} prompt + {args.output_len} output tokens, cold tier S3 (moto) via minio, LRU"
+        f"{args.prompt_len} prompt + {args.output_len} output tokens, cold tier S3 (moto) via minio, "
+        f"{args.policy} (engine and simulator alike)"
     )
     header = ("slots", "", "device hit", "host hit", "cold loads", "mean wait ms", "TTFT p50/p99 ms: device", "host", "cold")
     print("  " + " | ".join(header))
     for device, host in ((32, 100), (32, 500)):
-        engine = make_engine(work / f"cache-{device}-{host}", device, host, endpoint)
+        engine = make_engine(work / f"cache-{device}-{host}", device, host, endpoint, eviction_policy=args.policy)
         for name, uri in uris.items():
             engine.register_lora(AdapterSpec(name, uri))
         records, _ = replay(engine, list(names), args.rate, args.prompt_len, args.output_len, f"{device}/{host}")
@@ -131,7 +94,7 @@ def seed_scenario(args: argparse.Namespace, work: Path, folders: dict[str, Path]
                 loads[key][1] += v["sum"]
         cold_ms = 1e3 * loads["cold"][1] / max(1, loads["cold"][0])
         host_ms = 1e3 * loads["host"][1] / max(1, loads["host"][0])
-        sim = simulate_tiers(names, device, host, "lru", costs=Costs(host_ms=host_ms, cold_ms=cold_ms))
+        sim = simulate_tiers(names, device, host, args.policy, costs=Costs(host_ms=host_ms, cold_ms=cold_ms))
         n = len(records)
         by = {t: [r.ttft * 1e3 for r in records if r.arrival_tier == t] for t in ("device", "host", "cold")}
         waits = sum(s["queue_wait_seconds"]["sum"] for s in stats.values())
@@ -231,6 +194,9 @@ def paging(args: argparse.Namespace, work: Path, folders: dict[str, Path]) -> No
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--adapters", type=int, default=500)
+    parser.add_argument(
+        "--policy", choices=ONLINE_POLICY_NAMES, default=EngineConfig().eviction_policy, help="eviction policy of scenario 1"
+    )
     parser.add_argument("--requests", type=int, default=800)
     parser.add_argument("--rate", type=float, default=8.0, help="arrivals per second")
     parser.add_argument("--prompt-len", type=int, default=32)
