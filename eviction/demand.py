@@ -21,7 +21,7 @@ import math
 import time
 from collections.abc import Callable, Hashable
 
-from loraplane.eviction.policies import Skip
+from loraplane.eviction.policies import LazyHeap, Skip
 
 Key = Hashable
 
@@ -85,15 +85,13 @@ class DemandPolicy:
     def __init__(self, half_life: float = 500.0, clock: Callable[[], float] | None = None) -> None:
         self.counts = DecayedCounts(half_life, clock)
         self._resident: set[Key] = set()
-        self._heap: list[tuple[float, int, Key]] = []
-        self._seq = 0
+        self._heap = LazyHeap()
 
     def demand(self, key: Key) -> float:
         return self.counts.value(key)
 
     def _push(self, key: Key) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (self.counts.rank_key(key), self._seq, key))
+        self._heap.push((self.counts.rank_key(key),), key)
 
     def _access(self, key: Key) -> None:
         self.counts.add(key)
@@ -114,20 +112,7 @@ class DemandPolicy:
         self._resident.discard(key)
 
     def victim(self, skip: Skip) -> Key | None:
-        protected: list[tuple[float, int, Key]] = []
-        found: Key | None = None
-        while self._heap:
-            entry = heapq.heappop(self._heap)
-            rank, _, key = entry
-            if key not in self._resident or rank != self.counts.rank_key(key):
-                continue  # stale: accessed again since, or no longer resident
-            protected.append(entry)
-            if not skip(key):
-                found = key
-                break
-        for entry in protected:
-            heapq.heappush(self._heap, entry)
-        return found
+        return self._heap.first(lambda prio, key: key in self._resident and prio[0] == self.counts.rank_key(key), skip)
 
     def admit(self, candidate: Key, victim: Key) -> bool:
         return self.counts.rank_key(candidate) > self.counts.rank_key(victim)
