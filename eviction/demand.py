@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import time
 from collections.abc import Callable, Hashable
 
 from loraplane.eviction.policies import LazyHeap, Skip
@@ -87,9 +86,6 @@ class DemandPolicy:
         self._resident: set[Key] = set()
         self._heap = LazyHeap()
 
-    def demand(self, key: Key) -> float:
-        return self.counts.value(key)
-
     def _push(self, key: Key) -> None:
         self._heap.push((self.counts.rank_key(key),), key)
 
@@ -116,8 +112,3 @@ class DemandPolicy:
 
     def admit(self, candidate: Key, victim: Key) -> bool:
         return self.counts.rank_key(candidate) > self.counts.rank_key(victim)
-
-
-def engine_demand_policy(half_life_seconds: float) -> DemandPolicy:
-    """The policy as the engine runs it: demand decays in wall time, not in accesses."""
-    return DemandPolicy(half_life_seconds, clock=time.monotonic)

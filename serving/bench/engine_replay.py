@@ -32,7 +32,6 @@ class Record:
     arrival_tier: str | None  # where its adapter was when it arrived: device, host or cold
     queue_wait: float  # seconds from its arrival at the engine to its first admission into a batch
     ttft: float  # seconds from its arrival time to its first token
-    latency: float  # seconds from its arrival time to its last token
     tokens: int
 
 
@@ -66,9 +65,7 @@ def replay(
             if out.finished and out.request_id in pending:
                 a, seq = pending.pop(out.request_id)
                 wait = (seq.first_scheduled_time or seq.arrival_time) - seq.arrival_time
-                records.append(
-                    Record(a, seq.arrival_tier, wait, first.get(out.request_id, t) - a.at, t - a.at, len(out.token_ids))
-                )
+                records.append(Record(a, seq.arrival_tier, wait, first.get(out.request_id, t) - a.at, len(out.token_ids)))
                 bar.update()
         if not outs and not engine.has_unfinished() and sent < len(order):
             time.sleep(max(0.0, min(0.01, order[sent].at - (time.monotonic() - start))))
