@@ -71,7 +71,8 @@ def serve(
                 assert engine.adapters.ensure_device(name) is not None
         # Warm up on the base alone (torch's first calls are slow); adapters stay where they are.
         replay(engine, [Arrival(0.0, None)] * 4, prompt_len=args.prompt_len, out_len=4, label="warm-up")
-        records, wall = replay(engine, arrivals, prompt_len=args.prompt_len, out_len=args.output_len, label=label)
+        run = replay(engine, arrivals, prompt_len=args.prompt_len, out_len=args.output_len, label=label)
+        records, wall = run.records, run.wall
         swaps = {name: c.load_seconds.get("host", [0, 0.0])[0] for name, c in engine.metrics.counts.items()}
         return records, sum(r.tokens for r in records) / wall, swaps
     finally:

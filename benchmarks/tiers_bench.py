@@ -50,7 +50,8 @@ def replay(
 ) -> tuple[list[Record], float]:
     """The requests at a fixed spacing of ``1 / rate`` seconds, in order (see ``engine_replay``)."""
     arrivals = [Arrival(i / rate, name) for i, name in enumerate(adapters)]
-    return engine_replay(engine, arrivals, prompt_len=prompt_len, out_len=out_len, label=label)
+    run = engine_replay(engine, arrivals, prompt_len=prompt_len, out_len=out_len, label=label)
+    return run.records, run.wall
 
 
 def make_engine(cache: Path, max_loras: int, max_cpu_loras: int, endpoint: str | None = None, **extra: object) -> LLMEngine:

@@ -269,7 +269,10 @@ def generate(
     help="YAML/JSON of tenants, their API keys and quotas (e.g. a mounted Secret); without it the API is open.",
 )
 @usage_options
-@click.option("--max-pending-requests", default=256, type=click.IntRange(min=1), help="Beyond this, answer 503 (shed load).")
+@click.option(
+    "--max-pending-requests", default=256, type=click.IntRange(min=1),
+    help="Beyond this, answer 503 (shed load) to the tenants over their share of it.",
+)  # fmt: skip
 def serve(
     model: str,
     host: str,

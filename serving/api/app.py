@@ -27,6 +27,7 @@ from loraplane.serving.api.async_engine import AsyncEngine
 from loraplane.serving.api.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from loraplane.serving.api.choices import Choice, Choices, CleanupResponse
 from loraplane.serving.api.errors import APIError, api_error_handler, error_body, require_admin, validation_error_handler
+from loraplane.serving.api.load_shedding import PendingRequests
 from loraplane.serving.api.metering import RequestMeter
 from loraplane.serving.api.protocol import (
     ChatCompletionRequest,
@@ -55,11 +56,11 @@ DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
 class ServerState:
-    def __init__(self, make_engine: Callable[[], LLMEngine], admin_token: str | None) -> None:
+    def __init__(self, make_engine: Callable[[], LLMEngine], admin_token: str | None, max_pending_requests: int) -> None:
         self.make_engine, self.admin_token = make_engine, admin_token
         self.engine: AsyncEngine | None = None
         self.load_error: str | None = None
-        self.pending = 0  # accepted requests not yet finished
+        self.pending = PendingRequests(max_pending_requests)  # accepted requests not yet finished
 
     def start(self) -> None:
         def load() -> None:
@@ -109,9 +110,10 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
     """``max_pending_requests`` bounds the requests queued or running in the engine; beyond it the
-    server sheds load with 503 and ``Retry-After`` instead of queueing without bound. ``metering``
+    server sheds load with 503 and ``Retry-After`` instead of queueing without bound, from the
+    tenants over their share of it first (see ``load_shedding``). ``metering``
     receives one usage record per request (by default they are only counted, not spooled)."""
-    state = ServerState(make_engine, admin_token)
+    state = ServerState(make_engine, admin_token, max_pending_requests)
     tenants = tenants or Tenants(None)
     meters = metering or Metering("local")
 
@@ -258,24 +260,24 @@ def create_app(
         # handlers cannot all pass the check before any of them reaches the engine.
         adapter = meter.adapter
         total = len(prompts) * n
-        if state.pending and state.pending + total > max_pending_requests:
+        if not state.pending.admit(meter.tenant, total):
             raise APIError(
                 503, "the server is at capacity; retry shortly", type_="server_error", code="overloaded", retry_after=1
             )
         try:
             tenants.admit(tenant, adapter)
         except APIError as err:  # a quota refusal: billed nothing, recorded once as refused
+            state.pending.release(meter.tenant, total)
             await meters.refuse(meter.request_id, err.status, tenant=meter.tenant, model=meter.model, adapter=adapter,
                                 base=meter.base, endpoint=meter.endpoint)  # fmt: skip
             raise
-        state.pending += total
         released = False
 
         def release() -> None:
             nonlocal released
             if not released:
                 released = True
-                state.pending -= total
+                state.pending.release(meter.tenant, total)
                 prompt_tokens, _, completion_tokens = meter.tokens()
                 tenants.finish(
                     tenant, {"adapter": adapter, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}

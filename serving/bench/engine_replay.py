@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
@@ -33,44 +34,84 @@ class Record:
     queue_wait: float  # seconds from its arrival at the engine to its first admission into a batch
     ttft: float  # seconds from its arrival time to its first token
     tokens: int
+    # Where its time to first token went (seconds): the arrival's wait for the step in flight
+    # (arrivals reach the engine between steps, as through the server's engine loop), then the
+    # queue until its first admission, then the steps from admission to its first token.
+    lag: float = 0.0
+    first_steps: float = 0.0
+    preemptions: int = 0
+
+
+@dataclass
+class Replayed:
+    records: list[Record]  # the finished requests
+    wall: float  # seconds from the start to the last token
+    step_seconds: list[float] = field(default_factory=list)  # each step that ran a batch
+    tokens_per_step: list[int] = field(default_factory=list)  # tokens those steps produced
+    aborted: int = 0  # requests still in the engine when ``until`` ended the replay
 
 
 def replay(
-    engine: LLMEngine, arrivals: list[Arrival], *, prompt_len: int, out_len: int, label: str = "replay", seed: int = 1
-) -> tuple[list[Record], float]:
+    engine: LLMEngine,
+    arrivals: list[Arrival],
+    *,
+    prompt_len: int,
+    out_len: int,
+    label: str = "replay",
+    seed: int = 1,
+    until: Callable[[Arrival], bool] | None = None,
+) -> Replayed:
     """Send each arrival at its time (random prompts of ``prompt_len`` tokens, ``out_len`` greedy
-    tokens each); returns the finished requests' records and the wall time to the last token."""
+    tokens each) and step the engine until every request has finished or, with ``until``, until
+    every arrival it selects has (the rest are aborted: a burster's backlog need not drain for its
+    neighbour's figures)."""
     rng = random.Random(seed)
     vocab = engine.base.config.vocab_size
     params = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
-    pending: dict[str, tuple[Arrival, Sequence]] = {}
+    pending: dict[str, tuple[Arrival, Sequence, float]] = {}
     first: dict[str, float] = {}
-    records: list[Record] = []
+    out = Replayed([], 0.0)
     order = sorted(arrivals, key=lambda a: a.at)
+    awaited = sum(1 for a in order if until is not None and until(a))
     bar = tqdm(total=len(order), desc=label, unit="req", leave=False)
     start, sent = time.monotonic(), 0
     while sent < len(order) or engine.has_unfinished():
+        if until is not None and awaited == 0:
+            break
         now = time.monotonic() - start
         while sent < len(order) and order[sent].at <= now:
             a = order[sent]
             prompt = [rng.randrange(100, vocab) for _ in range(prompt_len)]
             rid = engine.add_request(prompt, params, adapter=a.adapter, tenant=a.tenant)
-            pending[rid] = (a, engine.requests[rid])
+            pending[rid] = (a, engine.requests[rid], time.monotonic() - start)
             sent += 1
+        began = time.monotonic()
         outs = engine.step()
         t = time.monotonic() - start
-        for out in outs:
-            if out.request_id not in first and out.token_ids:
-                first[out.request_id] = t
-            if out.finished and out.request_id in pending:
-                a, seq = pending.pop(out.request_id)
-                wait = (seq.first_scheduled_time or seq.arrival_time) - seq.arrival_time
-                records.append(Record(a, seq.arrival_tier, wait, first.get(out.request_id, t) - a.at, len(out.token_ids)))
+        if engine.ran:
+            out.step_seconds.append(time.monotonic() - began)
+            out.tokens_per_step.append(len(outs))
+        for o in outs:
+            if o.request_id not in first and o.token_ids:
+                first[o.request_id] = t
+            if o.finished and o.request_id in pending:
+                a, seq, added = pending.pop(o.request_id)
+                admitted = seq.first_scheduled_time or seq.arrival_time
+                first_token = first.get(o.request_id, t)
+                out.records.append(Record(
+                    a, seq.arrival_tier, admitted - seq.arrival_time, first_token - a.at, len(o.token_ids),
+                    lag=added - a.at, first_steps=first_token - (admitted - start), preemptions=seq.num_preemptions,
+                ))  # fmt: skip
+                awaited -= until is not None and until(a)
                 bar.update()
         if not outs and not engine.has_unfinished() and sent < len(order):
             time.sleep(max(0.0, min(0.01, order[sent].at - (time.monotonic() - start))))
+    out.wall = time.monotonic() - start
+    for rid in list(pending):
+        engine.abort(rid)
+        out.aborted += 1
     bar.close()
-    return records, time.monotonic() - start
+    return out
 
 
 def poisson_arrivals(weights: dict[str | None, float], count: int, rate: float, *, seed: int = 11) -> list[Arrival]:

@@ -8,6 +8,11 @@ the decodes. When a running sequence needs a block and none is free, the most re
 sequence is preempted: its blocks are freed and it goes back to the front of the queue keeping
 its generated tokens, to be recomputed later (often mostly from the prefix cache).
 
+With fairness on, tenants share the batch: admission is least attained service first, a tenant
+below its share of ``max_num_seqs`` gets a slot by preempting the tenant furthest over its share,
+and the step that admits it runs without the work of the tenants bursting (over their share with
+requests queued), so its first token waits for no more than the step in flight and its own.
+
 Torch-free: the scheduler only moves sequences and counts blocks.
 """
 
@@ -76,6 +81,7 @@ class Scheduler:
         self.blocks.free(seq)
         seq.num_computed_tokens = 0
         seq.status = Status.WAITING
+        seq.num_preemptions += 1
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
@@ -92,10 +98,17 @@ class Scheduler:
         batch = ScheduledBatch()
         self._fair_share_preemption(batch)
         over = self._over_share()
+        # A step that admits a tenant below its share carries none of the bursting tenants' work:
+        # that request's first token waits for this step, so the step should be as short as if
+        # the tenant were alone. The burster's sequences skip one step; they keep their blocks.
+        deferred = self._bursting(over) if self._first_in_line(over) is not None else set()
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if seq.tenant in deferred:
+                i += 1
+                continue
             n = self._chunk(seq, budget, over)
             while not self.blocks.append_slots(seq, n):
                 victim = self.running.pop()
@@ -117,6 +130,8 @@ class Scheduler:
             if candidate is None:
                 break
             seq = candidate
+            if seq.tenant in deferred:
+                break  # this step is the tenants' below their share
             if not self.ready(seq):
                 skipped.add(id(seq))  # its adapter is on its way; later requests may go ahead
                 continue
@@ -133,17 +148,44 @@ class Scheduler:
             budget -= n
         return batch
 
-    def _over_share(self) -> set[str | None]:
-        """With fairness on, the tenants running more than their share (max_num_seqs over the
-        tenants with work) while another tenant runs or waits below it."""
-        if not self.fair:
-            return set()
+    def _shares(self) -> tuple[Counter[str | None], set[str | None], float]:
+        """Running sequences per tenant, the tenants with work (running or waiting) and each
+        one's fair share of the batch (``max_num_seqs`` over their number)."""
         running = Counter(s.tenant for s in self.running)
         tenants = set(running) | {s.tenant for s in self.waiting}
-        share = self.max_num_seqs / max(1, len(tenants))
+        return running, tenants, self.max_num_seqs / max(1, len(tenants))
+
+    def _over_share(self) -> set[str | None]:
+        """With fairness on, the tenants running more than their share while another tenant runs
+        or waits below it."""
+        if not self.fair:
+            return set()
+        running, tenants, share = self._shares()
         if not any(running[t] < share for t in tenants):
             return set()
         return {t for t in tenants if running[t] > share}
+
+    def _bursting(self, over: set[str | None]) -> set[str | None]:
+        """The tenants over their share that also have requests waiting: they ask for more than
+        the batch gives them. A popular tenant over its share with nothing queued is left alone,
+        or every neighbour's arrival would cost the hot customer a step."""
+        return over & {s.tenant for s in self.waiting}
+
+    def _first_in_line(self, over: set[str | None]) -> Sequence | None:
+        """The waiting sequence admission takes first, when its tenant is below its share while
+        ``over`` is not empty, it can run now and its blocks are free even before anything else
+        is freed (so deferring the others can never stall the step)."""
+        if not over or len(self.running) >= self.max_num_seqs:
+            return None
+        seq = self._next_waiting(set())
+        if seq is None or seq.tenant in over:
+            return None
+        running, _, share = self._shares()
+        if running[seq.tenant] + 1 > share or not self.ready(seq):
+            return None
+        if self.blocks.blocks_needed(len(seq)) + len(self.running) > self.blocks.num_free:
+            return None  # room for it and one more block for each running sequence
+        return seq
 
     def _chunk(self, seq: Sequence, budget: int, over: set[str | None]) -> int:
         """The tokens ``seq`` computes this step. A tenant over its share prefills in chunks of at
@@ -177,9 +219,7 @@ class Scheduler:
         requests to finish. At most one per step, to bound the churn."""
         if not self.fair or len(self.running) < self.max_num_seqs or not self.waiting:
             return
-        running = Counter(s.tenant for s in self.running)
-        tenants = set(running) | {s.tenant for s in self.waiting}
-        share = self.max_num_seqs / len(tenants)
+        running, _, share = self._shares()
         # Only for a waiter that could run now: preempting the heavy tenant for a request whose
         # adapter has no slot yet would cost the heavy tenant and give nobody anything.
         if not any(running[s.tenant] + 1 <= share and self.ready(s) for s in self.waiting):

@@ -60,6 +60,7 @@ class Sequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
+    num_preemptions: int = 0  # times it was sent back to the queue to be recomputed
     block_table: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     output_text: str = ""

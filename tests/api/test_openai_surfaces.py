@@ -226,6 +226,6 @@ def test_a_client_that_leaves_before_its_stream_starts_releases_every_choice(ser
     with pytest.raises(httpx.TimeoutException):
         httpx.post(f"{url}/v1/completions", json=body, timeout=httpx.Timeout(5.0, read=0.02))
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and (state.pending or engine.has_unfinished()):
+    while time.monotonic() < deadline and (state.pending.total or engine.has_unfinished()):
         time.sleep(0.1)
-    assert state.pending == 0 and not engine.has_unfinished()
+    assert state.pending.total == 0 and not state.pending.by_tenant and not engine.has_unfinished()

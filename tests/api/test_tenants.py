@@ -3,6 +3,7 @@ and load shedding under overload."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -145,6 +146,38 @@ def test_overload_is_shed_with_503_and_accepted_requests_complete(server, monkey
     for t in threads:
         t.join()
     assert set(results) <= {200, 503} and 503 in results and 200 in results
+
+
+def test_a_tenants_burst_is_shed_without_shedding_its_neighbour(server, monkeypatch) -> None:
+    """``max_pending_requests`` is 3 here. One tenant's streams fill it: that tenant's next request
+    is shed with 503 and ``Retry-After``, while another tenant, below its share, is still served."""
+    url, _ = server
+    engine = APPS[url].state.server.engine.engine  # type: ignore[attr-defined]
+    real_step = engine.step
+
+    def slow_step():  # type: ignore[no-untyped-def]
+        time.sleep(0.01)
+        return real_step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
+    acme = {"authorization": "Bearer key-acme"}
+    burst = {"model": "acme-bot", "prompt": "the quick brown fox", "max_tokens": 200, "stream": True, "ignore_eos": True}
+    with contextlib.ExitStack() as streams:
+        for _ in range(3):
+            response = streams.enter_context(httpx.stream("POST", f"{url}/v1/completions", json=burst, headers=acme, timeout=60))
+            assert response.status_code == 200, response.read()
+            lines = response.iter_lines()
+            next(lines)
+            streams.callback(lambda kept=lines: kept)  # a collected iterator would close its stream
+        shed = httpx.post(f"{url}/v1/completions", json={**burst, "stream": False, "max_tokens": 2}, headers=acme)
+        assert shed.status_code == 503 and shed.headers["retry-after"] == "1"
+        assert shed.json()["error"]["code"] == "overloaded"
+        neighbour = httpx.post(
+            f"{url}/v1/completions", json={"model": "globex-bot", "prompt": "hi", "max_tokens": 2},
+            headers={"authorization": "Bearer key-globex"}, timeout=60,
+        )  # fmt: skip
+        assert neighbour.status_code == 200, neighbour.text
+        assert neighbour.json()["choices"][0]["text"] is not None
 
 
 def test_an_adapters_own_quota_holds_without_touching_its_tenants_other_adapters(server, tiny_adapters) -> None:

@@ -153,3 +153,55 @@ def test_a_tenant_over_its_share_prefills_in_short_chunks_while_another_is_below
         assert sorted(batch[s] for s in bursts) == a_chunks, (fair, tenants)
         if "b" in tenants:
             assert batch[steady] == 40
+
+
+def test_the_step_that_admits_a_tenant_below_its_share_carries_no_bursting_work() -> None:
+    """The steady tenant's first token waits for the step that admits it: while the burster has a
+    backlog, that step runs the steady tenant's prompt alone; the burster's decodes skip it
+    (keeping their blocks) and resume in the next. A tenant over its share with nothing queued is
+    popular, not bursting, and keeps its step."""
+
+    def tenant_seq(tenant: str, start: int) -> Sequence:
+        s = seq(8, start=start)
+        s.tenant = tenant
+        return s
+
+    for backlog in (True, False):
+        sched = Scheduler(BlockManager(256, 4), max_num_seqs=8, max_num_batched_tokens=500, fair=True)
+        bursts = [tenant_seq("a", 1000 * (i + 1)) for i in range(10 if backlog else 7)]
+        for s in bursts:
+            sched.add(s)
+        advance(sched.schedule())  # tenant a alone: up to eight admitted and prefilled
+        running = [s for s in bursts if s.status is Status.RUNNING]
+        steady = tenant_seq("b", 9000)
+        sched.add(steady)
+        first = sched.schedule()
+        running = [s for s in running if s.status is Status.RUNNING]  # one made room for b (fair-share preemption)
+        assert len(running) == 7 and all(s.block_table for s in running)
+        if backlog:
+            assert [s for s, _ in first.items] == [steady] and first.items[0][1] == 8
+            advance(first)
+            second = sched.schedule()
+            assert sorted(id(s) for s, _ in second.items) == sorted(id(s) for s in [*running, steady])
+        else:
+            assert sorted(id(s) for s, _ in first.items) == sorted(id(s) for s in [*running, steady])
+
+
+def test_no_step_is_deferred_for_a_request_whose_blocks_are_not_free() -> None:
+    """If the waiting tenant's prompt cannot get its blocks yet, deferring the others would run
+    nothing at all: the step goes on as usual."""
+    sched = Scheduler(BlockManager(11, 4), max_num_seqs=4, max_num_batched_tokens=500, fair=True)
+    bursts = []
+    for i in range(5):  # four run, one waits: a backlog
+        s = seq(8, start=1000 * (i + 1))
+        s.tenant = "a"
+        bursts.append(s)
+        sched.add(s)
+    advance(sched.schedule())  # 8 of the 11 blocks taken
+    steady = seq(24, start=9000)  # needs 6 blocks: 5 are free once one of a's makes room for it
+    steady.tenant = "b"
+    sched.add(steady)
+    batch = sched.schedule()
+    running = [s for s in bursts if s.status is Status.RUNNING]
+    assert len(running) == 3 and sorted(id(s) for s, _ in batch.items) == sorted(id(s) for s in running)
+    assert steady.status is Status.WAITING
