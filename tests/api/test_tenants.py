@@ -59,6 +59,18 @@ def _client(url: str, key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
 
 
+def slow_engine(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each engine step 10 ms longer, so requests overlap on the tiny model."""
+    engine = APPS[url].state.server.engine.engine  # type: ignore[attr-defined]
+    real_step = engine.step
+
+    def slow_step():  # type: ignore[no-untyped-def]
+        time.sleep(0.01)
+        return real_step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
+
+
 def test_keys_are_required_and_checked(server) -> None:
     url, _ = server
     with pytest.raises(openai.AuthenticationError):
@@ -84,14 +96,7 @@ def test_each_tenant_lists_and_calls_only_its_own(server, tiny_llama: Path) -> N
 
 def test_concurrency_quota_answers_429_with_retry_after(server, monkeypatch) -> None:
     url, _ = server
-    engine = APPS[url].state.server.engine.engine  # type: ignore[attr-defined]
-    real_step = engine.step
-
-    def slow_step():  # type: ignore[no-untyped-def]
-        time.sleep(0.01)  # the tiny model would finish 200 tokens before the second request lands
-        return real_step()
-
-    monkeypatch.setattr(engine, "step", slow_step)
+    slow_engine(url, monkeypatch)  # the tiny model would finish 200 tokens before the second request lands
     body = {"model": "globex-bot", "prompt": "the quick brown fox", "max_tokens": 200, "stream": True, "ignore_eos": True}
     headers = {"authorization": "Bearer key-globex"}
     with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as first:
@@ -125,14 +130,7 @@ def test_tokens_per_minute_quota(server) -> None:
 
 def test_overload_is_shed_with_503_and_accepted_requests_complete(server, monkeypatch) -> None:
     url, _ = server
-    engine = APPS[url].state.server.engine.engine  # type: ignore[attr-defined]
-    real_step = engine.step
-
-    def slow_step():  # type: ignore[no-untyped-def]
-        time.sleep(0.01)
-        return real_step()
-
-    monkeypatch.setattr(engine, "step", slow_step)
+    slow_engine(url, monkeypatch)
     headers = {"authorization": "Bearer key-acme"}
     body = {"model": "acme-bot", "prompt": "the quick brown fox", "max_tokens": 120, "ignore_eos": True}
     results: list[int] = []
@@ -152,14 +150,7 @@ def test_a_tenants_burst_is_shed_without_shedding_its_neighbour(server, monkeypa
     """``max_pending_requests`` is 3 here. One tenant's streams fill it: that tenant's next request
     is shed with 503 and ``Retry-After``, while another tenant, below its share, is still served."""
     url, _ = server
-    engine = APPS[url].state.server.engine.engine  # type: ignore[attr-defined]
-    real_step = engine.step
-
-    def slow_step():  # type: ignore[no-untyped-def]
-        time.sleep(0.01)
-        return real_step()
-
-    monkeypatch.setattr(engine, "step", slow_step)
+    slow_engine(url, monkeypatch)
     acme = {"authorization": "Bearer key-acme"}
     burst = {"model": "acme-bot", "prompt": "the quick brown fox", "max_tokens": 200, "stream": True, "ignore_eos": True}
     with contextlib.ExitStack() as streams:
