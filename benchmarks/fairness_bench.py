@@ -20,29 +20,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 
-from loraplane.serving.bench.engine_replay import Arrival, Replayed, replay
+from loraplane.serving.bench.engine_replay import Arrival, Replayed, capacity, machine, replay
 from loraplane.serving.bench.report import percentile
 from loraplane.serving.config import EngineConfig
-from loraplane.serving.engine.llm_engine import LLMEngine, resolve_dtype
+from loraplane.serving.engine.llm_engine import LLMEngine
 
 PROMPT_LEN, OUTPUT_LEN = 32, 16
-
-
-def cpu_name() -> str:
-    """The CPU model as /proc/cpuinfo names it (``platform.processor()`` is empty on Linux)."""
-    info = Path("/proc/cpuinfo")
-    if info.exists():
-        for line in info.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def engine(max_num_seqs: int, fair: bool) -> LLMEngine:
@@ -52,14 +40,12 @@ def engine(max_num_seqs: int, fair: bool) -> LLMEngine:
     return eng
 
 
-def capacity(max_num_seqs: int) -> float:
-    """Requests per second the engine sustains here: ``4 x max_num_seqs`` requests arriving at
-    once; generated tokens per second over the output length."""
+def measure_capacity(max_num_seqs: int) -> tuple[float, str]:
+    """Requests per second here (``4 x max_num_seqs`` requests at once), and the machine line."""
     eng = engine(max_num_seqs, fair=True)
     try:
-        run = replay(eng, [Arrival(0.0, None, "probe")] * (4 * max_num_seqs), prompt_len=PROMPT_LEN, out_len=OUTPUT_LEN,
-                     label="capacity")  # fmt: skip
-        return sum(r.tokens for r in run.records) / run.wall / OUTPUT_LEN
+        burst = [Arrival(0.0, None, "probe")] * (4 * max_num_seqs)
+        return capacity(eng, burst, prompt_len=PROMPT_LEN, out_len=OUTPUT_LEN), machine(eng.dtype)
     finally:
         eng.adapters.close()
 
@@ -92,7 +78,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="runs per contender, alternated; medians are quoted")
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    cap = capacity(args.max_num_seqs)
+    cap, machine_line = measure_capacity(args.max_num_seqs)
     b_rate = args.b_share * cap
     a_rate = args.burst * b_rate
     seconds = args.b_requests / b_rate
@@ -108,11 +94,7 @@ def main() -> None:
             rates, fair = contenders[label]
             runs[label].append(serve(rates, seconds, args.max_num_seqs, fair, f"{label[:18]} #{r + 1}"))
 
-    dtype = str(resolve_dtype(EngineConfig().dtype)).removeprefix("torch.")
-    print(
-        f"{cpu_name()}, {os.cpu_count()} CPUs, torch {torch.__version__} ({torch.get_num_threads()} threads), {dtype}; "
-        f"embedded base, max_num_seqs {args.max_num_seqs}, {PROMPT_LEN} prompt + {OUTPUT_LEN} output tokens"
-    )
+    print(f"{machine_line}; embedded base, max_num_seqs {args.max_num_seqs}, {PROMPT_LEN} prompt + {OUTPUT_LEN} output tokens")
     print(
         f"capacity {cap:.2f} req/s; B {b_rate:.2f} req/s ({args.b_share:g} x capacity), A {a_rate:.2f} req/s "
         f"({args.burst:g} x B); {args.b_requests} of B's requests per run over {seconds:.0f} s; {args.rounds} round(s)"

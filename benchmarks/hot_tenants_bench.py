@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import tempfile
 from collections import defaultdict
@@ -34,10 +33,10 @@ import torch
 from tqdm import tqdm
 
 from loraplane.adapter_format import LLAMA_TARGETS
-from loraplane.serving.bench.engine_replay import Arrival, Record, poisson_arrivals, replay
+from loraplane.serving.bench.engine_replay import Arrival, Record, machine, poisson_arrivals, replay
 from loraplane.serving.bench.report import percentile
 from loraplane.serving.config import EngineConfig
-from loraplane.serving.engine.llm_engine import LLMEngine
+from loraplane.serving.engine.llm_engine import LLMEngine, resolve_dtype
 from loraplane.serving.lora.manager import AdapterSpec
 from loraplane.serving.lora.synthetic import PEFT_DEFAULT, write_adapter
 from loraplane.serving.weights.base import resolve_base
@@ -147,8 +146,8 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     base = resolve_base("embedded", EngineConfig().cache_dir)
     print(
-        f"embedded base ({base.shape.name}), {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-        f"torch {torch.__version__}; {args.prompt_len} prompt + {args.output_len} output tokens per request, "
+        f"embedded base ({base.shape.name}), {machine(resolve_dtype(EngineConfig().dtype))}; "
+        f"{args.prompt_len} prompt + {args.output_len} output tokens per request, "
         f"max_num_seqs {args.max_num_seqs}, {args.rounds} round(s)"
     )
     results: dict[str, tuple[float, float, float]] = {}

@@ -8,11 +8,14 @@ it. Open loop, as a load generator should be: a slow engine does not slow the ar
 
 from __future__ import annotations
 
+import os
+import platform
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
 from tqdm import tqdm
 
 from loraplane.serving.engine.llm_engine import LLMEngine
@@ -102,7 +105,8 @@ def replay(
                     a, seq.arrival_tier, admitted - seq.arrival_time, first_token - a.at, len(o.token_ids),
                     lag=added - a.at, first_steps=first_token - (admitted - start), preemptions=seq.num_preemptions,
                 ))  # fmt: skip
-                awaited -= until is not None and until(a)
+                if until is not None and until(a):
+                    awaited -= 1
                 bar.update()
         if not outs and not engine.has_unfinished() and sent < len(order):
             time.sleep(max(0.0, min(0.01, order[sent].at - (time.monotonic() - start))))
@@ -125,3 +129,23 @@ def poisson_arrivals(weights: dict[str | None, float], count: int, rate: float, 
         name = rng.choices(names, w)[0]
         out.append(Arrival(at, name, name or "base"))
     return out
+
+
+def capacity(engine: LLMEngine, burst: list[Arrival], *, prompt_len: int, out_len: int) -> float:
+    """Requests per second ``engine`` sustains on this machine: ``burst`` (all arriving at once,
+    several batches' worth) replayed closed; generated tokens per second over the output length.
+    The benches offer load relative to it, so a slower machine is not simply overloaded."""
+    run = replay(engine, burst, prompt_len=prompt_len, out_len=out_len, label="capacity")
+    return sum(r.tokens for r in run.records) / run.wall / out_len
+
+
+def machine(dtype: torch.dtype) -> str:
+    """The CPU (as /proc/cpuinfo names it; ``platform.processor()`` is empty on Linux), cores,
+    torch and its threads, and the engine's dtype: printed beside every figure."""
+    cpu = platform.processor() or platform.machine()
+    info = "/proc/cpuinfo"
+    if os.path.exists(info):
+        with open(info) as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    name = str(dtype).removeprefix("torch.")
+    return f"{cpu}, {os.cpu_count()} CPUs, torch {torch.__version__} ({torch.get_num_threads()} threads), {name}"
