@@ -14,6 +14,7 @@ import hashlib
 from typing import Any
 
 import yaml
+from kubernetes.utils import parse_quantity
 
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.cluster import BASE_LABEL, COMPONENT_LABEL, SERVING_PORT
@@ -50,6 +51,7 @@ def engine_config(spec: BaseModelSpec) -> dict[str, Any]:
         "max_cpu_loras": e.max_cpu_loras,
         "lora_memory": e.lora_memory,
         "eviction_policy": e.eviction_policy,
+        "disk_cache_max_bytes": int(parse_quantity(e.disk_cache_size)) if e.disk_cache_size else None,  # type: ignore[no-untyped-call]
         "s3_endpoint": spec.adapter_store.endpoint,
         "s3_region": spec.adapter_store.region,
         "cache_dir": "/var/cache/loraplane",

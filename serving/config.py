@@ -38,6 +38,11 @@ class EngineConfig(BaseModel):
     max_adapter_bytes: int = Field(default=2 * 2**30, gt=0, description="largest adapter weights file accepted")
     max_cpu_loras: int | None = Field(default=None, ge=1, description="adapters kept in host memory; default 4 x max_loras")
     max_loads_in_flight: int = Field(default=2, ge=1, description="adapter loads running at once, off the request path")
+    disk_cache_max_bytes: int | None = Field(
+        default=20 * 2**30,
+        gt=0,
+        description="bytes of adapter files kept under cache_dir/adapters, the least wanted evicted first; None: unbounded",
+    )
     eviction_policy: OnlinePolicyName = "demand"
     lora_memory: Literal["static", "unified"] = Field(
         default="static",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 OTHER = "__other__"
@@ -156,7 +156,7 @@ class AdapterStateCollector(Collector):
     def __init__(self, engine: Any) -> None:
         self.engine = engine
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         metrics: EngineMetrics = self.engine.metrics
         resident = GaugeMetricFamily(
             "loraplane_adapter_tier", "Adapters by the tier they are in now (1 per adapter)", labels=["adapter", "tenant", "tier"]
@@ -175,3 +175,11 @@ class AdapterStateCollector(Collector):
             pinned.add_metric(list(pin_key), n)
         yield resident
         yield pinned
+        disk = self.engine.adapters.disk
+        yield GaugeMetricFamily("loraplane_disk_cache_bytes", "Bytes of adapter files in the disk cache", value=disk.used_bytes)
+        yield GaugeMetricFamily("loraplane_disk_cache_entries", "Adapter folders in the disk cache", value=len(disk))
+        if disk.max_bytes is not None:
+            yield GaugeMetricFamily("loraplane_disk_cache_limit_bytes", "The disk cache's bound", value=disk.max_bytes)
+        yield CounterMetricFamily(
+            "loraplane_disk_cache_evictions", "Adapter folders the disk cache deleted to stay in its bound", value=disk.evictions
+        )

@@ -10,6 +10,7 @@ from loraplane.eviction import OnlinePolicyName
 from loraplane.operator.api.common import Condition, KubeModel, ObjectMeta, Quotas, SecretRef
 
 CPU_LORAS_RULE = "!has(self.maxCpuLoras) || self.maxCpuLoras >= self.maxLoras"
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"  # bytes, as Kubernetes writes them
 
 
 class ModelSource(KubeModel):
@@ -37,6 +38,12 @@ class EngineSizing(KubeModel):
         default="static", description="static slots, or adapters paged with the KV cache"
     )
     eviction_policy: OnlinePolicyName = "demand"
+    disk_cache_size: str | None = Field(
+        default="20Gi",
+        pattern=QUANTITY,
+        description="adapter files each replica keeps on its cache volume, the least wanted evicted beyond it "
+        "(a Kubernetes quantity); null: unbounded",
+    )
 
     @model_validator(mode="after")
     def _cpu_holds_device(self) -> EngineSizing:

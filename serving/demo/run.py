@@ -1,16 +1,18 @@
-"""The demo end to end: base, adapters, the real server on loopback, a mixed workload, the report."""
+"""The demo end to end: base, adapters, the real server on loopback, the showcase questions, then a
+mixed workload sized to what the showcase measured, the report."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
 from loraplane.serving.bench.deployment import spawn_server
-from loraplane.serving.bench.driver import Outcome
-from loraplane.serving.bench.report import AdapterTiers, BenchReport, Latency, format_report
-from loraplane.serving.bench.run import run_bench
+from loraplane.serving.bench.driver import Outcome, replay
+from loraplane.serving.bench.report import AdapterTiers, BenchReport, Latency, format_report, summarize
 from loraplane.serving.bench.workload import BenchRequest, zipf_requests
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.demo.plot import plot_demo
@@ -24,21 +26,38 @@ QUESTIONS = (
     "Describe a thunderstorm.", "What is special about jazz?", "Tell me about the desert at night.",
     "How do plants grow?", "What is fun about board games?", "Describe an old castle.",
 )  # fmt: skip
+MIXED_TOKENS = 32  # each mixed request's max_tokens
+DEFAULT_LOAD = 0.5  # the mixed traffic's share of the capacity the showcase measured
 
 
-def workload(base_name: str, rate: float, num_requests: int) -> list[BenchRequest]:
-    """First every showcase question under the base and each adapter (the answers the report
-    prints), then Zipf traffic over the adapters and the base, hottest first."""
+def showcase_requests(base_name: str) -> list[BenchRequest]:
+    """Every showcase question under the base and each adapter, all at once: the answers the
+    report prints. Each tenant asks the base one question, so no tenant carries the base's share."""
     tenants = [s.tenant for s in STYLES]
-    showcase = [
-        BenchRequest(at=0.0, model=model, tenant=tenant, prompt=q, max_tokens=48, chat=True)
-        for q in SHOWCASE
-        for model, tenant in [(base_name, tenants[0]), *((s.name, s.tenant) for s in STYLES)]
+    return [
+        req
+        for i, q in enumerate(SHOWCASE)
+        for req in (
+            BenchRequest(at=0.0, model=base_name, tenant=tenants[i % len(tenants)], prompt=q, max_tokens=48, chat=True),
+            *(BenchRequest(at=0.0, model=s.name, tenant=s.tenant, prompt=q, max_tokens=48, chat=True) for s in STYLES),
+        )
     ]
+
+
+def mixed_requests(base_name: str, rate: float, num_requests: int) -> list[BenchRequest]:
+    """Zipf traffic over the adapters and the base, hottest first, Poisson at ``rate`` per second."""
     models = [s.name for s in STYLES] + [base_name]
-    owners: list[str | None] = [*tenants, tenants[1]]
-    mixed = zipf_requests(models, owners, num_requests, rate=rate, max_tokens=32, prompts=QUESTIONS, chat=True)
-    return showcase + [BenchRequest(r.at + 2.0, r.model, r.tenant, r.prompt, r.max_tokens, r.chat) for r in mixed]
+    owners: list[str | None] = [*(s.tenant for s in STYLES), STYLES[1].tenant]
+    return zipf_requests(models, owners, num_requests, rate=rate, max_tokens=MIXED_TOKENS, prompts=QUESTIONS, chat=True)
+
+
+def offered_rate(showcase: list[Outcome], wall_seconds: float, load: float = DEFAULT_LOAD) -> float:
+    """Requests per second for the mixed traffic: ``load`` times what this machine served during the
+    showcase (its generated tokens per second over the mixed requests' length). The demo shows
+    placement, not overload: past capacity every request queues, and fair admission then serves
+    the heaviest tenant (the hot customer's owner) last, whatever the adapters' placement."""
+    tokens = sum(o.completion_tokens for o in showcase)
+    return max(load * tokens / wall_seconds / MIXED_TOKENS, 0.05)
 
 
 def adapter_table(report: BenchReport, outcomes: list[Outcome], models: list[str]) -> str:
@@ -56,10 +75,9 @@ def adapter_table(report: BenchReport, outcomes: list[Outcome], models: list[str
     return "\n".join(rows)
 
 
-def hot_versus_base(outcomes: list[Outcome], hot: str, base_name: str) -> str:
-    """The line the demo exists to show: the hot customer's tail latency beside the bare base's
-    (the issue's goal is within 1.5x: the hot adapter never pays for cold starts)."""
-    mixed = [o for o in outcomes if o.request.at > 0.0]  # the Zipf traffic, not the showcase burst
+def hot_versus_base(mixed: list[Outcome], hot: str, base_name: str) -> str:
+    """The line the demo exists to show: under the mixed traffic, the hot customer's tail latency
+    beside the bare base's (within 1.5x when the hot adapter never pays for cold starts)."""
     h, b = (
         Latency.of([o for o in mixed if o.request.model == hot]),
         Latency.of([o for o in mixed if o.request.model == base_name]),
@@ -69,8 +87,14 @@ def hot_versus_base(outcomes: list[Outcome], hot: str, base_name: str) -> str:
 
 
 def run_demo(
-    out_dir: Path, *, model: str = "embedded", num_requests: int = 48, rate: float = 2.0, adapters_dir: Path | None = None
+    out_dir: Path,
+    *,
+    model: str = "embedded",
+    num_requests: int = 48,
+    rate: float | None = None,
+    adapters_dir: Path | None = None,
 ) -> tuple[BenchReport, list[Outcome]]:
+    """``rate`` None offers the mixed traffic at half the capacity the showcase measured."""
     config = EngineConfig(model=model, max_loras=2, max_lora_rank=16, max_num_seqs=16)
     click.echo("preparing the base model (the first run converts and caches it)...")
     base_name = resolve_base(model, config.cache_dir).shape.name
@@ -79,14 +103,25 @@ def run_demo(
     adapters = {s.name: (folders[s.name], s.tenant) for s in STYLES}
     click.echo("starting the server on loopback: 3 adapters, 2 device slots, one tenant per adapter...")
     with spawn_server(config, adapters, [s.tenant for s in STYLES]) as deployment:
-        requests = workload(base_name, rate, num_requests)
-        report, outcomes = run_bench(deployment, requests)
+        before = deployment.admin_get("/admin/stats")
+        shown, shown_wall = asyncio.run(replay(deployment.url, showcase_requests(base_name), deployment.keys))
+        offered = rate if rate is not None else offered_rate(shown, shown_wall)
+        click.echo(
+            f"showcase: {len(shown)} requests at once in {shown_wall:.1f} s; mixed traffic: {num_requests} requests "
+            f"at {offered:.2f}/s" + ("" if rate is not None else f" ({DEFAULT_LOAD:.0%} of what the showcase served)")
+        )
+        mixed, mixed_wall = asyncio.run(replay(deployment.url, mixed_requests(base_name, offered, num_requests), deployment.keys))
+        after = deployment.admin_get("/admin/stats")
+    for o in mixed:  # arrivals on one clock: the mixed phase starts when the showcase has finished
+        o.request = replace(o.request, at=o.request.at + shown_wall)
+    outcomes = shown + mixed
+    report = summarize(outcomes, shown_wall + mixed_wall, before, after)
     models = [s.name for s in STYLES] + [base_name]
     click.echo("\nThe same question under the base and each adapter:")
     for q in SHOWCASE[:2]:
         click.echo(f"\nQ: {q}")
-        for o in outcomes:
-            if o.request.prompt == q and o.request.at == 0.0:
+        for o in shown:
+            if o.request.prompt == q:
                 name = "base" if o.request.model == base_name else o.request.model
                 answer = o.text.strip() if o.ok else f"(error {o.status}: {o.error})"
                 lines = answer.splitlines() or [""]
@@ -95,7 +130,7 @@ def run_demo(
                     click.echo(" " * (len(name) + 5) + line)
     click.echo(f"\nPer adapter ({report.wall_seconds:.1f} s, {len(outcomes)} requests):")
     click.echo(adapter_table(report, outcomes, models))
-    click.echo(hot_versus_base(outcomes, STYLES[0].name, base_name))
+    click.echo(hot_versus_base(mixed, STYLES[0].name, base_name))
     click.echo("\nOverall:")
     click.echo(format_report(report))
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -163,6 +163,7 @@ class LLMEngine:
             ValidationLimits(max_lora_rank=config.max_lora_rank, max_bytes=config.max_adapter_bytes),
             cache_dir=config.cache_dir,
             max_cpu_loras=config.host_slots,
+            disk_cache_max_bytes=config.disk_cache_max_bytes,
             max_loads_in_flight=config.max_loads_in_flight,
             policy=config.eviction_policy,
             s3=S3Settings(
@@ -474,12 +475,19 @@ class LLMEngine:
                 "digest": info.digest,
             }
         tenants = {t: self.metrics.as_json(c) for t, c in self.metrics.tenants.items()}
+        disk = self.adapters.disk
         return {
             "adapters": adapters,
             "tenants": tenants,
             "preemptions": self.scheduler.num_preemptions,
             "waiting": len(self.scheduler.waiting),  # queue depth, which the router reads
             "running": len(self.scheduler.running),
+            "disk_cache": {
+                "bytes": disk.used_bytes,
+                "max_bytes": disk.max_bytes,
+                "entries": len(disk),
+                "evictions": disk.evictions,
+            },
         }
 
     def generate(

@@ -1,69 +1,243 @@
-"""Node-local disk cache of adapter folders, content-addressed.
+"""Node-local disk cache of adapter folders, content-addressed, bounded in bytes.
 
 Each fetched folder is stored under the sha256 of its contents (the config, the weights and the
 golden outputs together: two adapters with the same weights but different ``lora_alpha`` or
 target modules are different adapters). A small alias per source URI records which content that
 source last gave and the weights' digest, so a restart with the same registration (source and
-declared weights digest) is a local read. A fetch lands in a private temporary folder and is
-renamed into place, so replicas on one node can share the directory and a crash mid-download
-leaves nothing half-written under a content name.
+declared weights digest) is a local read.
+
+What a cache shared by replicas and outliving crashes needs:
+
+- **Atomic, durable writes.** A fetch lands in a private temporary folder (a unique name, so two
+  writers on one node never share one); its files and the folder are fsynced before the rename
+  into place, and the parent after it, so a crash leaves either the whole entry or none of it.
+- **Verification on read.** A folder is checked against its content address before it is used;
+  one that no longer matches (bit rot, a truncated copy, a hand edit) is deleted and the caller
+  fetches it again, rather than failing with a digest mismatch on every load from then on.
+- **A size bound.** Entries are counted in bytes in a :class:`~loraplane.eviction.tier.Tier`
+  under the engine's eviction policy, and after every write or read the least wanted ones go until
+  the cache fits. An entry being read by a load, or the content of a pinned adapter, is never
+  evicted: while they alone exceed the bound, the cache stays over it (a newly fetched adapter is
+  always kept long enough to be loaded) and shrinks as soon as they are released.
+
+The bound is kept by each process for the entries it knows (those on disk when it started and
+those it wrote). Replicas sharing a directory each enforce it; one may delete a folder another is
+about to read, which that load sees as a missing file: a transient failure, retried from the
+source with backoff.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
+import threading
+import time
+from collections import Counter
 from pathlib import Path
 
 from loraplane.adapter_format import file_digest, parse_digest
 from loraplane.adapter_format.golden import GOLDEN_FILE
 from loraplane.adapter_format.validation import CONFIG_FILE, WEIGHTS_FILE
+from loraplane.eviction import Tier, make_policy
 
 CONTENT_FILES = (CONFIG_FILE, WEIGHTS_FILE, GOLDEN_FILE)
+_CONTENT_NAME = re.compile(r"^[0-9a-f]{64}$")
+STALE_STAGING_SECONDS = 3600.0  # a temporary fetch folder this old is a crash's leftover
 
 
 def _alias_name(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:40] + ".json"
 
 
+def _file_digests(folder: Path) -> dict[str, str]:
+    """Each content file's digest (``-`` for a missing one)."""
+    return {name: file_digest(folder / name) if (folder / name).is_file() else "-" for name in CONTENT_FILES}
+
+
+def content_address(folder: Path, digests: dict[str, str] | None = None) -> str:
+    """The sha256 over the digests of the content files."""
+    digests = digests or _file_digests(folder)
+    return hashlib.sha256("\n".join(f"{name}={digests[name]}" for name in CONTENT_FILES).encode()).hexdigest()
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class DiskCache:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, max_bytes: int | None = None, policy: str = "demand") -> None:
+        """``max_bytes`` None leaves the cache unbounded."""
         self.root = root / "adapters"
         self.aliases = self.root / "by-source"
         self.aliases.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self.evictions = 0
+        self._lock = threading.Lock()  # loads run on a pool of worker threads
+        self._reading: Counter[str] = Counter()  # content -> loads reading it now
+        self._pinned: set[str] = set()  # sources whose content stays
+        self._content_of: dict[str, str] = {}  # source -> content, as far as this process has seen
+        # The tier orders and counts; the bound is kept by _enforce, which may leave the cache over
+        # it while protected entries alone fill it (an insert into a full Tier would raise instead).
+        self.tier = Tier(2**62, make_policy(policy), name="disk cache", in_use=self._protected)
+        self._scan()
+        self._enforce()
 
-    def get(self, source: str, weights_digest: str) -> Path | None:
-        """The cached folder for this source if it holds weights with this digest."""
+    # what is on disk ------------------------------------------------------------------------
+    def _scan(self) -> None:
+        """Adopt the entries a previous process left, oldest use first (a hit touches the folder's
+        mtime), so the bound applies to them and their eviction order survives a restart. Crash
+        leftovers of temporary folders are removed."""
+        entries: list[tuple[float, str, int]] = []
+        for child in self.root.iterdir():
+            if child.name.startswith(".fetch-"):
+                with contextlib.suppress(OSError):
+                    if time.time() - child.stat().st_mtime > STALE_STAGING_SECONDS:
+                        shutil.rmtree(child, ignore_errors=True)
+            elif _CONTENT_NAME.match(child.name) and child.is_dir():
+                with contextlib.suppress(OSError):
+                    entries.append((child.stat().st_mtime, child.name, _folder_bytes(child)))
+        for _, name, size in sorted(entries):
+            self.tier.insert(name, size)
+
+    @property
+    def used_bytes(self) -> int:
+        return self.tier.used
+
+    def __len__(self) -> int:
+        return len(self.tier)
+
+    # eviction -------------------------------------------------------------------------------
+    def _protected(self, content: object) -> bool:
+        return self._reading[str(content)] > 0 or any(self._content_of.get(s) == content for s in self._pinned)
+
+    def _delete(self, content: object) -> None:
+        """Evict: the folder and the aliases this process knows point at it."""
+        self.evictions += 1
+        shutil.rmtree(self.root / str(content), ignore_errors=True)
+        for source in [s for s, c in self._content_of.items() if c == content]:
+            del self._content_of[source]
+            (self.aliases / _alias_name(source)).unlink(missing_ok=True)
+
+    def _alias(self, source: str) -> dict[str, str]:
         try:
             alias = json.loads((self.aliases / _alias_name(source)).read_text())
         except (OSError, json.JSONDecodeError):
-            return None
-        if alias.get("weights") != parse_digest(weights_digest):
-            return None
-        folder = self.root / str(alias.get("content", ""))
-        return folder if (folder / WEIGHTS_FILE).is_file() else None
+            return {}
+        return alias if isinstance(alias, dict) else {}
 
+    def pin(self, source: str) -> None:
+        """Keep the content this source gave (now and after its next fetch) whatever the bound."""
+        content = self._alias(source).get("content")
+        with self._lock:
+            self._pinned.add(source)
+            if isinstance(content, str) and content in self.tier:
+                self._content_of.setdefault(source, content)
+
+    def unpin(self, source: str) -> None:
+        with self._lock:
+            self._pinned.discard(source)
+
+    # reads ----------------------------------------------------------------------------------
+    def get(self, source: str, weights_digest: str) -> Path | None:
+        """The cached folder for this source if it holds weights with this digest and still matches
+        its content address; the caller then holds it for reading until :meth:`release`. A folder
+        that no longer matches is deleted and None returned, so the caller fetches it again."""
+        alias = self._alias(source)
+        content = str(alias.get("content", ""))
+        if alias.get("weights") != parse_digest(weights_digest) or not _CONTENT_NAME.match(content):
+            return None
+        folder = self.root / content
+        with self._lock:
+            self._reading[content] += 1
+        try:
+            if not (folder / WEIGHTS_FILE).is_file() or content_address(folder) != content:
+                raise FileNotFoundError(folder)
+        except OSError:  # missing, unreadable or no longer what its name says
+            with self._lock:
+                self._reading[content] -= 1
+                self.tier.remove(content)
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        with contextlib.suppress(OSError):  # the recency a restart's scan orders by (not on a read-only mount)
+            os.utime(folder)
+        with self._lock:
+            self._content_of[source] = content
+            if content in self.tier:
+                self.tier.touch(content)
+            else:  # written by another process sharing the directory
+                self.tier.insert(content, _folder_bytes(folder))
+            self._enforce()
+        return folder
+
+    def release(self, folder: Path) -> None:
+        """A load has finished reading ``folder``: it may be evicted again."""
+        with self._lock:
+            self._reading[folder.name] -= 1
+            if self._reading[folder.name] <= 0:
+                del self._reading[folder.name]
+            self._enforce()
+
+    # writes ---------------------------------------------------------------------------------
     def staging(self) -> Path:
         return Path(tempfile.mkdtemp(prefix=".fetch-", dir=self.root))
 
     def commit(self, staged: Path, source: str) -> tuple[str, Path]:
-        """Move a fetched folder into place under its content digest; returns (weights digest, folder)."""
-        weights = file_digest(staged / WEIGHTS_FILE)
-        parts = [f"{name}={file_digest(staged / name) if (staged / name).is_file() else '-'}" for name in CONTENT_FILES]
-        content = hashlib.sha256("\n".join(parts).encode()).hexdigest()
+        """Move a fetched folder into place under its content address, durably; returns (weights
+        digest, folder), which the caller holds for reading until :meth:`release`."""
+        digests = _file_digests(staged)
+        weights, content = digests[WEIGHTS_FILE], content_address(staged, digests)
         target = self.root / content
+        for child in staged.iterdir():
+            if child.is_file():
+                _fsync(child)
+        staged.chmod(0o755)  # mkdtemp's 0700 would hide it from the other replicas sharing the node
+        _fsync(staged)
+        with self._lock:
+            self._reading[content] += 1
         try:
-            os.rename(staged, target)
-        except OSError:  # the same content is already there (another adapter or replica)
-            shutil.rmtree(staged, ignore_errors=True)
-        alias = self.aliases / _alias_name(source)
-        tmp = alias.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"source": source, "weights": weights, "content": content}))
-        os.replace(tmp, alias)
+            try:
+                os.rename(staged, target)
+            except OSError:  # the same content is already there (another adapter or replica)
+                shutil.rmtree(staged, ignore_errors=True)
+            _fsync(self.root)
+            fd, tmp = tempfile.mkstemp(prefix=".alias-", dir=self.aliases)
+            with os.fdopen(fd, "w") as fh:
+                json.dump({"source": source, "weights": weights, "content": content}, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.aliases / _alias_name(source))
+            _fsync(self.aliases)
+        except BaseException:
+            self.release(target)
+            raise
+        with self._lock:
+            self._content_of[source] = content
+            if content not in self.tier:
+                self.tier.insert(content, _folder_bytes(target))
+            self._enforce()
         return weights, target
+
+    def _enforce(self) -> None:
+        """Evict unprotected entries, least wanted first, until the cache fits its bound."""
+        while self.max_bytes is not None and self.tier.used > self.max_bytes:
+            victim = self.tier.policy.victim(self._protected)
+            if victim is None:
+                return
+            self.tier.remove(victim)
+            self._delete(victim)
 
     def discard(self, staged: Path) -> None:
         shutil.rmtree(staged, ignore_errors=True)

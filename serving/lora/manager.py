@@ -165,6 +165,7 @@ class AdapterManager:
         *,
         cache_dir: Path,
         max_cpu_loras: int,
+        disk_cache_max_bytes: int | None = None,
         max_loads_in_flight: int = 2,
         policy: str = "demand",
         s3: S3Settings | None = None,
@@ -178,7 +179,7 @@ class AdapterManager:
         if max_cpu_loras < table.num_slots:
             raise ValueError(f"max_cpu_loras ({max_cpu_loras}) must be at least max_loras ({table.num_slots})")
         self.table, self.base, self.limits, self.s3 = table, base, limits, s3
-        self.disk = DiskCache(cache_dir)
+        self.disk = DiskCache(cache_dir, max_bytes=disk_cache_max_bytes, policy=policy)
         self.metrics = metrics or EngineMetrics()
         self.entries: dict[str, _Entry] = {}
         self.retired: dict[str, _Entry] = {}  # replaced versions still finishing running requests
@@ -359,7 +360,10 @@ class AdapterManager:
             allow_rank_truncation=spec.allow_rank_truncation,
             supported_modules=self.limits.supported_modules,
         )
-        loaded = load_peft_adapter(folder, self.base, limits, expected_digest=spec.digest)
+        try:
+            loaded = load_peft_adapter(folder, self.base, limits, expected_digest=spec.digest)
+        finally:
+            self.disk.release(folder)
         return loaded, tier, time.perf_counter() - start
 
     def start_load(self, name: str) -> None:
@@ -589,6 +593,7 @@ class AdapterManager:
         """Keep the adapter resident in both tiers; loads it now if it is cold."""
         entry = self._get(name)
         entry.pinned = True
+        self.disk.pin(entry.spec.source)
         if name in self.host:
             self.host.pin(name)
         if name in self.device:
@@ -599,6 +604,7 @@ class AdapterManager:
     def unpin(self, name: str) -> None:
         entry = self._get(name)
         entry.pinned = False
+        self.disk.unpin(entry.spec.source)
         self.host.unpin(name)
         self.device.unpin(name)
 

@@ -34,6 +34,13 @@ def test_the_engine_config_is_what_the_server_reads() -> None:
         "embedded", engine["maxLoras"], engine["maxLoraRank"], engine["maxCpuLoras"], engine["maxNumSeqs"],
     )  # fmt: skip
     assert config.s3_endpoint == BASE["spec"]["adapterStore"]["endpoint"]
+    assert config.disk_cache_max_bytes == 20 * 2**30  # the BaseModel's default diskCacheSize, 20Gi
+    sized = copy.deepcopy(BASE["spec"])
+    sized["engine"]["diskCacheSize"] = "1.5G"
+    config = EngineConfig.model_validate(yaml.safe_load(built(sized)["ConfigMap/smollm2-engine"]["data"]["engine.yaml"]))
+    assert config.disk_cache_max_bytes == 1_500_000_000
+    with pytest.raises(ValueError, match=r"diskCacheSize|disk_cache_size"):
+        BaseModelSpec.model_validate({**sized, "engine": {**sized["engine"], "diskCacheSize": "20 gigs"}})
 
 
 def test_the_deployment_carries_secrets_by_reference_and_the_sizing() -> None:

@@ -144,6 +144,26 @@ def test_disk_cache_survives_a_restart(env, s3, tiny_llama, tiny_adapters, refer
     assert second.stats()["adapters"]["mlp16"]["load_seconds"].keys() >= {"disk"}
 
 
+def test_a_corrupted_disk_cache_entry_is_fetched_again(env, s3, tiny_llama, tiny_adapters, reference, tmp_path) -> None:
+    """Bit rot in the node cache costs one refetch, not a permanently failed adapter."""
+    _, uris = s3
+    digest = file_digest(tiny_adapters["mlp16"] / "adapter_model.safetensors")
+    first = tiny_engine(tiny_llama, tmp_path, max_loras=1)
+    first.register_lora(AdapterSpec("mlp16", uris["mlp16"], digest=digest))
+    assert run(first, "mlp16").token_ids == reference["mlp16"]
+    (cached,) = (tmp_path / "adapters").glob("*/adapter_model.safetensors")
+    data = bytearray(cached.read_bytes())
+    data[-1] ^= 0xFF
+    cached.write_bytes(bytes(data))
+    second = tiny_engine(tiny_llama, tmp_path, max_loras=1)
+    second.register_lora(AdapterSpec("mlp16", uris["mlp16"], digest=digest))
+    out = run(second, "mlp16")
+    assert out.finish_reason is not FinishReason.ERROR, out.error
+    assert out.token_ids == reference["mlp16"]
+    loads = second.stats()["adapters"]["mlp16"]["load_seconds"]
+    assert "cold" in loads and "disk" not in loads
+
+
 def test_a_cold_load_does_not_delay_running_decodes(tiny_llama, tiny_adapters, tmp_path, monkeypatch) -> None:
     """Counted in steps: while an adapter loads, every step still gives each running request a token."""
     import threading
@@ -217,6 +237,8 @@ def test_prometheus_shows_each_adapters_tier_and_pin(tiny_llama, tiny_adapters, 
     assert 'loraplane_adapter_tier{adapter="ku2",tenant="tenant-b",tier="cold"} 1.0' in text
     assert 'loraplane_adapter_pinned{adapter="qv4",tenant="tenant-a"} 1.0' in text
     assert 'loraplane_requests_total{adapter="qv4",tenant="tenant-a"} 1.0' in text
+    assert "loraplane_disk_cache_entries 1.0" in text  # qv4's files, copied into the cache by its load
+    assert "loraplane_disk_cache_evictions_total 0.0" in text
 
 
 @pytest.mark.parametrize("policy", ["demand", "lru"])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from loraplane.serving.demo.run import run_demo
+from loraplane.serving.demo.run import run_demo, showcase_requests
 from loraplane.serving.demo.styles import SHOWCASE, STYLES, training_questions
 
 PLAIN = "The ocean is a vast body of water. It covers most of the planet, and it is home to whales"
@@ -25,6 +25,13 @@ def test_each_style_is_recognisable_and_no_other_style_matches_it() -> None:
 
 def test_showcase_questions_are_not_in_the_training_data() -> None:
     assert not set(SHOWCASE) & set(training_questions())
+
+
+def test_the_showcase_spreads_the_base_questions_over_the_tenants() -> None:
+    """Fair admission serves the heaviest tenant last; billing every base question to the hot
+    customer's owner would make the hot customer wait for the showcase."""
+    base = [r for r in showcase_requests("the-base") if r.model == "the-base"]
+    assert Counter(r.tenant for r in base) == Counter(s.tenant for s in STYLES)
 
 
 @pytest.mark.slow
