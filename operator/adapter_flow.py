@@ -22,7 +22,7 @@ from loraplane.operator.adapter_check import CheckFailed, check_adapter
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.api.common import Quotas
 from loraplane.operator.api.loraadapter import AdapterSource, LoraAdapterSpec, LoraAdapterStatus, ReplicaPlacement
-from loraplane.operator.conditions import Status, set_condition
+from loraplane.operator.conditions import Status, condition, set_condition
 from loraplane.operator.serving_client import ReplicaError, ServingClient
 from loraplane.operator.settings import OperatorSettings
 
@@ -66,16 +66,22 @@ def serving_source(spec: LoraAdapterSpec, status: LoraAdapterStatus) -> AdapterS
 
 async def stage(
     client: ServingClient, served: str, spec: LoraAdapterSpec, source: AdapterSource, *, pinned: bool, quotas: Quotas | None
-) -> str:
+) -> tuple[str, str | None]:
     """Register ``source`` (with the adapter's quotas), prefetch, pin or unpin on one replica;
-    returns the tier it reports."""
+    returns the tier it reports and, when the replica refused the pin (409: its pins already
+    take every slot but the one left for unpinned adapters), why. The adapter serves unpinned."""
     limits = quotas.model_dump(exclude_none=True) if quotas is not None else None
     truncate = spec.rank_policy == "Truncate"
     await client.register(served, source.uri, source.digest, spec.tenant, truncate=truncate, quotas=limits)
     if spec.prefetch or pinned:
         await client.action(served, "prefetch")
-    state = await client.action(served, "pin" if pinned else "unpin")
-    return str(state.get("tier", "cold"))
+    try:
+        state = await client.action(served, "pin" if pinned else "unpin")
+    except ReplicaError as err:
+        if not (pinned and err.status == 409):
+            raise
+        return str((await client.state(served) or {}).get("tier", "cold")), str(err)
+    return str(state.get("tier", "cold")), None
 
 
 async def quality_gate(client: ServingClient, spec: LoraAdapterSpec) -> str:
@@ -172,9 +178,14 @@ async def _reconcile_on(
     served = spec.served_name or name
     pinned = spec.pinned
     quotas = spec.quotas or base.tenancy.default_quotas
-    tiers = await asyncio.gather(*(stage(c, served, spec, spec.source, pinned=pinned, quotas=quotas) for c in clients))
-    status.replicas = [ReplicaPlacement(replica=r.name, tier=t) for r, t in zip(replicas, tiers, strict=True)]  # type: ignore[arg-type]
-    status.pinned = pinned
+    staged = await asyncio.gather(*(stage(c, served, spec, spec.source, pinned=pinned, quotas=quotas) for c in clients))
+    status.replicas = [ReplicaPlacement(replica=r.name, tier=t) for r, (t, _) in zip(replicas, staged, strict=True)]  # type: ignore[arg-type]
+    pin_refusals = [why for _, why in staged if why is not None]
+    status.pinned = pinned and not pin_refusals
+    if pin_refusals:
+        out.condition("Pinned", "False", "PinLimitReached", pin_refusals[0], generation)
+    elif pinned or condition(status.conditions, "Pinned") is not None:
+        out.condition("Pinned", "True" if pinned else "False", "Pinned" if pinned else "NotRequested", "", generation)
     status.serving_uri, status.serving_digest, status.promoting_digest = spec.source.uri, digest, None
     status.phase = "Ready"
     out.condition("Staged", "True", "Staged", f"registered on {len(replicas)} replicas", generation)

@@ -96,7 +96,7 @@ async def sync_base(
                 except ReplicaError:
                     continue
         await _apply_pins(pins, ready, stats, clients)
-        await _write_metrics(namespace, ready, stats, pins, memory, settings)
+        await _write_metrics(namespace, ready, stats, memory, settings)
         if time.monotonic() - memory.usage_at >= settings.metrics_interval:
             memory.usage, memory.usage_at = await _usage(list(clients.values())), time.monotonic()
     finally:
@@ -119,6 +119,7 @@ def _pins(base: BaseModelSpec, ready: dict[str, AdapterView], stats: dict[str, d
     auto = base.auto_pinning
     if auto.enabled and stats:
         slots = auto.hot_set_size if auto.hot_set_size is not None else base.engine.max_loras - auto.headroom_slots
+        slots = min(slots, base.engine.max_loras - 1)  # a replica refuses the pin that takes its last slot
         rates = {}
         for served in ready:
             previous = memory.samples.get(served)
@@ -145,7 +146,7 @@ async def _apply_pins(
 
 
 async def _write_metrics(
-    namespace: str, ready: dict[str, AdapterView], stats: dict[str, dict[str, Any]], pins: set[str], memory: BaseMemory,
+    namespace: str, ready: dict[str, AdapterView], stats: dict[str, dict[str, Any]], memory: BaseMemory,
     settings: OperatorSettings,
 ) -> None:  # fmt: skip
     now = time.monotonic()
@@ -158,11 +159,14 @@ async def _write_metrics(
         if now - memory.last_write.get(served, -1e9) < settings.metrics_interval:
             continue
         placements = [{"replica": r, "tier": s[served].get("tier", "cold")} for r, s in sorted(stats.items()) if served in s]
-        pinned_changed = view.status.pinned != (served in pins)
+        # What the replicas report, not what was asked: a replica refuses a pin that would take
+        # its last unpinned slot (the adapter's Pinned condition says so).
+        pinned = bool(entries) and all(e.get("pinned") for e in entries)
+        pinned_changed = view.status.pinned != pinned
         refresh_due = now - memory.last_write.get(served, -1e9) >= settings.metrics_refresh
         if not decisions.worth_writing(view.status.metrics, new, refresh_due=refresh_due) and not pinned_changed:
             continue
-        patch = {"metrics": new.body(), "replicas": placements, "pinned": served in pins}
+        patch = {"metrics": new.body(), "replicas": placements, "pinned": pinned}
         await cluster.patch_status(namespace, "loraadapters", view.name, patch)
         memory.last_write[served] = now
 

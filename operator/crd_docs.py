@@ -78,7 +78,7 @@ NOTES: dict[str, dict[str, str]] = {
         "spec.qualityGate.maxMeanKl": "refuse the version above this mean KL from the recorded log-probabilities",
         "status": "written by the operator only",
         "status.phase": "Failed: the first version was refused; a refused promotion keeps Ready (see `Promoted`)",
-        "status.conditions": "`Validated`, `Staged`, `Promoted`, `Ready`",
+        "status.conditions": "`Validated`, `Staged`, `Promoted`, `Pinned` (when `spec.pinned` is or was set), `Ready`",
         "status.rank": "rank found in the serving version's files",
         "status.sizeBytes": "size of the serving version's `adapter_model.safetensors`",
         "status.pinned": "pinned on the replicas now, by the manifest or by auto-pinning",

@@ -48,7 +48,7 @@ from loraplane.serving.engine.llm_engine import LLMEngine, RequestError, Request
 from loraplane.serving.engine.sampling_params import SamplingError, SamplingParams
 from loraplane.serving.engine.sequence import FinishReason
 from loraplane.serving.engine.structured import GrammarError, Guide
-from loraplane.serving.lora.manager import AdapterBusy, AdapterNotFound, AdapterSpec, AdapterUnavailable
+from loraplane.serving.lora.manager import AdapterBusy, AdapterNotFound, AdapterSpec, AdapterUnavailable, PinLimitReached
 from loraplane.serving.tokenizer import PromptTooLong
 from loraplane.usage import Metering, UsageRollup
 
@@ -568,6 +568,8 @@ def create_app(
                     await engine.call(lambda: method(name))
                 except AdapterNotFound as err:
                     raise APIError(404, str(err), code="model_not_found") from None
+                except PinLimitReached as err:
+                    raise APIError(409, str(err), code="pin_limit_reached") from None
                 return await adapter_state(name, engine)
 
             return handler

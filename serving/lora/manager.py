@@ -66,6 +66,10 @@ class AdapterBusy(RuntimeError):
     pass
 
 
+class PinLimitReached(RuntimeError):
+    """Pinning one more adapter would leave unpinned traffic without a device slot."""
+
+
 class AdapterUnavailable(RuntimeError):
     """The adapter's files were refused (a permanent failure): requests fail at once until a new
     version is registered, instead of fetching the same bad files again for each."""
@@ -589,9 +593,24 @@ class AdapterManager:
             lease.loaded = None
 
     # pinning and prefetch -------------------------------------------------------------------
+    @property
+    def max_pins(self) -> int:
+        """Pins leave one device slot to the adapters nobody pinned, or their requests would wait
+        for ever; pinned adapters must also fit in host memory beside it."""
+        return min(self.table.num_slots, self.host.capacity) - 1
+
     def pin(self, name: str) -> None:
-        """Keep the adapter resident in both tiers; loads it now if it is cold."""
+        """Keep the adapter resident in both tiers; loads it now if it is cold. Raises
+        ``PinLimitReached`` beyond :attr:`max_pins`, changing nothing."""
         entry = self._get(name)
+        if not entry.pinned:
+            pinned = sorted(n for n, e in self.entries.items() if e.pinned)
+            if len(pinned) >= self.max_pins:
+                raise PinLimitReached(
+                    f"cannot pin {name!r}: {len(pinned)} adapters are pinned ({', '.join(pinned) or 'none'}) and "
+                    f"max_loras is {self.table.num_slots}; at most max_loras - 1 = {self.max_pins} may be, so that "
+                    "unpinned adapters keep a device slot"
+                )
         entry.pinned = True
         self.disk.pin(entry.spec.source)
         if name in self.host:

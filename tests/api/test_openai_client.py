@@ -116,7 +116,16 @@ def test_load_and_unload_lora_need_the_admin_token(server: str, client: openai.O
     assert state["requests"] == 1 and state["tier"] == "device"
     pinned = httpx.post(f"{server}/admin/adapters/ku2/pin", headers=auth).json()
     assert pinned["pinned"] is True
-    httpx.post(f"{server}/admin/adapters/ku2/unpin", headers=auth)
+    for name in ("qv4", "all8"):  # 3 of the 4 slots pinned: the most that leaves one for the rest
+        assert httpx.post(f"{server}/admin/adapters/{name}/pin", headers=auth).status_code == 200
+    extra = {"lora_name": "mlp16", "lora_path": str(tiny_adapters["mlp16"])}
+    assert httpx.post(f"{server}/v1/load_lora_adapter", json=extra, headers=auth).status_code == 200
+    refused = httpx.post(f"{server}/admin/adapters/mlp16/pin", headers=auth)
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "pin_limit_reached", refused.text
+    assert httpx.get(f"{server}/admin/adapters/mlp16", headers=auth).json()["pinned"] is False
+    for name in ("ku2", "qv4", "all8"):
+        httpx.post(f"{server}/admin/adapters/{name}/unpin", headers=auth)
+    httpx.post(f"{server}/v1/unload_lora_adapter", json={"lora_name": "mlp16"}, headers=auth)
     bad = httpx.post(f"{server}/v1/load_lora_adapter", json={"lora_name": "bad", "lora_path": "/nonexistent"}, headers=auth)
     assert bad.status_code == 404 and bad.json()["error"]["code"] == "MissingFile"  # vLLM's answer for no adapter there
     # vLLM's own fields: tools written for its endpoint send them.

@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from loraplane.operator.api import BaseModelSpec
 from loraplane.operator.children import children
 from loraplane.serving.api.usage_metrics import UsageCollector
+from loraplane.serving.lora.disk_cache import DiskCache
 from loraplane.serving.metrics import NONE, OTHER, AdapterStateCollector, EngineMetrics
 from loraplane.serving.router.metrics import RouterMetrics
 from loraplane.serving.router.table import ReplicaTable
@@ -46,7 +47,8 @@ def exported() -> dict[str, set[str]]:
     engine.observe_load("a", "t", "host", 0.1)
     engine.observe_queue_wait("a", "t", 0.1)
     info = SimpleNamespace(tenant="t", residency=SimpleNamespace(value="device"), pinned=True)
-    adapters = SimpleNamespace(entries={"a": None}, info=lambda _name: info)
+    disk = DiskCache(Path(tempfile.mkdtemp()), max_bytes=1 << 30)
+    adapters = SimpleNamespace(entries={"a": None}, info=lambda _name: info, disk=disk)
     engine.registry.register(AdapterStateCollector(SimpleNamespace(metrics=engine, adapters=adapters)))
     table = ReplicaTable()
     table.set_members({"r0": "http://r0:8000"})

@@ -63,7 +63,7 @@ class Stack:
 
         def make():  # type: ignore[no-untyped-def]
             return tiny_engine(
-                self.tiny_llama, cache, max_loras=2, max_lora_rank=8, s3_endpoint=self.endpoint, s3_access_key=ACCESS,
+                self.tiny_llama, cache, max_loras=3, max_lora_rank=8, s3_endpoint=self.endpoint, s3_access_key=ACCESS,
                 s3_secret_key=SECRET, s3_region="us-east-1",
             )  # fmt: skip
 
@@ -148,7 +148,7 @@ def stack(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory: py
             "apiVersion": "loraplane.dev/v1alpha1", "kind": "BaseModel", "metadata": {"name": "tiny", "namespace": NS},
             "spec": {
                 "source": {"uri": str(tiny_llama)}, "replicas": 2,
-                "engine": {"maxLoras": 2, "maxLoraRank": 8, "maxCpuLoras": 8},
+                "engine": {"maxLoras": 3, "maxLoraRank": 8, "maxCpuLoras": 8},
                 "adapterStore": {"endpoint": endpoint, "region": "us-east-1", "credentialsSecret": {"name": "adapter-store"}},
                 "autoPinning": {"enabled": False},
             },
@@ -169,7 +169,8 @@ def test_a_valid_adapter_is_validated_staged_and_ready_on_every_replica(stack: S
     obj = stack.wait_phase("support", "Ready")
     status = obj["status"]
     assert {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]} == {
-        "Validated": ("True", "Valid"), "Staged": ("True", "Staged"), "Ready": ("True", "Serving"),
+        "Validated": ("True", "Valid"), "Staged": ("True", "Staged"), "Pinned": ("True", "Pinned"),
+        "Ready": ("True", "Serving"),
     }  # fmt: skip
     assert status["servingDigest"] == stack.digests["qv4"] and status["rank"] == 4 and status["pinned"] is True
     assert sorted(r["replica"] for r in status["replicas"]) == ["tiny-serving-0", "tiny-serving-1"]
@@ -245,6 +246,26 @@ def test_a_bad_adapter_fails_alone_with_its_reason(stack: Stack, how: str, reaso
     assert (ready["status"], ready["reason"]) == ("False", reason), ready
     assert all(stack.on_replica(url, name) is None for url in stack.replicas.values())  # never registered
     stack.wait_phase("support", "Ready")  # the good one is untouched
+
+
+def test_a_pin_beyond_the_replicas_free_slots_serves_unpinned_and_says_why(stack: Stack) -> None:
+    """The replicas have 3 device slots and `support` is pinned: one more pin fits, a third would
+    leave no slot for unpinned adapters, so the replicas refuse it and that adapter serves
+    unpinned, Ready, with the reason in its Pinned condition."""
+    stack.wait_phase("support", "Ready")
+    stack.apply(lora("second-pin", stack.uris["ku2"], stack.digests["ku2"], pinned=True))
+    assert stack.wait_phase("second-pin", "Ready")["status"]["pinned"] is True
+    stack.apply(lora("third-pin", stack.uris["qv4"], stack.digests["qv4"], pinned=True))
+    status = stack.wait_phase("third-pin", "Ready")["status"]
+    pinned = next(c for c in status["conditions"] if c["type"] == "Pinned")
+    assert (pinned["status"], pinned["reason"]) == ("False", "PinLimitReached"), pinned
+    assert "max_loras - 1 = 2" in pinned["message"] and status["pinned"] is False
+    for url in stack.replicas.values():
+        assert not stack.on_replica(url, "third-pin")["pinned"]
+        assert stack.on_replica(url, "support")["pinned"] and stack.on_replica(url, "second-pin")["pinned"]
+    for name in ("second-pin", "third-pin"):
+        stack.kube.delete("LoraAdapter", NS, name)
+        stack.kube.wait_for("the object to go", lambda n=name: stack.kube.get("LoraAdapter", NS, n) is None, timeout=30)
 
 
 def test_a_deleted_adapter_leaves_every_replica_before_its_finalizer_goes(stack: Stack) -> None:

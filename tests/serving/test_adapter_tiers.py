@@ -19,7 +19,7 @@ from s3_server import ACCESS, SECRET, moto_server, upload_folder
 from loraplane.adapter_format import ErrorCode, file_digest
 from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.engine.sequence import FinishReason
-from loraplane.serving.lora.manager import AdapterSpec, Residency
+from loraplane.serving.lora.manager import AdapterSpec, PinLimitReached, Residency
 
 PROMPT = [5, 6, 7, 8]
 
@@ -224,10 +224,28 @@ def test_concurrent_requests_share_one_load(env, s3, tiny_llama, reference, tmp_
     assert engine.stats()["adapters"]["ku2"]["load_seconds"]["cold"]["count"] == 1
 
 
+def test_pins_leave_a_device_slot_to_unpinned_adapters(tiny_llama, tiny_adapters, reference, tmp_path) -> None:
+    """With every slot pinned, an unpinned adapter's requests would wait for ever: the pin that
+    would take the last slot is refused and changes nothing."""
+    engine = tiny_engine(tiny_llama, tmp_path, max_loras=2, max_cpu_loras=4)
+    for name in ("qv4", "all8", "ku2"):
+        engine.register_lora(AdapterSpec(name, str(tiny_adapters[name])))
+    engine.pin_lora("qv4")
+    engine.pin_lora("qv4")  # pinning again is not a second pin
+    with pytest.raises(PinLimitReached, match="at most max_loras - 1 = 1"):
+        engine.pin_lora("all8")
+    assert not engine.adapters.info("all8").pinned
+    assert run(engine, "qv4").token_ids == reference["qv4"]
+    assert run(engine, "ku2").token_ids == reference["ku2"]  # the unpinned slot serves the others
+    assert run(engine, "all8").token_ids == reference["all8"]
+    engine.unpin_lora("qv4")
+    engine.pin_lora("all8")  # room again
+
+
 def test_prometheus_shows_each_adapters_tier_and_pin(tiny_llama, tiny_adapters, tmp_path) -> None:
     from prometheus_client import generate_latest
 
-    engine = tiny_engine(tiny_llama, tmp_path, max_loras=1)
+    engine = tiny_engine(tiny_llama, tmp_path, max_loras=2)
     engine.register_lora(AdapterSpec("qv4", str(tiny_adapters["qv4"]), tenant="tenant-a"))
     engine.register_lora(AdapterSpec("ku2", str(tiny_adapters["ku2"]), tenant="tenant-b"))
     run(engine, "qv4")
