@@ -268,6 +268,12 @@ def generate(
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="YAML/JSON of tenants, their API keys and quotas (e.g. a mounted Secret); without it the API is open.",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    help="Also serve /metrics, and nothing else, on this port (for Prometheus; with --tenants the API port's /metrics "
+    "needs the admin token).",
+)
 @usage_options
 @click.option(
     "--max-pending-requests", default=256, type=click.IntRange(min=1),
@@ -282,6 +288,7 @@ def serve(
     admin_token: str | None,
     tenants_path: Path | None,
     max_pending_requests: int,
+    metrics_port: int | None,
     **flags: Any,
 ) -> None:
     """Serve the OpenAI-compatible API (completions, chat, models) plus adapter admin calls."""
@@ -323,6 +330,10 @@ def serve(
         lambda: LLMEngine(config), admin_token=admin_token, tenants=tenants, max_pending_requests=max_pending_requests,
         metering=metering,
     )  # fmt: skip
+    if metrics_port is not None:
+        from loraplane.serving.api.metrics_port import serve_metrics
+
+        serve_metrics(app.state.metrics, host, metrics_port)
     uvicorn.run(app, host=host, port=port, log_level="info")
 
 
@@ -440,6 +451,12 @@ def bench(
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="The servers' tenants file: keys and quotas are checked here too.",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    help="Also serve /metrics, and nothing else, on this port (for Prometheus; with --tenants the API port's /metrics "
+    "needs the admin token).",
+)
 @usage_options
 def router(
     replicas: tuple[str, ...],
@@ -452,6 +469,7 @@ def router(
     port: int,
     admin_token: str | None,
     tenants_path: Path | None,
+    metrics_port: int | None,
     **usage_flags: Any,
 ) -> None:
     """One OpenAI endpoint in front of many replicas: each adapter goes where it is warm, within a load bound."""
@@ -472,6 +490,10 @@ def router(
         app = create_router_app(config, tenants=tenants, admin_token=admin_token, metering=make_metering(usage_flags))
     except (ValidationError, ValueError, yaml.YAMLError) as err:
         raise click.ClickException(str(err)) from None
+    if metrics_port is not None:
+        from loraplane.serving.api.metrics_port import serve_metrics
+
+        serve_metrics(app.state.metrics, host, metrics_port)
     uvicorn.run(app, host=host, port=port, log_level="info")
 
 

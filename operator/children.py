@@ -17,7 +17,7 @@ import yaml
 from kubernetes.utils import parse_quantity
 
 from loraplane.operator.api.basemodel import BaseModelSpec
-from loraplane.operator.cluster import BASE_LABEL, COMPONENT_LABEL, SERVING_PORT
+from loraplane.operator.cluster import BASE_LABEL, COMPONENT_LABEL, METRICS_PORT, SERVING_PORT
 from loraplane.operator.router_objects import router_labels, router_objects
 from loraplane.operator.usage_wiring import USAGE_DIR, usage_wiring
 
@@ -82,7 +82,8 @@ def deployment(name: str, namespace: str, spec: BaseModelSpec, admin_secret: str
         requests["cpu"] = r.cpu
     if r.memory:
         requests["memory"] = limits["memory"] = r.memory
-    args = ["serve", "--config", "/etc/loraplane/engine.yaml", "--host", "0.0.0.0", "--port", str(SERVING_PORT)]
+    args = ["serve", "--config", "/etc/loraplane/engine.yaml", "--host", "0.0.0.0", "--port", str(SERVING_PORT),
+            "--metrics-port", str(METRICS_PORT)]  # fmt: skip
     usage_args, usage_env = usage_wiring(spec)
     args += usage_args
     mounts = [
@@ -111,7 +112,7 @@ def deployment(name: str, namespace: str, spec: BaseModelSpec, admin_secret: str
         "name": "serving",
         "image": r.image,
         "args": args,
-        "ports": [{"name": "http", "containerPort": SERVING_PORT}],
+        "ports": [{"name": "http", "containerPort": SERVING_PORT}, {"name": "metrics", "containerPort": METRICS_PORT}],
         "env": env,
         "envFrom": env_from,
         "readinessProbe": probe,
@@ -149,7 +150,13 @@ def service(name: str, namespace: str) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": f"{name}-serving", "namespace": namespace, "labels": labels(name)},
-        "spec": {"selector": labels(name), "ports": [{"name": "http", "port": SERVING_PORT, "targetPort": "http"}]},
+        "spec": {
+            "selector": labels(name),
+            "ports": [
+                {"name": "http", "port": SERVING_PORT, "targetPort": "http"},
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"},
+            ],
+        },
     }
 
 

@@ -22,6 +22,7 @@ BASE_LABEL = "loraplane.dev/base-model"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 ADMIN_URL_ANNOTATION = "loraplane.dev/admin-url"  # overrides http://<podIP>:<port>; tests point it at loopback
 SERVING_PORT = 8000
+METRICS_PORT = 9090  # /metrics alone (`--metrics-port`): what Prometheus scrapes, not the API
 
 
 @cache

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from loraplane.operator.api.basemodel import BaseModelSpec
-from loraplane.operator.cluster import BASE_LABEL, COMPONENT_LABEL, SERVING_PORT
+from loraplane.operator.cluster import BASE_LABEL, COMPONENT_LABEL, METRICS_PORT, SERVING_PORT
 from loraplane.operator.usage_wiring import USAGE_DIR, usage_wiring
 
 ROUTER_PORT = 8000
@@ -45,6 +45,7 @@ def router_deployment(base: str, namespace: str, spec: BaseModelSpec, admin_secr
     routing = spec.routing
     args = [
         "router", "--service", f"{base}-serving", "--namespace", namespace, "--host", "0.0.0.0", "--port", str(ROUTER_PORT),
+        "--metrics-port", str(METRICS_PORT),
         "--policy", "affinity" if routing.affinity else "round-robin", "--epsilon", f"{routing.load_bound - 1:g}",
     ]  # fmt: skip
     usage_args, usage_env = usage_wiring(spec)  # its edge refusals are billing records too
@@ -62,7 +63,7 @@ def router_deployment(base: str, namespace: str, spec: BaseModelSpec, admin_secr
         "name": "router",
         "image": spec.resources.image,
         "args": args,
-        "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT}, {"name": "metrics", "containerPort": METRICS_PORT}],
         "env": [
             {"name": "LORAPLANE_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {"name": admin_secret, "key": "admin-token"}}},
             *usage_env,
@@ -93,7 +94,13 @@ def router_service(base: str, namespace: str) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _meta(f"{base}-router", namespace, base),
-        "spec": {"selector": router_labels(base), "ports": [{"name": "http", "port": SERVING_PORT, "targetPort": "http"}]},
+        "spec": {
+            "selector": router_labels(base),
+            "ports": [
+                {"name": "http", "port": SERVING_PORT, "targetPort": "http"},
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"},
+            ],
+        },
     }
 
 

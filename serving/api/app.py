@@ -29,6 +29,7 @@ from loraplane.serving.api.choices import Choice, Choices, CleanupResponse
 from loraplane.serving.api.errors import APIError, api_error_handler, error_body, require_admin, validation_error_handler
 from loraplane.serving.api.load_shedding import PendingRequests
 from loraplane.serving.api.metering import RequestMeter
+from loraplane.serving.api.metrics_port import view as metrics_view
 from loraplane.serving.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -145,11 +146,19 @@ def create_app(
 
     usage_registry = CollectorRegistry()
     usage_registry.register(UsageCollector(meters))
+    # What `loraplane serve --metrics-port` serves too (see metrics_port).
+    app.state.metrics = metrics_view(
+        lambda: [usage_registry] if state.engine is None else [state.engine.engine.metrics.registry, usage_registry]
+    )
 
     @app.get("/metrics")
-    async def metrics(engine: Engine) -> Response:
-        body = generate_latest(engine.engine.metrics.registry) + generate_latest(usage_registry)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
+    async def metrics(request: Request) -> Response:
+        """Open on an open server, as vLLM's; with tenants the series would show every tenant's
+        adapters to any of them, so only the admin token reads them here (Prometheus scrapes the
+        metrics port)."""
+        if not tenants.open:
+            require_admin(request.headers.get("authorization"), state.admin_token)
+        return Response(generate_latest(app.state.metrics), media_type=CONTENT_TYPE_LATEST)
 
     # models -----------------------------------------------------------------------------------
     def visible(engine: AsyncEngine, tenant: TenantConfig | None) -> list[str]:

@@ -81,6 +81,7 @@ def create_router_app(
                 await asyncio.to_thread(meters.close)
 
     app = FastAPI(title="loraplane router", lifespan=lifespan)
+    app.state.metrics = metrics.registry  # what `loraplane router --metrics-port` serves
     app.add_middleware(BodyLimit, max_bytes=DEFAULT_MAX_BODY_BYTES)  # the replicas' own cap: refused here first
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
@@ -173,7 +174,10 @@ def create_router_app(
         return {"status": "ready", "replicas": len(table.up())}
 
     @app.get("/metrics")
-    async def prometheus() -> Response:
+    async def prometheus(request: Request) -> Response:
+        """Admin token only where tenants are set (the series name them); see metrics_port."""
+        if not tenants.open:
+            require_admin(request.headers.get("authorization"), admin_token)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/router/replicas")

@@ -13,7 +13,8 @@ import pytest
 from engine_helpers import tiny_engine
 
 from loraplane.serving.api.app import create_app
-from loraplane.serving.api.loopback import serve_app
+from loraplane.serving.api.loopback import free_port, serve_app
+from loraplane.serving.api.metrics_port import serve_metrics
 
 ADMIN = "admin-secret"
 APPS: dict[str, object] = {}
@@ -140,6 +141,23 @@ def test_metrics_and_health(server: str) -> None:
     assert httpx.get(f"{server}/health").json() == {"status": "ok"}
     text = httpx.get(f"{server}/metrics").text
     assert "loraplane_requests_total" in text and "loraplane_adapter_tier" in text
+
+
+def test_the_metrics_port_serves_the_same_series_and_nothing_else(server: str) -> None:
+    """What `loraplane serve --metrics-port` starts: the scraper's port carries no API."""
+    port = free_port()
+    metrics = serve_metrics(APPS[server].state.metrics, "127.0.0.1", port)  # type: ignore[attr-defined]
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        assert "loraplane_requests_total" in text and "loraplane_adapter_tier" in text and "loraplane_disk_cache_bytes" in text
+        engine = APPS[server].state.server.engine.engine  # type: ignore[attr-defined]
+        before = sum(c.requests for c in engine.metrics.counts.values())
+        body = {"model": "qv4", "prompt": "hi", "max_tokens": 2}
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body)
+        assert "choices" not in answer.text  # no completion runs here
+        assert sum(c.requests for c in engine.metrics.counts.values()) == before
+    finally:
+        metrics.shutdown()
 
 
 def test_a_client_that_disconnects_frees_its_sequence(server: str) -> None:

@@ -43,6 +43,18 @@ def test_the_engine_config_is_what_the_server_reads() -> None:
         BaseModelSpec.model_validate({**sized, "engine": {**sized["engine"], "diskCacheSize": "20 gigs"}})
 
 
+def test_metrics_have_a_port_of_their_own_on_replicas_and_routers() -> None:
+    """What the chart's ServiceMonitor scrapes; the API port's /metrics needs the admin token."""
+    objects = built()
+    for who in ("serving", "router"):
+        container = objects[f"Deployment/smollm2-{who}"]["spec"]["template"]["spec"]["containers"][0]
+        args = container["args"]
+        assert args[args.index("--metrics-port") + 1] == "9090"
+        assert {"name": "metrics", "containerPort": 9090} in container["ports"]
+        ports = objects[f"Service/smollm2-{who}"]["spec"]["ports"]
+        assert {"name": "metrics", "port": 9090, "targetPort": "metrics"} in ports
+
+
 def test_the_deployment_carries_secrets_by_reference_and_the_sizing() -> None:
     pod = built()["Deployment/smollm2-serving"]["spec"]["template"]["spec"]
     container = pod["containers"][0]

@@ -221,6 +221,10 @@ def test_replicas_are_discovered_from_the_services_endpointslices(fleet: Fleet, 
         with serve_app(app) as url:
             kube.wait_for("both replicas", lambda: set(table(fleet, url)) == {"serving-a", "serving-b"}, timeout=20)
             assert complete(url, fleet.keys["acme"], "all8").status_code == 200
+            # With tenants the router's series (per replica, per tenant) are for the admin token only.
+            assert httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {fleet.keys['acme']}"}).status_code == 401
+            admin = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {fleet.admin_token}"})
+            assert admin.status_code == 200 and "loraplane_router_requests_total" in admin.text
             kube.apply(endpoint_slice("c", "tiny-serving", fleet.urls[2]))
             kube.wait_for("the new one", lambda: "serving-c" in table(fleet, url), timeout=20)
             kube.delete("EndpointSlice", "default", "a")
@@ -261,7 +265,7 @@ def test_killing_a_replica_loses_no_request_that_had_not_started_streaming(fleet
     failed = [i for i, err in enumerate(outcomes) if err is not None]
     assert all(started[i] for i in failed), [outcomes[i] for i in failed]  # only streams already under way broke
     assert all("failed mid-stream" in str(outcomes[i]) for i in failed)
-    metrics = httpx.get(f"{router}/metrics").text
+    metrics = httpx.get(f"{router}/metrics", headers={"Authorization": f"Bearer {fleet.admin_token}"}).text
     series = f'loraplane_router_retries_total{{replica="{victim_name}"}}'
     retried = [line for line in metrics.splitlines() if line.startswith(series)]
     assert retried and float(retried[0].split()[-1]) >= 1, metrics  # queued work moved to the survivors

@@ -112,12 +112,16 @@ def _counter_sum(text: str, name: str) -> float:
 
 def test_report_totals_equal_the_prometheus_counters_increase(server) -> None:
     url, spool, metering = server
-    before_text = httpx.get(f"{url}/metrics").text
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    # The series name every tenant's adapters: on a server with tenants only the admin token reads them.
+    assert httpx.get(f"{url}/metrics").status_code == 401
+    assert httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer key-acme"}).status_code == 401
+    before_text = httpx.get(f"{url}/metrics", headers=admin).text
     before = set(records(spool, metering))
     acme = client(url, "key-acme")
     for i in range(6):
         acme.completions.create(model="qv4", prompt=f"item {i} of the list", max_tokens=3 + i, temperature=0)
-    after_text = httpx.get(f"{url}/metrics").text
+    after_text = httpx.get(f"{url}/metrics", headers=admin).text
     new = {k: v for k, v in records(spool, metering).items() if k not in before}
     blob = "\n".join(json.dumps(r) for r in new.values()).encode()
     report = build_report([("new", blob)])
