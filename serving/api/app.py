@@ -273,8 +273,11 @@ def create_app(
             raise APIError(
                 503, "the server is at capacity; retry shortly", type_="server_error", code="overloaded", retry_after=1
             )
+        # The most it can use, reserved against a token quota until it ends: the prompts (each
+        # once, as usage counts them) and max_tokens for every choice.
+        most = sum(len(p) for p in prompts if isinstance(p, list)) + params.max_tokens * total
         try:
-            tenants.admit(tenant, adapter)
+            reservation = tenants.admit(tenant, adapter, most)
         except APIError as err:  # a quota refusal: billed nothing, recorded once as refused
             state.pending.release(meter.tenant, total)
             await meters.refuse(meter.request_id, err.status, tenant=meter.tenant, model=meter.model, adapter=adapter,
@@ -289,7 +292,9 @@ def create_app(
                 state.pending.release(meter.tenant, total)
                 prompt_tokens, _, completion_tokens = meter.tokens()
                 tenants.finish(
-                    tenant, {"adapter": adapter, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+                    tenant,
+                    {"adapter": adapter, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+                    reservation,
                 )
 
         request = Choices([], meter, release)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -63,6 +64,7 @@ INTERNAL_TENANT = INTERNAL_OWNER
 class _Usage:
     def __init__(self) -> None:
         self.in_flight = 0
+        self.reserved = 0  # tokens the requests in flight may still use (see Tenants.admit)
         self.window: deque[tuple[float, int]] = deque()
 
     def tokens(self, now: float) -> int:
@@ -105,8 +107,15 @@ class Tenants:
     def _keys(self, tenant: TenantConfig | None, adapter: str | None) -> list[str]:
         return ([f"tenant:{tenant.name}"] if tenant is not None else []) + ([f"adapter:{adapter}"] if adapter else [])
 
-    def admit(self, tenant: TenantConfig | None, adapter: str | None = None) -> None:
-        """Count a request against its tenant's and its adapter's quotas, or answer 429."""
+    def admit(self, tenant: TenantConfig | None, adapter: str | None = None, tokens: int = 0) -> dict[str, int]:
+        """Count a request against its tenant's and its adapter's quotas, or answer 429.
+
+        ``tokens`` is the most the request can use (its prompt and ``max_tokens`` for every
+        choice). Under a tokens-per-minute quota they are reserved until :meth:`finish`, so
+        concurrent requests cannot together overshoot it: without the reservation every request
+        admitted before the first one finished would pass the check, each up to the context
+        length. A request larger than the whole quota reserves all of it, so it runs only when
+        nothing else is counted in the minute. Returns the reservation to hand to ``finish``."""
         now = time.monotonic()
         with self.lock:
             checks: list[tuple[str, int | None, int | None, str]] = []
@@ -116,6 +125,7 @@ class Tenants:
             limits = self.adapter_limits.get(adapter) if adapter else None
             if limits is not None:
                 checks.append((f"adapter {adapter!r}", limits.max_concurrent, limits.tokens_per_minute, f"adapter:{adapter}"))
+            reservation: dict[str, int] = {}
             for who, max_concurrent, tokens_per_minute, key in checks:
                 u = self.usage.setdefault(key, _Usage())
                 if max_concurrent is not None and u.in_flight >= max_concurrent:
@@ -123,24 +133,41 @@ class Tenants:
                         429, f"{who} already has {u.in_flight} requests in flight",
                         type_="rate_limit_error", code="concurrency_limit", retry_after=1,
                     )  # fmt: skip
-                if tokens_per_minute is not None and u.tokens(now) >= tokens_per_minute:
+                if tokens_per_minute is None:
+                    continue
+                used, need = u.tokens(now), min(tokens, tokens_per_minute)
+                if used >= tokens_per_minute:
                     wait = 60 - (now - u.window[0][0]) if u.window else 1
                     raise APIError(
                         429, f"{who} used its {tokens_per_minute} tokens per minute",
                         type_="rate_limit_error", code="rate_limit_exceeded", retry_after=max(1, int(wait) + 1),
                     )  # fmt: skip
+                if used + u.reserved + need > tokens_per_minute:
+                    raise APIError(
+                        429, f"{who} has {used} of its {tokens_per_minute} tokens per minute used and {u.reserved} "
+                        f"reserved by requests in flight; this one may use up to {tokens} (lower max_tokens to fit)",
+                        type_="rate_limit_error", code="rate_limit_exceeded", retry_after=1,
+                    )  # fmt: skip
+                reservation[key] = need
             for key in self._keys(tenant, adapter):
-                self.usage.setdefault(key, _Usage()).in_flight += 1
+                u = self.usage.setdefault(key, _Usage())
+                u.in_flight += 1
+                u.reserved += reservation.get(key, 0)
+            return reservation
 
-    def finish(self, tenant: TenantConfig | None, record: dict[str, object]) -> None:
-        """Release the request's concurrency slots and count its tokens in the quota windows.
-        ``record["adapter"]`` must be the adapter it was admitted with."""
+    def finish(
+        self, tenant: TenantConfig | None, record: dict[str, object], reservation: Mapping[str, int] | None = None
+    ) -> None:
+        """Release the request's concurrency slots and its token reservation, and count the tokens
+        it used in the quota windows. ``record["adapter"]`` must be the adapter it was admitted
+        with, ``reservation`` what ``admit`` returned."""
         tokens = int(record.get("prompt_tokens", 0) or 0) + int(record.get("completion_tokens", 0) or 0)  # type: ignore[call-overload]
         adapter = record.get("adapter")
         with self.lock:
             for key in self._keys(tenant, adapter if isinstance(adapter, str) else None):
                 u = self.usage.setdefault(key, _Usage())
                 u.in_flight -= 1
+                u.reserved -= (reservation or {}).get(key, 0)
                 now = time.monotonic()
                 u.tokens(now)  # prune: a tenant without a token quota is never checked, and its window would only grow
                 u.window.append((now, tokens))

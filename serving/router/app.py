@@ -120,13 +120,24 @@ def create_router_app(
         listed, owner = table.owner(adapter)
         if listed and not Tenants.may_use(tenant, owner):  # before any quota can reveal it
             raise APIError(404, f"The model `{adapter}` does not exist.", code="model_not_found", param="model")
-        tenants.admit(tenant, adapter)
+        # The edge does not tokenise. It reserves the completion tokens the body allows and the
+        # prompt at about four characters a token, as OpenAI estimates for its own limits; the
+        # replica counts the prompt exactly and may refuse what the edge let through (it then
+        # records the refusal itself, once).
+        limit = getattr(request_model, "max_completion_tokens", None) or request_model.max_tokens or 0
+        if isinstance(request_model, CompletionRequest):
+            texts = request_model.prompts()
+        else:
+            texts = [m.text() for m in request_model.messages]
+        prompt = sum(len(t) if isinstance(t, list) else len(t) // 4 for t in texts)
+        most = prompt + limit * request_model.n * (len(texts) if isinstance(request_model, CompletionRequest) else 1)
+        reservation = tenants.admit(tenant, adapter, most)
         forwarder: Forwarder = request.app.state.forwarder
 
         def done(usage: dict[str, Any] | None, tenant: TenantConfig | None = tenant) -> None:
             usage = usage or {}
             tenants.finish(tenant, {"adapter": adapter, "prompt_tokens": usage.get("prompt_tokens", 0),
-                                    "completion_tokens": usage.get("completion_tokens", 0)})  # fmt: skip
+                                    "completion_tokens": usage.get("completion_tokens", 0)}, reservation)  # fmt: skip
 
         try:
             return await forwarder.post(path, payload, forwarded_headers(request), done)

@@ -18,6 +18,7 @@ from engine_helpers import tiny_engine
 
 from loraplane.serving.api import tenants as tenants_module
 from loraplane.serving.api.app import create_app
+from loraplane.serving.api.errors import APIError
 from loraplane.serving.api.loopback import serve_app
 from loraplane.serving.api.tenants import TenantConfig, Tenants, load_tenants
 from loraplane.serving.lora.manager import AdapterSpec
@@ -29,6 +30,7 @@ TENANTS = {
         {"name": "acme", "api_keys": ["key-acme"]},
         {"name": "globex", "api_keys": ["key-globex"], "allow_base": False, "max_concurrent": 1},
         {"name": "tiny", "api_keys": ["key-tiny"], "tokens_per_minute": 30},
+        {"name": "metered", "api_keys": ["key-metered"], "tokens_per_minute": 80},
     ]
 }
 
@@ -128,6 +130,36 @@ def test_tokens_per_minute_quota(server) -> None:
     assert mine and mine[0]["adapter"] == "tiny-bot" and mine[0]["completion_tokens"] == 30
 
 
+def test_concurrent_requests_cannot_overshoot_a_token_quota(server, tiny_llama: Path, monkeypatch) -> None:
+    """Three requests at once, each a short prompt and 25 tokens, against 80 a minute: counting
+    only what finished requests used would admit all three (over 100 tokens); each reserves its
+    most at admission, so two fit and the third is refused."""
+    url, _ = server
+    slow_engine(url, monkeypatch)
+    body = {"model": tiny_llama.name, "prompt": "one two three", "max_tokens": 25, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    answers: list[httpx.Response] = []
+
+    def send() -> None:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, headers={"authorization": "Bearer key-metered"},
+                          timeout=60) as r:  # fmt: skip
+            r.read()
+            answers.append(r)
+
+    threads = [threading.Thread(target=send) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    refused = [r for r in answers if r.status_code == 429]
+    assert len(refused) == 1 and sorted(r.status_code for r in answers) == [200, 200, 429], [r.text for r in answers]
+    assert "reserved by requests in flight" in refused[0].json()["error"]["message"]
+    final = [json.loads(line[6:]) for r in answers if r.status_code == 200 for line in r.text.splitlines()
+             if line.startswith("data: {") and not json.loads(line[6:])["choices"]]  # fmt: skip
+    assert len(final) == 2 and all(f["usage"]["completion_tokens"] == 25 for f in final)
+    assert sum(f["usage"]["total_tokens"] for f in final) <= 80
+
+
 def test_overload_is_shed_with_503_and_accepted_requests_complete(server, monkeypatch) -> None:
     url, _ = server
     slow_engine(url, monkeypatch)
@@ -197,3 +229,22 @@ def test_every_tenants_token_window_is_pruned(monkeypatch) -> None:
         tenants.finish(tenant, {"adapter": None, "prompt_tokens": 3, "completion_tokens": 4})
         clock[0] += 1.0
     assert len(tenants.usage["tenant:open-ended"].window) <= 61
+
+
+def test_a_token_reservation_is_released_by_what_the_request_used(monkeypatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(tenants_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    tenants = Tenants([TenantConfig(name="t", api_keys=["k"], tokens_per_minute=100)])
+    tenant = tenants.authenticate("Bearer k")
+    first = tenants.admit(tenant, None, 60)
+    with pytest.raises(APIError, match="60 reserved by requests in flight"):
+        tenants.admit(tenant, None, 60)
+    tenants.finish(tenant, {"adapter": None, "prompt_tokens": 5, "completion_tokens": 10}, first)  # stopped early
+    second = tenants.admit(tenant, None, 60)  # 15 used + 60 fits in 100
+    tenants.finish(tenant, {"adapter": None, "prompt_tokens": 5, "completion_tokens": 55}, second)
+    clock[0] += 61  # the minute has passed: a request larger than the whole quota runs alone
+    big = tenants.admit(tenant, None, 500)
+    with pytest.raises(APIError, match="reserved by requests in flight"):
+        tenants.admit(tenant, None, 1)
+    tenants.finish(tenant, {"adapter": None, "prompt_tokens": 5, "completion_tokens": 20}, big)
+    assert tenants.usage["tenant:t"].reserved == 0

@@ -88,7 +88,10 @@ def test_sigkill_of_a_replica_loses_no_billed_request(tiny_llama: Path, tiny_ada
         r = records[rid]
         assert (r.prompt_tokens, r.completion_tokens, r.outcome.value) == (prompt, completion, "completed"), rid
     refused = [r for r in records.values() if r.outcome.value == "refused"]
-    assert len(refused) == refusals and all(r.source == "router" and r.tenant == "metered" for r in refused)
+    # Mostly refused at the edge; a replica, which counts the prompt exactly, may refuse one the
+    # edge's estimate let through. Either way each refusal is one record.
+    assert len(refused) == refusals and all(r.tenant == "metered" for r in refused)
+    assert sum(1 for r in refused if r.source == "router") > 0
     report = build_report(blobs)
     assert report.duplicates == 0
     acme = sum(row.requests for row in report.rows if row.tenant == "acme")
