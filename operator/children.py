@@ -171,9 +171,41 @@ def disruption_budget(name: str, namespace: str, selector: dict[str, str]) -> di
     }
 
 
-def children(name: str, namespace: str, spec: BaseModelSpec, admin_secret: str) -> list[dict[str, Any]]:
+def network_policy(name: str, namespace: str, operator_namespace: str | None) -> dict[str, Any]:
+    """Who reaches the serving pods: the API port (completions and the admin calls) only from this
+    base's routers and from the operator, the metrics port from anywhere (Prometheus). Clients
+    reach the adapters through the router, which checks keys and quotas at the edge; the admin
+    token stays needed all the same. Without ``operator_namespace`` (an operator run outside the
+    chart) the operator's pods are admitted from any namespace. Enforced where the cluster's
+    network plugin implements NetworkPolicy."""
+    operator: dict[str, Any] = {"podSelector": {"matchLabels": {COMPONENT_LABEL: "operator"}}}
+    operator["namespaceSelector"] = (
+        {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}} if operator_namespace else {}
+    )
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": f"{name}-serving", "namespace": namespace, "labels": labels(name)},
+        "spec": {
+            "podSelector": {"matchLabels": labels(name)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": {"matchLabels": router_labels(name)}}, operator],
+                    "ports": [{"protocol": "TCP", "port": "http"}],
+                },
+                {"ports": [{"protocol": "TCP", "port": "metrics"}]},
+            ],
+        },
+    }
+
+
+def children(
+    name: str, namespace: str, spec: BaseModelSpec, admin_secret: str, operator_namespace: str | None = None
+) -> list[dict[str, Any]]:
     serving = [config_map(name, namespace, spec), deployment(name, namespace, spec, admin_secret), service(name, namespace)]
     serving.append(disruption_budget(f"{name}-serving", namespace, labels(name)))
+    serving.append(network_policy(name, namespace, operator_namespace))
     router = router_objects(name, namespace, spec, admin_secret)
     router.append(disruption_budget(f"{name}-router", namespace, router_labels(name)))
     return serving + router

@@ -83,11 +83,12 @@ async def apply_child(manifest: dict[str, Any]) -> None:
 
     def write() -> None:
         kind, ns, name = manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"]
-        apps, core, rbac, policy = (
+        apps, core, rbac, policy, networking = (
             client.AppsV1Api(_api()),
             _core(),
             client.RbacAuthorizationV1Api(_api()),
             client.PolicyV1Api(_api()),
+            client.NetworkingV1Api(_api()),
         )
         create: Any
         patch: Any
@@ -102,6 +103,7 @@ async def apply_child(manifest: dict[str, Any]) -> None:
                 policy.create_namespaced_pod_disruption_budget,
                 policy.patch_namespaced_pod_disruption_budget,
             ),
+            "NetworkPolicy": (networking.create_namespaced_network_policy, networking.patch_namespaced_network_policy),
         }[kind]
         try:
             create(ns, manifest)

@@ -70,7 +70,7 @@ async def base_changed(
     generation = meta.get("generation")
     conditions = [Condition.model_validate(c) for c in status.get("conditions", [])]
     try:
-        manifests = children(name, namespace, base, SETTINGS.admin_token_secret)
+        manifests = children(name, namespace, base, SETTINGS.admin_token_secret, SETTINGS.operator_namespace)
     except UnsupportedSource as err:
         conditions = set_condition(conditions, "Applied", "False", "UnsupportedSource", str(err), generation)
         patch = {"phase": "Degraded", "conditions": [c.body() for c in conditions]}

@@ -11,6 +11,9 @@ class OperatorSettings(BaseSettings):
 
     admin_token: str | None = Field(default=None, description="bearer token of the serving replicas' admin API")
     admin_token_secret: str = Field(default="loraplane-admin", description="the Secret serving pods read that token from")
+    operator_namespace: str | None = Field(
+        default=None, description="the operator's own namespace (the chart sets it); serving pods' NetworkPolicy admits it"
+    )
     sync_interval: float = Field(default=10.0, gt=0, description="seconds between a BaseModel's sync with its replicas")
     metrics_interval: float = Field(default=30.0, ge=0, description="at most one metrics write per adapter per this many seconds")
     metrics_refresh: float = Field(

@@ -83,7 +83,10 @@ def test_the_settings_it_reads_are_the_values_and_the_secret(render: Any, monkey
     known = {f"LORAPLANE_{name.upper()}" for name in OperatorSettings.model_fields}
     for var in container(objects)["env"]:
         assert var["name"] in known, f"{var['name']} is not an operator setting"
-        if "valueFrom" in var:
+        if "fieldRef" in var.get("valueFrom", {}):  # the downward API: the release's namespace
+            assert var["valueFrom"]["fieldRef"] == {"fieldPath": "metadata.namespace"}
+            monkeypatch.setenv(var["name"], "loraplane-system")
+        elif "valueFrom" in var:
             ref = var["valueFrom"]["secretKeyRef"]
             assert (ref["name"], ref["key"]) == ("loraplane-admin", ADMIN_TOKEN_KEY)
             monkeypatch.setenv(var["name"], token)
@@ -92,6 +95,7 @@ def test_the_settings_it_reads_are_the_values_and_the_secret(render: Any, monkey
     settings = OperatorSettings()
     assert (settings.admin_token, settings.admin_token_secret) == (token, "loraplane-admin")
     assert (settings.sync_interval, settings.retry_delay, settings.metrics_interval) == (20, 2.5, 30)
+    assert settings.operator_namespace == "loraplane-system"
 
 
 def test_an_existing_admin_secret_is_used_and_none_is_created(render: Any) -> None:

@@ -55,6 +55,22 @@ def test_metrics_have_a_port_of_their_own_on_replicas_and_routers() -> None:
         assert {"name": "metrics", "port": 9090, "targetPort": "metrics"} in ports
 
 
+def test_only_the_routers_and_the_operator_reach_the_serving_api_port() -> None:
+    model = BaseModelSpec.model_validate(BASE["spec"])
+    objects = {f"{m['kind']}/{m['metadata']['name']}": m for m in children("smollm2", "team-a", model, "admin", "loraplane")}
+    policy = objects["NetworkPolicy/smollm2-serving"]["spec"]
+    serving = objects["Deployment/smollm2-serving"]["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"] == serving and policy["policyTypes"] == ["Ingress"]
+    api, metrics = policy["ingress"]
+    assert api["ports"] == [{"protocol": "TCP", "port": "http"}]
+    router_pods = objects["Deployment/smollm2-router"]["spec"]["template"]["metadata"]["labels"]
+    router_rule, operator_rule = api["from"]
+    assert router_rule == {"podSelector": {"matchLabels": router_pods}}
+    assert operator_rule["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "loraplane"}}
+    assert operator_rule["podSelector"] == {"matchLabels": {"app.kubernetes.io/component": "operator"}}
+    assert metrics == {"ports": [{"protocol": "TCP", "port": "metrics"}]}  # Prometheus, from anywhere
+
+
 def test_the_deployment_carries_secrets_by_reference_and_the_sizing() -> None:
     pod = built()["Deployment/smollm2-serving"]["spec"]["template"]["spec"]
     container = pod["containers"][0]
@@ -108,7 +124,7 @@ def test_the_operators_cluster_role_covers_everything_it_creates_and_grants() ->
 
     plural = {"ConfigMap": "configmaps", "Deployment": "deployments", "Service": "services",
               "ServiceAccount": "serviceaccounts", "Role": "roles", "RoleBinding": "rolebindings",
-              "PodDisruptionBudget": "poddisruptionbudgets"}  # fmt: skip
+              "PodDisruptionBudget": "poddisruptionbudgets", "NetworkPolicy": "networkpolicies"}  # fmt: skip
     for manifest in built().values():
         group = manifest["apiVersion"].rpartition("/")[0]
         assert allowed(group, plural[manifest["kind"]], "create") and allowed(group, plural[manifest["kind"]], "patch")
