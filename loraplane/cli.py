@@ -481,6 +481,10 @@ def router(
     from loraplane.serving.router.app import create_router_app
     from loraplane.serving.router.config import RouterConfig
 
+    if tenants_path is not None and not admin_token:
+        # As `serve`: with tenants the edge is closed to callers without a key, and an open
+        # /router/replicas or /metrics would show every tenant's adapters to any of them.
+        raise click.UsageError("--tenants needs --admin-token (or LORAPLANE_ADMIN_TOKEN): its admin views would be open")
     try:
         config = RouterConfig(
             replicas=list(replicas), service=service, namespace=namespace, policy=policy,

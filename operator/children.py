@@ -18,6 +18,7 @@ from kubernetes.utils import parse_quantity
 
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.cluster import BASE_LABEL, COMPONENT_LABEL, METRICS_PORT, SERVING_PORT
+from loraplane.operator.pod_security import CONTAINER_SECURITY, HOME_ENV, POD_SECURITY, TMP_MOUNT, TMP_VOLUME
 from loraplane.operator.router_objects import router_labels, router_objects
 from loraplane.operator.usage_wiring import USAGE_DIR, usage_wiring
 
@@ -102,8 +103,11 @@ def deployment(name: str, namespace: str, spec: BaseModelSpec, admin_secret: str
         volumes.append({"name": "tenants", "secret": {"secretName": spec.tenancy.api_keys_secret.name}})
     env: list[dict[str, Any]] = [
         {"name": "LORAPLANE_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {"name": admin_secret, "key": ADMIN_TOKEN_KEY}}},
+        HOME_ENV,
         *usage_env,
     ]
+    mounts.append(TMP_MOUNT)
+    volumes.append(TMP_VOLUME)
     env_from = []
     if spec.adapter_store.credentials_secret is not None:
         env_from.append({"secretRef": {"name": spec.adapter_store.credentials_secret.name}})
@@ -120,8 +124,10 @@ def deployment(name: str, namespace: str, spec: BaseModelSpec, admin_secret: str
         "livenessProbe": {"httpGet": {"path": "/health", "port": SERVING_PORT}, "periodSeconds": 10},
         "resources": {"limits": limits, "requests": requests},
         "volumeMounts": mounts,
+        "securityContext": CONTAINER_SECURITY,
     }
     pod_spec: dict[str, Any] = {
+        "securityContext": POD_SECURITY,
         "containers": [container],
         "volumes": volumes,
         "terminationGracePeriodSeconds": 60,  # graceful shutdown finishes in-flight requests

@@ -12,6 +12,7 @@ from typing import Any
 
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.cluster import BASE_LABEL, COMPONENT_LABEL, METRICS_PORT, SERVING_PORT
+from loraplane.operator.pod_security import CONTAINER_SECURITY, HOME_ENV, POD_SECURITY, TMP_MOUNT, TMP_VOLUME
 from loraplane.operator.usage_wiring import USAGE_DIR, usage_wiring
 
 ROUTER_PORT = 8000
@@ -66,13 +67,15 @@ def router_deployment(base: str, namespace: str, spec: BaseModelSpec, admin_secr
         "ports": [{"name": "http", "containerPort": ROUTER_PORT}, {"name": "metrics", "containerPort": METRICS_PORT}],
         "env": [
             {"name": "LORAPLANE_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {"name": admin_secret, "key": "admin-token"}}},
+            HOME_ENV,
             *usage_env,
         ],
         "envFrom": env_from if spec.usage.bucket else [],
         "readinessProbe": {**probe, "httpGet": {"path": "/ready", "port": ROUTER_PORT}, "periodSeconds": 5},
         "livenessProbe": probe,
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
-        "volumeMounts": mounts,
+        "volumeMounts": [*mounts, TMP_MOUNT],
+        "securityContext": CONTAINER_SECURITY,
     }
     return {
         "apiVersion": "apps/v1",
@@ -83,7 +86,12 @@ def router_deployment(base: str, namespace: str, spec: BaseModelSpec, admin_secr
             "selector": {"matchLabels": router_labels(base)},
             "template": {
                 "metadata": {"labels": router_labels(base)},
-                "spec": {"serviceAccountName": f"{base}-router", "containers": [container], "volumes": volumes},
+                "spec": {
+                    "serviceAccountName": f"{base}-router",
+                    "securityContext": POD_SECURITY,
+                    "containers": [container],
+                    "volumes": [*volumes, TMP_VOLUME],
+                },
             },
         },
     }

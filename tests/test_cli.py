@@ -88,3 +88,5 @@ def test_serve_refuses_tenants_without_an_admin_token(tmp_path: Path, monkeypatc
     assert code == 2 and "--tenants needs --admin-token" in output
     code, output = run("serve", "--tenants", str(tenants), "--admin-token", "")
     assert code == 2
+    code, output = run("router", "--replica", "http://127.0.0.1:1", "--tenants", str(tenants))
+    assert code == 2 and "--tenants needs --admin-token" in output

@@ -14,6 +14,7 @@ use its whole tenant's share.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections import deque
@@ -61,6 +62,10 @@ def load_tenants(path: Path) -> list[TenantConfig]:
 INTERNAL_TENANT = INTERNAL_OWNER
 
 
+def _key_digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
 class _Usage:
     def __init__(self) -> None:
         self.in_flight = 0
@@ -76,7 +81,9 @@ class _Usage:
 class Tenants:
     def __init__(self, tenants: list[TenantConfig] | None) -> None:
         self.open = not tenants
-        self.by_key = {key: t for t in tenants or [] for key in t.api_keys}
+        # Keyed by the keys' sha256, so a lookup's timing depends on a digest of what the caller
+        # sent, not on how many leading characters of a real key it guessed.
+        self.by_key = {_key_digest(key): t for t in tenants or [] for key in t.api_keys}
         self.adapter_limits: dict[str, Limits] = {}
         self.usage: dict[str, _Usage] = {}  # "tenant:<name>" or "adapter:<name>"
         self.lock = threading.Lock()
@@ -86,7 +93,7 @@ class Tenants:
         if self.open:
             return None
         key = (authorization or "").removeprefix("Bearer ").strip()
-        tenant = self.by_key.get(key)
+        tenant = self.by_key.get(_key_digest(key))
         if tenant is None:
             raise APIError(401, "Incorrect API key provided.", type_="invalid_request_error", code="invalid_api_key")
         return tenant

@@ -71,6 +71,25 @@ def test_only_the_routers_and_the_operator_reach_the_serving_api_port() -> None:
     assert metrics == {"ports": [{"protocol": "TCP", "port": "metrics"}]}  # Prometheus, from anywhere
 
 
+def test_serving_and_router_pods_run_unprivileged_on_a_read_only_root() -> None:
+    objects = built()
+    for who in ("serving", "router"):
+        pod = objects[f"Deployment/smollm2-{who}"]["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        (container,) = pod["containers"]
+        context = container["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False and context["readOnlyRootFilesystem"] is True
+        assert context["capabilities"] == {"drop": ["ALL"]}
+        # What the process writes has a volume: /tmp (also HOME, for library caches) and its spools.
+        mounted = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
+        assert "/tmp" in mounted and {"name": "HOME", "value": "/tmp"} in container["env"]
+        volumes = {v["name"] for v in pod["volumes"]}
+        assert {m["name"] for m in container["volumeMounts"]} <= volumes
+    serving = objects["Deployment/smollm2-serving"]["spec"]["template"]["spec"]["containers"][0]
+    assert {"/var/cache/loraplane", "/tmp"} <= {m["mountPath"] for m in serving["volumeMounts"]}
+
+
 def test_the_deployment_carries_secrets_by_reference_and_the_sizing() -> None:
     pod = built()["Deployment/smollm2-serving"]["spec"]["template"]["spec"]
     container = pod["containers"][0]
