@@ -42,7 +42,7 @@ from loraplane.serving.api.protocol import (
     new_id,
     now,
 )
-from loraplane.serving.api.quality_gate import verify_candidate
+from loraplane.serving.api.quality_gate import load_adapter, verify_candidate
 from loraplane.serving.api.tenants import TenantConfig, Tenants
 from loraplane.serving.api.usage_metrics import UsageCollector
 from loraplane.serving.engine.llm_engine import LLMEngine, RequestError, RequestOutput
@@ -486,13 +486,9 @@ def create_app(
     # adapters (vLLM's calls and our admin API; both need the admin token when one is set) -------
     @app.post("/v1/load_lora_adapter")
     async def load_lora(req: LoadLoraRequest, engine: Admin) -> PlainTextResponse:
+        spec = AdapterSpec(req.lora_name, req.lora_path, req.digest, req.tenant, req.allow_rank_truncation)
         try:
-            await engine.call(
-                lambda: engine.engine.load_lora(
-                    req.lora_name, req.lora_path, expected_digest=req.digest, tenant=req.tenant,
-                    allow_rank_truncation=req.allow_rank_truncation,
-                )
-            )  # fmt: skip
+            await load_adapter(engine, spec)  # fetched and replayed off the engine thread
         except AdapterValidationError as err:
             # vLLM answers 404 for a path with no adapter, 400 for one it refuses.
             status = 404 if err.code is ErrorCode.MISSING_FILE else 400

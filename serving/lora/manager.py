@@ -423,10 +423,17 @@ class AdapterManager:
             failures.append(LoadFailure(name, f"adapter {name!r} failed to load: {entry.error}"))
         return failures
 
-    def prepare(self, spec: AdapterSpec) -> LoadedAdapter:
-        """Fetch and validate a version without registering it: nothing anyone is served changes,
-        whatever the files turn out to be. ``install`` then gives it its name."""
-        loaded, tier, seconds = self._load(spec)
+    def fetch(self, spec: AdapterSpec) -> tuple[LoadedAdapter, str, float]:
+        """Fetch and validate a version on the calling thread, touching no engine state (the admin
+        API runs it off the engine thread, so a slow fetch or a large file's hash stalls no
+        step); returns what :meth:`prepare` takes as ``fetched``."""
+        return self._load(spec)
+
+    def prepare(self, spec: AdapterSpec, fetched: tuple[LoadedAdapter, str, float] | None = None) -> LoadedAdapter:
+        """Fetch and validate a version (or take what :meth:`fetch` got) without registering it:
+        nothing anyone is served changes, whatever the files turn out to be. ``install`` then
+        gives it its name."""
+        loaded, tier, seconds = fetched or self._load(spec)
         self.metrics.observe_load(spec.name, spec.tenant, tier, seconds)
         return loaded
 

@@ -118,6 +118,52 @@ def test_the_quality_gate_replays_a_candidates_golden_outputs_and_registers_noth
         assert not any(m.startswith("quality-gate") for m in models)
 
 
+def test_a_slow_candidate_fetch_stalls_no_other_request(tiny_llama, tiny_adapters, tmp_path, monkeypatch) -> None:
+    """A quality-gate check and a load with golden outputs whose fetches hang: completions on the
+    same replica still answer, and both finish once the fetch does."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from loraplane.adapter_format import sources
+    from loraplane.serving.api.app import create_app
+    from loraplane.serving.api.loopback import serve_app
+
+    trainer = tiny_engine(tiny_llama, tmp_path / "train", tiny_adapters)
+    good = shutil.copytree(tiny_adapters["all8"], tmp_path / "good")
+    _record_golden(trainer, "all8", good)
+    del trainer
+    app = create_app(lambda: tiny_engine(tiny_llama, tmp_path / "serve", {"live": tiny_adapters["qv4"]}))
+    body = {"model": "live", "prompt": "hi", "max_tokens": 4}
+    with serve_app(app) as url, ThreadPoolExecutor(2) as pool:
+        assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 200  # live is loaded
+        gate, entered = threading.Event(), []
+        real_fetch = sources.FileSource.fetch
+
+        def hanging_fetch(self, into):  # type: ignore[no-untyped-def]
+            entered.append(self)
+            gate.wait(timeout=60)
+            real_fetch(self, into)
+
+        monkeypatch.setattr(sources.FileSource, "fetch", hanging_fetch)
+        verify = pool.submit(httpx.post, f"{url}/admin/verify", json={"lora_path": str(good)}, timeout=120)
+        load = pool.submit(httpx.post, f"{url}/v1/load_lora_adapter", json={"lora_name": "new", "lora_path": str(good)},
+                           timeout=120)  # fmt: skip
+        deadline = time.monotonic() + 30
+        while len(entered) < 2:  # both are inside their fetch now
+            assert time.monotonic() < deadline, "the fetches never started"
+            time.sleep(0.02)
+        served = httpx.post(f"{url}/v1/completions", json=body, timeout=20)
+        assert served.status_code == 200 and not verify.done() and not load.done()
+        gate.set()
+        assert verify.result().status_code == 200, verify.result().text
+        assert load.result().status_code == 200, load.result().text
+        models = [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]]
+        assert "new" in models and not any(m.startswith(("quality-gate", "candidate")) for m in models)
+
+
 def test_golden_ids_outside_the_vocabulary_refuse_the_file_not_the_step(tiny_llama, tiny_adapters, tmp_path) -> None:
     engine = tiny_engine(tiny_llama, tmp_path / "serve")
     engine.load_lora("kept", str(tiny_adapters["qv4"]))
