@@ -14,7 +14,9 @@ LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
 class BaseShape(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(default="base", description="model id, e.g. HuggingFaceTB/SmolLM2-135M-Instruct")
+    name: str = Field(
+        default="", description="model id, e.g. HuggingFaceTB/SmolLM2-135M-Instruct; empty for a shape with no identity"
+    )
     revision: str | None = Field(default=None, description="commit or tag of the base an adapter must be trained on")
     fingerprint: str | None = Field(default=None, description="sha256 over architecture, shapes and weights")
     hidden_size: int = Field(gt=0)

@@ -74,11 +74,9 @@ def _check_files(folder: Path) -> None:
 
 def _check_base(config: PeftLoraConfig, base: BaseShape) -> None:
     declared = config.base_model_name_or_path
-    if (
-        declared
-        and base.name != "base"
-        and declared.rstrip("/").split("/")[-1].lower() != base.name.rstrip("/").split("/")[-1].lower()
-    ):
+    # Only a shape with no identity (an empty name: a bare shape, as in the simulator) skips the
+    # name check; a served base always has one (serving/weights/base.py resolve_base).
+    if declared and base.name and declared.rstrip("/").split("/")[-1].lower() != base.name.rstrip("/").split("/")[-1].lower():
         raise _fail(ErrorCode.BASE_MISMATCH, f"adapter was trained on {declared!r}, this base is {base.name!r}")
     if config.revision and base.revision and config.revision != base.revision:
         raise _fail(

@@ -250,6 +250,13 @@ def generate(
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="YAML file of engine settings (the flags' names with underscores); flags override it.",
 )
+@click.option(
+    "--served-model-name",
+    "base_name",
+    help="The base's model id (vLLM's flag): what /v1/models lists and what adapters must declare as "
+    "base_model_name_or_path [default: the embedded model's id, the .gguf's or the folder's name].",
+)
+@click.option("--base-revision", help="The base's revision; adapters that declare another are refused.")
 @click.option("--lora-modules", multiple=True, metavar="NAME=SOURCE", help="Adapter to load at start (folder, file:// or s3://).")
 @click.option("--max-loras", type=click.IntRange(min=1), help="Adapters resident in device slots at once.")
 @click.option("--max-lora-rank", type=click.IntRange(min=1))

@@ -95,3 +95,22 @@ def test_unknown_names_busy_adapters_and_long_prompts(engine, tiny_adapters) -> 
     with pytest.raises(RequestError, match="token ids"):
         engine.add_request([1, 99999])
     assert not engine.has_unfinished()
+
+
+def test_a_base_folder_called_base_still_checks_what_adapters_declare(
+    tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    """The base's identity is its name whatever its folder is called; the name check once turned
+    off for a folder named ``base``. ``--served-model-name`` (base_name) names it explicitly."""
+    folder = shutil.copytree(tiny_llama, tmp_path / "base")
+    adapter = shutil.copytree(tiny_adapters["qv4"], tmp_path / "for-another")
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = "someone/another-model"
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    plain = tiny_engine(folder, tmp_path / "cache-a")
+    assert plain.base.shape.name == "base"
+    with pytest.raises(AdapterValidationError) as err:
+        plain.load_lora("other", str(adapter))
+    assert err.value.code is ErrorCode.BASE_MISMATCH and "someone/another-model" in str(err.value)
+    named = tiny_engine(folder, tmp_path / "cache-b", base_name="someone/another-model")
+    assert named.load_lora("other", str(adapter)).name == "other"
