@@ -19,6 +19,7 @@ from loraplane.adapter_format import BaseShape
 from loraplane.adapter_format.sources import S3Settings
 from loraplane.operator import cluster
 from loraplane.operator.adapter_check import CheckFailed, check_adapter
+from loraplane.operator.admission import tenancy_problems
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.api.common import Quotas
 from loraplane.operator.api.loraadapter import AdapterSource, LoraAdapterSpec, LoraAdapterStatus, ReplicaPlacement
@@ -119,6 +120,16 @@ async def reconcile(
         )
         return out
     base = BaseModelSpec.model_validate(base_obj["spec"])
+    serving = (out.status.serving_uri, out.status.serving_digest) == (spec.source.uri, spec.source.digest)
+    if not serving and (refusals := tenancy_problems(spec, base)):  # webhook or not; nothing is fetched
+        reason, message = refusals[0]
+        if out.status.serving_digest is None:
+            out.status.phase = "Failed"
+            out.condition("Validated", "False", reason, message, generation)
+            out.condition("Ready", "False", reason, message, generation)
+        else:  # the version serving stays; the change is refused
+            out.condition("Promoted", "False", reason, f"{spec.source.digest} refused: {message}", generation)
+        return out
     replicas = await cluster.ready_replicas(namespace, spec.base_model)
     if not replicas:
         out.condition("Staged", "False", "NoReadyReplicas", f"no serving replica of {spec.base_model!r} is ready yet", generation)

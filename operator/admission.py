@@ -17,11 +17,41 @@ def _pydantic_errors(err: ValidationError) -> list[str]:
     return [f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
 
 
+def tenancy_problems(spec: LoraAdapterSpec, base: BaseModelSpec) -> list[tuple[str, str]]:
+    """(reason, message) for each rule of the BaseModel's tenant policy the adapter breaks; the
+    webhook refuses on them and the reconcile fails the adapter on them, webhook or not."""
+    policies = base.tenancy.tenants
+    if policies is None:
+        return []
+    policy = next((t for t in policies if t.name == spec.tenant), None)
+    if policy is None:
+        return [("TenantNotAllowed", f"spec.tenant: {spec.tenant!r} is not one of {spec.base_model}'s tenants")]
+    if not any(spec.source.uri.startswith(prefix) for prefix in policy.sources):
+        allowed = ", ".join(policy.sources)
+        return [("SourceNotAllowed", f"spec.source.uri: tenant {spec.tenant!r}'s adapters must be under {allowed}")]
+    return []
+
+
+def served_name_problem(name: str, spec: LoraAdapterSpec, others: Mapping[str, str]) -> str | None:
+    """``others``: served name -> the LoraAdapter serving it, for the other adapters of the base."""
+    served = spec.served_name or name
+    holder = others.get(served)
+    if holder is not None and holder != name:
+        return f"spec.servedName: {served!r} is already served by LoraAdapter {holder!r}"
+    return None
+
+
 def review_adapter(
-    spec_raw: Mapping[str, Any], base_spec_raw: Mapping[str, Any] | None, allowed_schemes: tuple[str, ...] = SOURCE_SCHEMES
+    spec_raw: Mapping[str, Any],
+    base_spec_raw: Mapping[str, Any] | None,
+    allowed_schemes: tuple[str, ...] = SOURCE_SCHEMES,
+    *,
+    name: str = "",
+    others: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """Reasons to refuse the LoraAdapter (empty: admit). ``base_spec_raw`` is the referenced
-    BaseModel's spec, None when it does not exist."""
+    """Reasons to refuse the LoraAdapter ``name`` (empty: admit). ``base_spec_raw`` is the
+    referenced BaseModel's spec, None when it does not exist; ``others`` as for
+    :func:`served_name_problem`."""
     try:
         spec = LoraAdapterSpec.model_validate(dict(spec_raw))
     except ValidationError as err:
@@ -34,6 +64,9 @@ def review_adapter(
         problems.append(f"spec.baseModel: BaseModel {spec.base_model!r} does not exist in this namespace")
         return problems
     base = BaseModelSpec.model_validate(dict(base_spec_raw))
+    problems += [message for _, message in tenancy_problems(spec, base)]
+    if (taken := served_name_problem(name, spec, others or {})) is not None:
+        problems.append(taken)
     cap = base.engine.max_lora_rank
     if spec.rank is not None and spec.rank > cap and spec.rank_policy == "Reject":
         problems.append(

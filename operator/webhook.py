@@ -24,9 +24,15 @@ def serve_webhook(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 
 @kopf.on.validate(GROUP, VERSION, "loraadapters", id="loraadapters")
-async def admit_adapter(spec: kopf.Spec, namespace: str | None, **_: Any) -> None:
-    base = await cluster.get_custom(namespace or "default", "basemodels", str(spec.get("baseModel", "")))
-    problems = review_adapter(spec, base.get("spec") if base else None)
+async def admit_adapter(spec: kopf.Spec, name: str | None, namespace: str | None, **_: Any) -> None:
+    ns, base_name = namespace or "default", str(spec.get("baseModel", ""))
+    base = await cluster.get_custom(ns, "basemodels", base_name)
+    others = {
+        str(o["spec"].get("servedName") or o["metadata"]["name"]): o["metadata"]["name"]
+        for o in await cluster.list_custom(ns, "loraadapters")
+        if o.get("spec", {}).get("baseModel") == base_name
+    }
+    problems = review_adapter(spec, base.get("spec") if base else None, name=name or "", others=others)
     if problems:
         raise kopf.AdmissionError("; ".join(problems), code=422)
 

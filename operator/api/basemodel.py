@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from loraplane.eviction import OnlinePolicyName
-from loraplane.operator.api.common import Condition, KubeModel, ObjectMeta, Quotas, SecretRef
+from loraplane.operator.api.common import DNS_LABEL, Condition, KubeModel, ObjectMeta, Quotas, SecretRef
 
 CPU_LORAS_RULE = "!has(self.maxCpuLoras) || self.maxCpuLoras >= self.maxLoras"
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"  # bytes, as Kubernetes writes them
@@ -83,9 +83,23 @@ class Routing(KubeModel):
     replicas: int = Field(default=1, ge=0, le=32, description="router replicas")
 
 
+class TenantPolicy(KubeModel):
+    """One tenant LoraAdapters of this base may name, and where their files may come from."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL)
+    sources: list[Annotated[str, Field(pattern=r"^(s3|file)://.+$", max_length=1024)]] = Field(
+        min_length=1, max_length=64, description="URI prefixes the tenant's adapters must be under, e.g. s3://adapters/acme/"
+    )
+
+
 class Tenancy(KubeModel):
     api_keys_secret: SecretRef | None = Field(default=None, description="a Secret whose tenants.yaml maps API keys to tenants")
     default_quotas: Quotas | None = Field(default=None, description="for each adapter of this base that sets no quotas")
+    tenants: list[TenantPolicy] | None = Field(
+        default=None,
+        description="when set, a LoraAdapter may name only these tenants, each with its source prefixes, so a namespace "
+        "user cannot publish an adapter to another tenant's key or from another tenant's files; unset: any tenant",
+    )
 
 
 class AutoPinning(KubeModel):

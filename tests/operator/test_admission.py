@@ -42,3 +42,23 @@ def test_a_base_model_with_cpu_slots_below_device_slots_is_refused() -> None:
     spec = copy.deepcopy(BASE)
     spec["engine"].update(maxLoras=32, maxCpuLoras=8)
     assert any("maxCpuLoras must be at least maxLoras" in p for p in review_base(spec))
+
+
+def test_a_base_with_a_tenant_policy_admits_only_its_tenants_from_their_sources() -> None:
+    base = {**copy.deepcopy(BASE), "tenancy": {**BASE.get("tenancy", {}), "tenants": [
+        {"name": LORA["tenant"], "sources": [LORA["source"]["uri"].rsplit("/", 1)[0] + "/"]},
+        {"name": "globex", "sources": ["s3://adapters/globex/"]},
+    ]}}  # fmt: skip
+    assert review_adapter(LORA, base) == []
+    stranger = review_adapter({**LORA, "tenant": "initech"}, base)
+    assert any("'initech' is not one of" in p for p in stranger), stranger
+    # A namespace user naming globex cannot serve files from outside globex's prefix.
+    borrowed = review_adapter({**LORA, "tenant": "globex"}, base)
+    assert any("must be under s3://adapters/globex/" in p for p in borrowed), borrowed
+
+
+def test_a_served_name_another_adapter_holds_is_refused() -> None:
+    others = {"support": "support-v1"}
+    taken = review_adapter({**LORA, "servedName": "support"}, BASE, name="support-v2", others=others)
+    assert any("'support' is already served by LoraAdapter 'support-v1'" in p for p in taken), taken
+    assert review_adapter({**LORA, "servedName": "support"}, BASE, name="support-v1", others=others) == []  # its own

@@ -268,6 +268,36 @@ def test_a_pin_beyond_the_replicas_free_slots_serves_unpinned_and_says_why(stack
         stack.kube.wait_for("the object to go", lambda n=name: stack.kube.get("LoraAdapter", NS, n) is None, timeout=30)
 
 
+def test_a_tenant_policy_on_the_base_refuses_other_tenants_and_other_sources(stack: Stack) -> None:
+    """Without the webhook: the reconcile fails an adapter naming a tenant the BaseModel does not
+    list, or files outside that tenant's prefix, before anything is fetched; what serves stays."""
+    stack.wait_phase("support", "Ready")
+    base = stack.kube.get("BaseModel", NS, "tiny")
+    assert base is not None
+    policy = {**base["spec"]["tenancy"], "tenants": [{"name": "acme", "sources": ["s3://adapters/acme/"]}]}
+
+    def apply_base(tenancy: dict[str, Any]) -> None:
+        manifest = {"apiVersion": "loraplane.dev/v1alpha1", "kind": "BaseModel", "metadata": {"name": "tiny", "namespace": NS}}
+        stack.apply({**manifest, "spec": {**base["spec"], "tenancy": tenancy}})
+
+    apply_base(policy)
+    try:
+        stack.apply({**lora("intruder", stack.uris["qv4"], stack.digests["qv4"]), "spec": {
+            **lora("intruder", stack.uris["qv4"], stack.digests["qv4"])["spec"], "tenant": "globex"}})  # fmt: skip
+        stack.apply(lora("borrowed", stack.uris["drifted"], stack.digests["drifted"]))  # acme, from broken/
+        for name, reason in (("intruder", "TenantNotAllowed"), ("borrowed", "SourceNotAllowed")):
+            status = stack.wait_phase(name, "Failed")["status"]
+            ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+            assert ready["reason"] == reason, ready
+            assert all(stack.on_replica(url, name) is None for url in stack.replicas.values())
+        assert stack.adapter("support")["status"]["phase"] == "Ready"
+    finally:
+        apply_base({k: v for k, v in policy.items() if k != "tenants"})
+        for name in ("intruder", "borrowed"):
+            stack.kube.delete("LoraAdapter", NS, name)
+            stack.kube.wait_for("the object to go", lambda n=name: stack.kube.get("LoraAdapter", NS, n) is None, timeout=30)
+
+
 def test_a_deleted_adapter_leaves_every_replica_before_its_finalizer_goes(stack: Stack) -> None:
     stack.apply(lora("temporary", stack.uris["all8"], stack.digests["all8"]))
     stack.wait_phase("temporary", "Ready")
