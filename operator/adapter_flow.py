@@ -107,8 +107,9 @@ async def quality_gate(client: ServingClient, spec: LoraAdapterSpec) -> str:
 
 async def reconcile(
     name: str, namespace: str, generation: int | None, spec_raw: Mapping[str, Any], status_raw: Mapping[str, Any] | None,
-    settings: OperatorSettings,
+    settings: OperatorSettings, *, served_by: str | None = None,
 ) -> Outcome:  # fmt: skip
+    """``served_by``: the LoraAdapter that holds this one's served name (itself, or None, when free)."""
     spec = LoraAdapterSpec.model_validate(dict(spec_raw))
     out = Outcome(parse_status(status_raw))
     out.status.observed_generation = generation
@@ -120,6 +121,12 @@ async def reconcile(
         )
         return out
     base = BaseModelSpec.model_validate(base_obj["spec"])
+    if served_by is not None and served_by != name:
+        served = spec.served_name or name
+        message = f"{served!r} is served by LoraAdapter {served_by!r}; this one waits until it is free"
+        out.status.phase = "Pending" if out.status.serving_digest is None else out.status.phase
+        out.condition("Ready", "False", "ServedNameTaken", message, generation)
+        return out
     serving = (out.status.serving_uri, out.status.serving_digest) == (spec.source.uri, spec.source.digest)
     if not serving and (refusals := tenancy_problems(spec, base)):  # webhook or not; nothing is fetched
         reason, message = refusals[0]

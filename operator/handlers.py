@@ -19,7 +19,15 @@ from loraplane.operator.settings import OperatorSettings
 
 SETTINGS = OperatorSettings()
 MEMORY: dict[tuple[str, str], BaseMemory] = {}
-WAITING_REASONS = {"BaseModelNotFound", "NoReadyReplicas", "ReplicaError"}
+WAITING_REASONS = {"BaseModelNotFound", "NoReadyReplicas", "ReplicaError", "ServedNameTaken"}
+
+
+@kopf.index(GROUP, VERSION, "loraadapters")
+def served_names(name: str, namespace: str | None, spec: kopf.Spec, meta: kopf.Meta, **_: Any) -> dict[Any, Any]:
+    """(namespace, base, served name) -> (created, adapter): who holds a served name, kept by kopf
+    from the watch it runs anyway, so a reconcile finds a collision without listing adapters."""
+    served = spec.get("servedName") or name
+    return {(namespace, spec.get("baseModel"), served): (str(meta.get("creationTimestamp", "")), name)}
 
 
 @kopf.on.startup()
@@ -37,10 +45,12 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.on.create(GROUP, VERSION, "loraadapters")
 @kopf.on.update(GROUP, VERSION, "loraadapters", field="spec")
 async def adapter_changed(
-    body: kopf.Body, name: str, namespace: str | None, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status, **_: Any
+    body: kopf.Body, name: str, namespace: str | None, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status, **kwargs: Any
 ) -> None:
     namespace = namespace or "default"  # both kinds are namespaced; kopf's type allows cluster scope
-    out = await reconcile(name, namespace, meta.get("generation"), spec, status, SETTINGS)
+    # The first created of the adapters claiming a served name holds it; the others wait for it.
+    holder = _holder(kwargs["served_names"], namespace, name, spec)
+    out = await reconcile(name, namespace, meta.get("generation"), spec, status, SETTINGS, served_by=holder)
     # A merge patch keeps what it does not mention: promotingDigest is cleared with an explicit null.
     await cluster.patch_status(
         namespace, "loraadapters", name, {**out.status.body(), "promotingDigest": out.status.promoting_digest}
@@ -53,9 +63,19 @@ async def adapter_changed(
 
 
 @kopf.on.delete(GROUP, VERSION, "loraadapters")
-async def adapter_deleted(name: str, namespace: str | None, spec: kopf.Spec, **_: Any) -> None:
-    """Unregistered from every replica before the finalizer is removed."""
-    await unregister_everywhere(name, namespace or "default", spec, SETTINGS)
+async def adapter_deleted(name: str, namespace: str | None, spec: kopf.Spec, **kwargs: Any) -> None:
+    """Unregistered from every replica before the finalizer is removed; an adapter that was only
+    waiting for a served name another one holds leaves that one serving."""
+    namespace = namespace or "default"
+    if _holder(kwargs["served_names"], namespace, name, spec) in (name, None):
+        await unregister_everywhere(name, namespace, spec, SETTINGS)
+
+
+def _holder(index: kopf.Index[Any, tuple[str, str]], namespace: str, name: str, spec: kopf.Spec) -> str | None:
+    """The first created of the adapters claiming this one's served name (kopf passes the index
+    by its function's name)."""
+    claims: list[tuple[str, str]] = list(index.get((namespace, spec.get("baseModel"), spec.get("servedName") or name), []))
+    return min(claims)[1] if claims else None
 
 
 @kopf.on.resume(GROUP, VERSION, "basemodels")

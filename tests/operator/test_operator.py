@@ -298,6 +298,34 @@ def test_a_tenant_policy_on_the_base_refuses_other_tenants_and_other_sources(sta
             stack.kube.wait_for("the object to go", lambda n=name: stack.kube.get("LoraAdapter", NS, n) is None, timeout=30)
 
 
+def test_a_second_adapter_claiming_a_served_name_waits_and_the_first_keeps_it(stack: Stack) -> None:
+    """Without the webhook, a LoraAdapter naming `support`'s served name must not replace what
+    the replicas serve under it: it waits (Pending, ServedNameTaken), and the name keeps serving
+    the first adapter's version; once the claimant takes another name it serves under that."""
+    ready = stack.wait_phase("support", "Ready")
+    digest = ready["status"]["servingDigest"]
+    stack.apply(lora("impostor", stack.uris["ku2"], stack.digests["ku2"], servedName="support"))
+
+    def waiting() -> dict[str, Any] | None:
+        conditions = stack.adapter("impostor").get("status", {}).get("conditions", [])
+        return next((c for c in conditions if c["type"] == "Ready" and c["reason"] == "ServedNameTaken"), None)
+
+    condition = stack.kube.wait_for("the claimant to wait", waiting, timeout=30)
+    assert "served by LoraAdapter 'support'" in condition["message"]
+    assert stack.adapter("impostor")["status"]["phase"] == "Pending"
+    assert all(stack.on_replica(url, "support")["digest"] == digest for url in stack.replicas.values())
+    stack.apply(lora("waiter", stack.uris["ku2"], stack.digests["ku2"], servedName="support"))
+    stack.kube.wait_for("the second claimant to wait", lambda: stack.adapter("waiter").get("status", {}).get("phase"), 30)
+    stack.kube.delete("LoraAdapter", NS, "waiter")  # deleting a claimant leaves the holder serving
+    stack.kube.wait_for("the object to go", lambda: stack.kube.get("LoraAdapter", NS, "waiter") is None, timeout=30)
+    assert all(stack.on_replica(url, "support")["digest"] == digest for url in stack.replicas.values())
+    stack.apply(lora("impostor", stack.uris["ku2"], stack.digests["ku2"], servedName="impostor-own"))
+    stack.wait_phase("impostor", "Ready")
+    assert all(stack.on_replica(url, "impostor-own") is not None for url in stack.replicas.values())
+    stack.kube.delete("LoraAdapter", NS, "impostor")
+    stack.kube.wait_for("the object to go", lambda: stack.kube.get("LoraAdapter", NS, "impostor") is None, timeout=30)
+
+
 def test_a_deleted_adapter_leaves_every_replica_before_its_finalizer_goes(stack: Stack) -> None:
     stack.apply(lora("temporary", stack.uris["all8"], stack.digests["all8"]))
     stack.wait_phase("temporary", "Ready")
