@@ -57,8 +57,10 @@ def _closed_name(path: Path) -> Path:
     return path.with_name(path.name.removesuffix(OPEN_SUFFIX) + CLOSED_SUFFIX)
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """fsync a file or a folder by path (a folder's fsync makes the renames inside it durable);
+    the node disk cache uses it too."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -84,7 +86,7 @@ def recover(folder: Path) -> list[Path]:
         path.rename(target)
         closed.append(target)
     if closed:
-        _fsync_dir(folder)
+        fsync_path(folder)
     return closed
 
 
@@ -221,7 +223,7 @@ class UsageSpool:
         seg.file.close()
         target = _closed_name(seg.path)
         seg.path.rename(target)
-        _fsync_dir(self.folder)
+        fsync_path(self.folder)
         self._segment = None
         if self.on_close is not None:
             self.on_close(target)

@@ -44,6 +44,7 @@ from loraplane.adapter_format import file_digest, parse_digest
 from loraplane.adapter_format.golden import GOLDEN_FILE
 from loraplane.adapter_format.validation import CONFIG_FILE, WEIGHTS_FILE
 from loraplane.eviction import Tier, make_policy
+from loraplane.usage.spool import fsync_path
 
 CONTENT_FILES = (CONFIG_FILE, WEIGHTS_FILE, GOLDEN_FILE)
 _CONTENT_NAME = re.compile(r"^[0-9a-f]{64}$")
@@ -67,14 +68,6 @@ def content_address(folder: Path, digests: dict[str, str] | None = None) -> str:
 
 def _folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class DiskCache:
@@ -202,9 +195,9 @@ class DiskCache:
         target = self.root / content
         for child in staged.iterdir():
             if child.is_file():
-                _fsync(child)
+                fsync_path(child)
         staged.chmod(0o755)  # mkdtemp's 0700 would hide it from the other replicas sharing the node
-        _fsync(staged)
+        fsync_path(staged)
         with self._lock:
             self._reading[content] += 1
         try:
@@ -212,14 +205,14 @@ class DiskCache:
                 os.rename(staged, target)
             except OSError:  # the same content is already there (another adapter or replica)
                 shutil.rmtree(staged, ignore_errors=True)
-            _fsync(self.root)
+            fsync_path(self.root)
             fd, tmp = tempfile.mkstemp(prefix=".alias-", dir=self.aliases)
             with os.fdopen(fd, "w") as fh:
                 json.dump({"source": source, "weights": weights, "content": content}, fh)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, self.aliases / _alias_name(source))
-            _fsync(self.aliases)
+            fsync_path(self.aliases)
         except BaseException:
             self.release(target)
             raise
