@@ -32,12 +32,10 @@ def tenancy_problems(spec: LoraAdapterSpec, base: BaseModelSpec) -> list[tuple[s
     return []
 
 
-def served_name_problem(name: str, spec: LoraAdapterSpec, others: Mapping[str, str]) -> str | None:
-    """``others``: served name -> the LoraAdapter serving it, for the other adapters of the base."""
-    served = spec.served_name or name
-    holder = others.get(served)
-    if holder is not None and holder != name:
-        return f"spec.servedName: {served!r} is already served by LoraAdapter {holder!r}"
+def served_name_problem(name: str, spec: LoraAdapterSpec, served_by: str | None) -> str | None:
+    """``served_by``: the LoraAdapter holding this one's served name (handlers.served_name_holder)."""
+    if served_by is not None and served_by != name:
+        return f"spec.servedName: {spec.served_name or name!r} is already served by LoraAdapter {served_by!r}"
     return None
 
 
@@ -47,10 +45,10 @@ def review_adapter(
     allowed_schemes: tuple[str, ...] = SOURCE_SCHEMES,
     *,
     name: str = "",
-    others: Mapping[str, str] | None = None,
+    served_by: str | None = None,
 ) -> list[str]:
     """Reasons to refuse the LoraAdapter ``name`` (empty: admit). ``base_spec_raw`` is the
-    referenced BaseModel's spec, None when it does not exist; ``others`` as for
+    referenced BaseModel's spec, None when it does not exist; ``served_by`` as for
     :func:`served_name_problem`."""
     try:
         spec = LoraAdapterSpec.model_validate(dict(spec_raw))
@@ -65,7 +63,7 @@ def review_adapter(
         return problems
     base = BaseModelSpec.model_validate(dict(base_spec_raw))
     problems += [message for _, message in tenancy_problems(spec, base)]
-    if (taken := served_name_problem(name, spec, others or {})) is not None:
+    if (taken := served_name_problem(name, spec, served_by)) is not None:
         problems.append(taken)
     cap = base.engine.max_lora_rank
     if spec.rank is not None and spec.rank > cap and spec.rank_policy == "Reject":

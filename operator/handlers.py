@@ -49,7 +49,7 @@ async def adapter_changed(
 ) -> None:
     namespace = namespace or "default"  # both kinds are namespaced; kopf's type allows cluster scope
     # The first created of the adapters claiming a served name holds it; the others wait for it.
-    holder = _holder(kwargs["served_names"], namespace, name, spec)
+    holder = served_name_holder(kwargs["served_names"], namespace, name, spec)
     out = await reconcile(name, namespace, meta.get("generation"), spec, status, SETTINGS, served_by=holder)
     # A merge patch keeps what it does not mention: promotingDigest is cleared with an explicit null.
     await cluster.patch_status(
@@ -67,11 +67,11 @@ async def adapter_deleted(name: str, namespace: str | None, spec: kopf.Spec, **k
     """Unregistered from every replica before the finalizer is removed; an adapter that was only
     waiting for a served name another one holds leaves that one serving."""
     namespace = namespace or "default"
-    if _holder(kwargs["served_names"], namespace, name, spec) in (name, None):
+    if served_name_holder(kwargs["served_names"], namespace, name, spec) in (name, None):
         await unregister_everywhere(name, namespace, spec, SETTINGS)
 
 
-def _holder(index: kopf.Index[Any, tuple[str, str]], namespace: str, name: str, spec: kopf.Spec) -> str | None:
+def served_name_holder(index: kopf.Index[Any, tuple[str, str]], namespace: str, name: str, spec: kopf.Spec) -> str | None:
     """The first created of the adapters claiming this one's served name (kopf passes the index
     by its function's name)."""
     claims: list[tuple[str, str]] = list(index.get((namespace, spec.get("baseModel"), spec.get("servedName") or name), []))

@@ -11,7 +11,7 @@ import kopf
 from loraplane.operator import cluster
 from loraplane.operator.admission import review_adapter, review_base
 from loraplane.operator.api import GROUP, VERSION
-from loraplane.operator.handlers import SETTINGS
+from loraplane.operator.handlers import SETTINGS, served_name_holder
 from loraplane.operator.webhook_tls import WebhookServer
 
 
@@ -24,15 +24,11 @@ def serve_webhook(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 
 @kopf.on.validate(GROUP, VERSION, "loraadapters", id="loraadapters")
-async def admit_adapter(spec: kopf.Spec, name: str | None, namespace: str | None, **_: Any) -> None:
-    ns, base_name = namespace or "default", str(spec.get("baseModel", ""))
-    base = await cluster.get_custom(ns, "basemodels", base_name)
-    others = {
-        str(o["spec"].get("servedName") or o["metadata"]["name"]): o["metadata"]["name"]
-        for o in await cluster.list_custom(ns, "loraadapters")
-        if o.get("spec", {}).get("baseModel") == base_name
-    }
-    problems = review_adapter(spec, base.get("spec") if base else None, name=name or "", others=others)
+async def admit_adapter(spec: kopf.Spec, name: str | None, namespace: str | None, **kwargs: Any) -> None:
+    ns = namespace or "default"
+    base = await cluster.get_custom(ns, "basemodels", str(spec.get("baseModel", "")))
+    holder = served_name_holder(kwargs["served_names"], ns, name or "", spec)  # the reconcile's index
+    problems = review_adapter(spec, base.get("spec") if base else None, name=name or "", served_by=holder)
     if problems:
         raise kopf.AdmissionError("; ".join(problems), code=422)
 

@@ -126,11 +126,11 @@ def create_router_app(
         # records the refusal itself, once).
         limit = getattr(request_model, "max_completion_tokens", None) or request_model.max_tokens or 0
         if isinstance(request_model, CompletionRequest):
-            texts = request_model.prompts()
-        else:
-            texts = [m.text() for m in request_model.messages]
-        prompt = sum(len(t) if isinstance(t, list) else len(t) // 4 for t in texts)
-        most = prompt + limit * request_model.n * (len(texts) if isinstance(request_model, CompletionRequest) else 1)
+            prompts = request_model.prompts()
+        else:  # one prompt: the conversation
+            prompts = [" ".join(m.text() for m in request_model.messages)]
+        estimate = sum(len(p) if isinstance(p, list) else len(p) // 4 for p in prompts)
+        most = estimate + limit * request_model.n * len(prompts)
         reservation = tenants.admit(tenant, adapter, most)
         forwarder: Forwarder = request.app.state.forwarder
 

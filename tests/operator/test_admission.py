@@ -58,7 +58,6 @@ def test_a_base_with_a_tenant_policy_admits_only_its_tenants_from_their_sources(
 
 
 def test_a_served_name_another_adapter_holds_is_refused() -> None:
-    others = {"support": "support-v1"}
-    taken = review_adapter({**LORA, "servedName": "support"}, BASE, name="support-v2", others=others)
+    taken = review_adapter({**LORA, "servedName": "support"}, BASE, name="support-v2", served_by="support-v1")
     assert any("'support' is already served by LoraAdapter 'support-v1'" in p for p in taken), taken
-    assert review_adapter({**LORA, "servedName": "support"}, BASE, name="support-v1", others=others) == []  # its own
+    assert review_adapter({**LORA, "servedName": "support"}, BASE, name="support-v1", served_by="support-v1") == []

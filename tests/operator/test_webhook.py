@@ -60,6 +60,11 @@ def test_the_api_server_calls_the_webhook_and_deletion_needs_neither(kube: Kube,
         kube.wait_for(
             "the operator's finalizer", lambda: (kube.get("LoraAdapter", NS, "kept") or {})["metadata"].get("finalizers")
         )
+        claimant = example("LoraAdapter", "claimant")  # wants the name `kept` is served under
+        claimant["spec"] |= {"baseModel": "hooked-base", "servedName": "kept"}
+        r = kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(claimant), check=False)
+        assert r.returncode != 0 and "'kept' is already served by LoraAdapter 'kept'" in r.stderr, r.stderr
+        assert kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(adapter)).returncode == 0  # its own name, again
     finally:
         stop(operator)
 
