@@ -154,8 +154,16 @@ def _check_finite(path: Path, tensors: dict[str, TensorInfo]) -> None:
 
 
 def validate_adapter_dir(
-    folder: str | Path, base: BaseShape, limits: ValidationLimits = ValidationLimits(), *, expected_digest: str | None = None
+    folder: str | Path,
+    base: BaseShape,
+    limits: ValidationLimits = ValidationLimits(),
+    *,
+    expected_digest: str | None = None,
+    weights_digest: str | None = None,
 ) -> AdapterManifest:
+    """``weights_digest``: the weights file's digest when the caller has just computed it from
+    this very file (the engine's disk cache does as it writes or verifies a folder), so a large
+    file is not hashed a second time."""
     folder = Path(folder)
     _check_files(folder)
     config = load_peft_config(folder / CONFIG_FILE)
@@ -163,7 +171,7 @@ def validate_adapter_dir(
     size = weights.stat().st_size
     if size > limits.max_bytes:
         raise _fail(ErrorCode.TOO_LARGE, f"{WEIGHTS_FILE} is {size} bytes, the limit is {limits.max_bytes}")
-    digest = file_digest(weights)
+    digest = weights_digest or file_digest(weights)
     if expected_digest is not None and parse_digest(expected_digest) != digest:
         raise _fail(ErrorCode.DIGEST_MISMATCH, f"{WEIGHTS_FILE} has digest {digest}, the manifest declares {expected_digest}")
     _check_base(config, base)

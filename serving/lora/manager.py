@@ -348,13 +348,13 @@ class AdapterManager:
         """Worker thread: cold or disk -> validated tensors in host memory."""
         start = time.perf_counter()
         folder = self.disk.get(spec.source, spec.digest) if spec.digest else None
-        tier = "disk"
+        tier, weights = "disk", spec.digest  # a hit was verified against this digest
         if folder is None:
             tier = "cold"
             staged = self.disk.staging()
             try:
                 open_source(spec.source, self.s3).fetch(staged)
-                _, folder = self.disk.commit(staged, spec.source)
+                weights, folder = self.disk.commit(staged, spec.source)
             except BaseException:
                 self.disk.discard(staged)
                 raise
@@ -365,7 +365,8 @@ class AdapterManager:
             supported_modules=self.limits.supported_modules,
         )
         try:
-            loaded = load_peft_adapter(folder, self.base, limits, expected_digest=spec.digest)
+            # The cache hashed the weights as it wrote or verified the folder: not hashed twice.
+            loaded = load_peft_adapter(folder, self.base, limits, expected_digest=spec.digest, weights_digest=weights)
         finally:
             self.disk.release(folder)
         return loaded, tier, time.perf_counter() - start

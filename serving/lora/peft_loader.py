@@ -43,10 +43,11 @@ def load_peft_adapter(
     limits: ValidationLimits,
     *,
     expected_digest: str | None = None,
+    weights_digest: str | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> LoadedAdapter:
     folder = Path(folder)
-    manifest = validate_adapter_dir(folder, base, limits, expected_digest=expected_digest)
+    manifest = validate_adapter_dir(folder, base, limits, expected_digest=expected_digest, weights_digest=weights_digest)
     raw = load_file(str(folder / WEIGHTS_FILE))
     pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for name, tensor in raw.items():
