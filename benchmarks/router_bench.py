@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from loraplane.admin_api import ReplicaStats
 from loraplane.serving.bench.deployment import Fleet, spawn_replicas, spawn_router
 from loraplane.serving.bench.driver import replay
 from loraplane.serving.bench.report import AdapterTiers, Latency, tier_delta
@@ -30,9 +31,11 @@ from loraplane.serving.weights.base import resolve_base
 from loraplane.sim.replicas import simulate_replicas
 
 
-def stats(fleet: Fleet) -> list[dict[str, object]]:
+def stats(fleet: Fleet) -> list[ReplicaStats]:
     headers = {"Authorization": f"Bearer {fleet.admin_token}"}
-    return [httpx.get(f"{url}/admin/stats", headers=headers, timeout=60).json() for url in fleet.urls]
+    return [
+        ReplicaStats.model_validate(httpx.get(f"{url}/admin/stats", headers=headers, timeout=60).json()) for url in fleet.urls
+    ]
 
 
 def measure(

@@ -31,6 +31,7 @@ import torch
 from tqdm import tqdm
 
 from loraplane.eviction import ONLINE_POLICY_NAMES
+from loraplane.serving.api.admin_view import replica_stats
 from loraplane.serving.bench.engine_replay import Arrival, Record
 from loraplane.serving.bench.engine_replay import replay as engine_replay
 from loraplane.serving.bench.report import percentile
@@ -86,19 +87,19 @@ def seed_scenario(args: argparse.Namespace, work: Path, folders: dict[str, Path]
         for name, uri in uris.items():
             engine.register_lora(AdapterSpec(name, uri))
         records, _ = replay(engine, list(names), args.rate, args.prompt_len, args.output_len, f"{device}/{host}")
-        stats = engine.stats()["adapters"]
+        stats = replica_stats(engine).adapters
         loads = {tier: [0, 0.0] for tier in ("cold", "host")}
         for s in stats.values():
-            for tier, v in s["load_seconds"].items():
+            for tier, v in s.load_seconds.items():
                 key = "host" if tier == "host" else "cold"
-                loads[key][0] += v["count"]
-                loads[key][1] += v["sum"]
+                loads[key][0] += v.count
+                loads[key][1] += v.sum
         cold_ms = 1e3 * loads["cold"][1] / max(1, loads["cold"][0])
         host_ms = 1e3 * loads["host"][1] / max(1, loads["host"][0])
         sim = simulate_tiers(names, device, host, args.policy, costs=Costs(host_ms=host_ms, cold_ms=cold_ms))
         n = len(records)
         by = {t: [r.ttft * 1e3 for r in records if r.arrival_tier == t] for t in ("device", "host", "cold")}
-        waits = sum(s["queue_wait_seconds"]["sum"] for s in stats.values())
+        waits = sum(s.queue_wait_seconds.sum for s in stats.values())
         cold = sum(1 for r in records if r.arrival_tier == "cold")
         ttft = [f"{percentile(by[t], 0.5):.0f}/{percentile(by[t], 0.99):.0f}" for t in ("device", "host", "cold")]
         print(

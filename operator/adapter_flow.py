@@ -15,8 +15,9 @@ from typing import Any
 
 import kopf
 
-from loraplane.adapter_format import BaseShape
 from loraplane.adapter_format.sources import S3Settings
+from loraplane.admin_api import AdminClient, LoadLoraRequest, ReplicaError, Tier, VerifyRequest
+from loraplane.admin_api import Quotas as ReplicaQuotas
 from loraplane.operator import cluster
 from loraplane.operator.adapter_check import CheckFailed, check_adapter
 from loraplane.operator.admission import tenancy_problems
@@ -24,7 +25,6 @@ from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.api.common import Quotas
 from loraplane.operator.api.loraadapter import AdapterSource, LoraAdapterSpec, LoraAdapterStatus, ReplicaPlacement
 from loraplane.operator.conditions import Status, condition, set_condition
-from loraplane.operator.serving_client import ReplicaError, ServingClient
 from loraplane.operator.settings import OperatorSettings
 
 
@@ -66,14 +66,17 @@ def serving_source(spec: LoraAdapterSpec, status: LoraAdapterStatus) -> AdapterS
 
 
 async def stage(
-    client: ServingClient, served: str, spec: LoraAdapterSpec, source: AdapterSource, *, pinned: bool, quotas: Quotas | None
+    client: AdminClient, served: str, spec: LoraAdapterSpec, source: AdapterSource, *, pinned: bool, quotas: Quotas | None
 ) -> tuple[str, str | None]:
     """Register ``source`` (with the adapter's quotas), prefetch, pin or unpin on one replica;
     returns the tier it reports and, when the replica refused the pin (409: its pins already
     take every slot but the one left for unpinned adapters), why. The adapter serves unpinned."""
-    limits = quotas.model_dump(exclude_none=True) if quotas is not None else None
-    truncate = spec.rank_policy == "Truncate"
-    await client.register(served, source.uri, source.digest, spec.tenant, truncate=truncate, quotas=limits)
+    limits = ReplicaQuotas.model_validate(quotas.model_dump(exclude_none=True)) if quotas is not None else None
+    req = LoadLoraRequest(
+        lora_name=served, lora_path=source.uri, digest=source.digest, tenant=spec.tenant,
+        allow_rank_truncation=spec.rank_policy == "Truncate", quotas=limits,
+    )  # fmt: skip
+    await client.register(req)
     if spec.prefetch or pinned:
         await client.action(served, "prefetch")
     try:
@@ -81,28 +84,28 @@ async def stage(
     except ReplicaError as err:
         if not (pinned and err.status == 409):
             raise
-        return str((await client.state(served) or {}).get("tier", "cold")), str(err)
-    return str(state.get("tier", "cold")), None
+        now = await client.state(served)
+        return (now.tier if now is not None else Tier.COLD).value, str(err)
+    return state.tier.value, None
 
 
-async def quality_gate(client: ServingClient, spec: LoraAdapterSpec) -> str:
+async def quality_gate(client: AdminClient, spec: LoraAdapterSpec) -> str:
     """Replay the version's golden outputs on a serving replica when the spec asks for it; a short
     note for the Validated condition, or CheckFailed with the drift."""
     gate = spec.quality_gate
     if gate is None:
         return ""
     try:
-        report = await client.verify(
-            spec.source.uri, spec.source.digest, truncate=spec.rank_policy == "Truncate",
+        report = await client.verify(VerifyRequest(
+            lora_path=spec.source.uri, digest=spec.source.digest, allow_rank_truncation=spec.rank_policy == "Truncate",
             min_token_agreement=gate.min_token_agreement, max_mean_kl=gate.max_mean_kl,
-        )  # fmt: skip
+        ))  # fmt: skip
     except ReplicaError as err:
         if err.status in (400, 422):
             raise CheckFailed("QualityGateFailed" if err.status == 422 else "GoldenOutputsMissing", str(err)) from None
         raise
-    kl = report.get("mean_kl")
-    note = f"; golden outputs agree on {100 * report['token_agreement']:.1f}% of tokens"
-    return note + (f", KL {kl:.3f}" if kl is not None else "")
+    note = f"; golden outputs agree on {100 * report.token_agreement:.1f}% of tokens"
+    return note + (f", KL {report.mean_kl:.3f}" if report.mean_kl is not None else "")
 
 
 async def reconcile(
@@ -142,20 +145,18 @@ async def reconcile(
         out.condition("Staged", "False", "NoReadyReplicas", f"no serving replica of {spec.base_model!r} is ready yet", generation)
         out.status.phase = "Pending" if out.status.serving_digest is None else out.status.phase
         return out
-    clients = [ServingClient(r.url, settings.admin_token) for r in replicas]
+    clients = [AdminClient(r.url, settings.admin_token) for r in replicas]
     try:
         return await _reconcile_on(name, namespace, generation, spec, base, replicas, clients, out)
     except ReplicaError as err:
         out.condition("Staged", "False", "ReplicaError", str(err), generation)
         out.status.phase = "Staging" if out.status.serving_digest is None else out.status.phase
         return out
-    finally:
-        await asyncio.gather(*(c.close() for c in clients))
 
 
 async def _reconcile_on(
     name: str, namespace: str, generation: int | None, spec: LoraAdapterSpec, base: BaseModelSpec,
-    replicas: list[cluster.Replica], clients: list[ServingClient], out: Outcome,
+    replicas: list[cluster.Replica], clients: list[AdminClient], out: Outcome,
 ) -> Outcome:  # fmt: skip
     status = out.status
     digest = spec.source.digest
@@ -170,7 +171,7 @@ async def _reconcile_on(
         status.promoting_digest = digest
         await cluster.patch_status(namespace, "loraadapters", name, {"promotingDigest": digest})
     if changed:
-        shape = BaseShape.model_validate(await clients[0].base())
+        shape = await clients[0].base()
         s3 = await s3_settings(namespace, base)
         try:
             manifest = await asyncio.to_thread(check_adapter, spec, shape, base.engine.max_lora_rank, s3)
@@ -220,10 +221,8 @@ async def unregister_everywhere(name: str, namespace: str, spec_raw: Mapping[str
     """Remove the adapter from every ready replica of its base (before the finalizer goes)."""
     spec = LoraAdapterSpec.model_validate(dict(spec_raw))
     served = spec.served_name or name
-    clients = [ServingClient(r.url, settings.admin_token) for r in await cluster.ready_replicas(namespace, spec.base_model)]
+    clients = [AdminClient(r.url, settings.admin_token) for r in await cluster.ready_replicas(namespace, spec.base_model)]
     try:
         await asyncio.gather(*(c.unregister(served) for c in clients))
     except ReplicaError as err:
         raise kopf.TemporaryError(f"unregistering {served}: {err}", delay=settings.retry_delay) from None
-    finally:
-        await asyncio.gather(*(c.close() for c in clients))

@@ -12,20 +12,21 @@ Every ``sync_interval`` seconds, per BaseModel:
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from loraplane.admin_api import AdapterState, AdminClient, ReplicaError
 from loraplane.operator import cluster, decisions
 from loraplane.operator.adapter_flow import parse_status, serving_source, stage
 from loraplane.operator.api.basemodel import MAX_STATUS_TENANTS, BaseModelSpec, TenantUsage, UsageStatus
 from loraplane.operator.api.loraadapter import LoraAdapterSpec
 from loraplane.operator.conditions import now_rfc3339
-from loraplane.operator.serving_client import ReplicaError, ServingClient
 from loraplane.operator.settings import OperatorSettings
 from loraplane.usage.rollup import merge
+
+ReplicaAdapters = dict[str, dict[str, AdapterState]]  # replica -> served name -> its state there
 
 
 @dataclass
@@ -74,33 +75,30 @@ async def sync_base(
     replicas = await cluster.ready_replicas(namespace, name)
     adapters = _adapters_of(name, await cluster.list_custom(namespace, "loraadapters"))
     ready = {a.served: a for a in adapters if a.status.phase == "Ready"}
-    clients = {r.name: ServingClient(r.url, settings.admin_token) for r in replicas}
+    clients = {r.name: AdminClient(r.url, settings.admin_token) for r in replicas}
     fingerprint = None
-    try:
-        stats: dict[str, dict[str, Any]] = {}
-        for replica, client in clients.items():
+    stats: ReplicaAdapters = {}
+    for replica, client in clients.items():
+        try:
+            stats[replica] = (await client.stats()).adapters
+            if fingerprint is None:
+                fingerprint = (await client.base()).fingerprint
+        except ReplicaError:
+            continue  # unreachable now; the next sync tries again
+    pins = _pins(base, ready, stats, memory)
+    for replica, known in stats.items():
+        for served in decisions.missing(known, ready):
             try:
-                stats[replica] = (await client.stats())["adapters"]
-                if fingerprint is None:
-                    fingerprint = (await client.base()).get("fingerprint")
+                view = ready[served]
+                quotas = view.spec.quotas or base.tenancy.default_quotas
+                source = serving_source(view.spec, view.status)
+                await stage(clients[replica], served, view.spec, source, pinned=served in pins, quotas=quotas)
             except ReplicaError:
-                continue  # unreachable now; the next sync tries again
-        pins = _pins(base, ready, stats, memory)
-        for replica, known in stats.items():
-            for served in decisions.missing(known, ready):
-                try:
-                    view = ready[served]
-                    quotas = view.spec.quotas or base.tenancy.default_quotas
-                    source = serving_source(view.spec, view.status)
-                    await stage(clients[replica], served, view.spec, source, pinned=served in pins, quotas=quotas)
-                except ReplicaError:
-                    continue
-        await _apply_pins(pins, ready, stats, clients)
-        await _write_metrics(namespace, ready, stats, memory, settings)
-        if time.monotonic() - memory.usage_at >= settings.metrics_interval:
-            memory.usage, memory.usage_at = await _usage(list(clients.values())), time.monotonic()
-    finally:
-        await asyncio.gather(*(c.close() for c in clients.values()))
+                continue
+    await _apply_pins(pins, ready, stats, clients)
+    await _write_metrics(namespace, ready, stats, memory, settings)
+    if time.monotonic() - memory.usage_at >= settings.metrics_interval:
+        memory.usage, memory.usage_at = await _usage(list(clients.values())), time.monotonic()
     return {
         "phase": "Ready" if replicas else "Progressing",
         "replicas": base.replicas,
@@ -113,7 +111,7 @@ async def sync_base(
     }
 
 
-def _pins(base: BaseModelSpec, ready: dict[str, AdapterView], stats: dict[str, dict[str, Any]], memory: BaseMemory) -> set[str]:
+def _pins(base: BaseModelSpec, ready: dict[str, AdapterView], stats: ReplicaAdapters, memory: BaseMemory) -> set[str]:
     """Adapters pinned by their manifest, plus the auto-pinned hot set."""
     pinned = {served for served, a in ready.items() if a.spec.pinned}
     auto = base.auto_pinning
@@ -123,21 +121,26 @@ def _pins(base: BaseModelSpec, ready: dict[str, AdapterView], stats: dict[str, d
         rates = {}
         for served in ready:
             previous = memory.samples.get(served)
-            now = decisions.sample(time.monotonic(), [s[served] for s in stats.values() if served in s])
-            if previous is not None and now.at > previous.at:
-                rates[served] = max(0, now.requests - previous.requests) / (now.at - previous.at)
+            rate = decisions.request_rate(previous, decisions.sample(time.monotonic(), _entries(stats, served)))
+            if rate is not None:
+                rates[served] = rate
         if rates:
             memory.auto_pinned = decisions.hot_set(rates, slots - len(pinned), memory.auto_pinned, auto.hysteresis)
     return pinned | (memory.auto_pinned & set(ready))
 
 
+def _entries(stats: ReplicaAdapters, served: str) -> list[AdapterState]:
+    """One adapter's state on every replica that lists it."""
+    return [s[served] for s in stats.values() if served in s]
+
+
 async def _apply_pins(
-    pins: set[str], ready: dict[str, AdapterView], stats: dict[str, dict[str, Any]], clients: dict[str, ServingClient]
+    pins: set[str], ready: dict[str, AdapterView], stats: ReplicaAdapters, clients: dict[str, AdminClient]
 ) -> None:
     for replica, known in stats.items():
         for served in ready:
             entry = known.get(served)
-            if entry is None or bool(entry.get("pinned")) == (served in pins):
+            if entry is None or entry.pinned == (served in pins):
                 continue
             try:
                 await clients[replica].action(served, "pin" if served in pins else "unpin")
@@ -146,22 +149,22 @@ async def _apply_pins(
 
 
 async def _write_metrics(
-    namespace: str, ready: dict[str, AdapterView], stats: dict[str, dict[str, Any]], memory: BaseMemory,
+    namespace: str, ready: dict[str, AdapterView], stats: ReplicaAdapters, memory: BaseMemory,
     settings: OperatorSettings,
 ) -> None:  # fmt: skip
     now = time.monotonic()
     for served, view in ready.items():
-        entries = [s[served] for s in stats.values() if served in s]
+        entries = _entries(stats, served)
         current = decisions.sample(now, entries)
         previous = memory.samples.get(served)
         new = decisions.metrics(previous, current, now_rfc3339())
         memory.samples[served] = current
         if now - memory.last_write.get(served, -1e9) < settings.metrics_interval:
             continue
-        placements = [{"replica": r, "tier": s[served].get("tier", "cold")} for r, s in sorted(stats.items()) if served in s]
+        placements = [{"replica": r, "tier": s[served].tier.value} for r, s in sorted(stats.items()) if served in s]
         # What the replicas report, not what was asked: a replica refuses a pin that would take
         # its last unpinned slot (the adapter's Pinned condition says so).
-        pinned = bool(entries) and all(e.get("pinned") for e in entries)
+        pinned = bool(entries) and all(e.pinned for e in entries)
         pinned_changed = view.status.pinned != pinned
         refresh_due = now - memory.last_write.get(served, -1e9) >= settings.metrics_refresh
         if not decisions.worth_writing(view.status.metrics, new, refresh_due=refresh_due) and not pinned_changed:
@@ -171,7 +174,7 @@ async def _write_metrics(
         memory.last_write[served] = now
 
 
-async def _usage(clients: list[ServingClient]) -> dict[str, Any] | None:
+async def _usage(clients: list[AdminClient]) -> dict[str, Any] | None:
     """The replicas' rollups summed per tenant and bounded in size; None when no replica answered."""
     rollups = []
     for client in clients:

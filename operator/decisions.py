@@ -5,9 +5,9 @@ Handlers gather the inputs and apply the outputs; everything here is tested with
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
+from loraplane.admin_api import Counters, percentile, rate
 from loraplane.operator.api.loraadapter import AdapterMetrics
 
 
@@ -16,54 +16,39 @@ class Sample:
     """An adapter's counters summed over the replicas at one moment."""
 
     at: float
-    requests: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    device_hits: int = 0
-    host_hits: int = 0
-    cold_loads: int = 0
-    load_count: int = 0
-    load_seconds: float = 0.0
-    recent_load_ms: tuple[float, ...] = ()  # the replicas' latest load durations, pooled
+    counters: Counters = field(default_factory=Counters)
 
 
-def sample(at: float, per_replica: Iterable[Mapping[str, Any]]) -> Sample:
-    """Sum one adapter's ``/admin/stats`` entries from every replica that knows it."""
-    fields: dict[str, float] = {}
-    recent: list[float] = []
+def sample(at: float, per_replica: Iterable[Counters]) -> Sample:
+    """Sum one adapter's ``/admin/stats`` entries from every replica that knows it (their recent
+    load durations pooled)."""
+    total = Counters()
     for entry in per_replica:
-        recent += [float(ms) for ms in entry.get("recent_load_ms") or []]
-        for key in ("requests", "prompt_tokens", "completion_tokens", "device_hits", "host_hits", "cold_loads"):
-            fields[key] = fields.get(key, 0) + int(entry.get(key, 0))
-        for tier in (entry.get("load_seconds") or {}).values():
-            fields["load_count"] = fields.get("load_count", 0) + int(tier["count"])
-            fields["load_seconds"] = fields.get("load_seconds", 0.0) + float(tier["sum"])
-    counts = {k: (v if k == "load_seconds" else int(v)) for k, v in fields.items()}
-    return Sample(at=at, recent_load_ms=tuple(sorted(recent)), **counts)  # type: ignore[arg-type]
+        total = total.plus(entry)
+    return Sample(at, total)
 
 
-def _percentile(ordered: tuple[float, ...], q: float) -> float | None:
-    """Nearest rank on a sorted sample, the same rule as the benchmarks' reports."""
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else None
+def request_rate(previous: Sample | None, now: Sample) -> float | None:
+    """Requests per second between two samples; None without an earlier one."""
+    if previous is None or now.at <= previous.at:
+        return None
+    return rate(previous.counters.requests, now.counters.requests, now.at - previous.at)
 
 
 def metrics(previous: Sample | None, now: Sample, last_updated: str) -> AdapterMetrics:
-    """Status figures: rates over the interval since ``previous`` (counters restart with a replica,
-    so a negative difference counts as a fresh start), hit rates over everything seen."""
-    rate = 0.0
-    if previous is not None and now.at > previous.at:
-        delta = now.requests - previous.requests
-        rate = (delta if delta >= 0 else now.requests) / (now.at - previous.at)
-    arrivals = now.device_hits + now.host_hits + now.cold_loads
-    mean_load = 1e3 * now.load_seconds / now.load_count if now.load_count else None
-    p50, p99 = _percentile(now.recent_load_ms, 0.5), _percentile(now.recent_load_ms, 0.99)
+    """Status figures: the request rate over the interval since ``previous``, hit rates and load
+    latencies over everything the replicas have seen."""
+    c = now.counters
+    arrivals = c.arrivals
+    mean_load = 1e3 * c.load_seconds_total / c.loads if c.loads else None
+    p50, p99 = percentile(c.recent_load_ms, 0.5), percentile(c.recent_load_ms, 0.99)
     return AdapterMetrics(
-        requests_per_second=round(rate, 3),
-        prompt_tokens=now.prompt_tokens,
-        completion_tokens=now.completion_tokens,
-        device_hit_rate=round(now.device_hits / arrivals, 4) if arrivals else None,
-        host_hit_rate=round(now.host_hits / arrivals, 4) if arrivals else None,
-        cold_loads=now.cold_loads,
+        requests_per_second=round(request_rate(previous, now) or 0.0, 3),
+        prompt_tokens=c.prompt_tokens,
+        completion_tokens=c.completion_tokens,
+        device_hit_rate=round(c.device_hits / arrivals, 4) if arrivals else None,
+        host_hit_rate=round(c.host_hits / arrivals, 4) if arrivals else None,
+        cold_loads=c.cold_loads,
         load_latency_mean_ms=round(mean_load, 2) if mean_load is not None else None,
         load_latency_p50_ms=round(p50, 2) if p50 is not None else None,
         load_latency_p99_ms=round(p99, 2) if p99 is not None else None,

@@ -1,4 +1,5 @@
 """The serving engine, its OpenAI-compatible server and the adapter-affinity router.
 
-Imports flow api -> engine -> lora -> model, and serving imports kernels, never the reverse.
+Layers, one way (an import-linter contract): demo -> bench, router -> api -> engine -> lora ->
+weights -> model; serving imports kernels, never the reverse. See docs/architecture.md.
 """

@@ -9,13 +9,11 @@ since they are read on demand rather than stored by a time-series database for e
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+
+from loraplane.admin_api import Counters, CountSum
 
 OTHER = "__other__"
 NONE = "__base__"
@@ -133,53 +131,16 @@ class EngineMetrics:
         self.ttft.labels(*self._labels(adapter, tenant)).observe(seconds)
 
     @staticmethod
-    def as_json(c: AdapterCounts) -> dict[str, object]:
-        return {
-            "requests": c.requests,
-            "prompt_tokens": c.prompt_tokens,
-            "completion_tokens": c.completion_tokens,
-            "device_hits": c.arrivals.get("device", 0),
-            "host_hits": c.arrivals.get("host", 0),
-            "cold_loads": c.arrivals.get("cold", 0),
-            "load_seconds": {tier: {"count": n, "sum": s} for tier, (n, s) in c.load_seconds.items()},
-            "queue_wait_seconds": {"count": c.queue_wait[0], "sum": c.queue_wait[1]},
-            "recent_load_ms": [round(1e3 * s, 3) for s in c.recent_loads],
-        }
-
-
-class AdapterStateCollector(Collector):
-    """Each adapter's tier and pin at scrape time, read from the engine rather than mirrored into
-    gauges on every change. Adapters beyond the label cap are summed per tier under ``__other__``."""
-
-    TIERS = ("device", "host", "loading", "cold", "failed")
-
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-
-    def collect(self) -> Iterator[Metric]:
-        metrics: EngineMetrics = self.engine.metrics
-        resident = GaugeMetricFamily(
-            "loraplane_adapter_tier", "Adapters by the tier they are in now (1 per adapter)", labels=["adapter", "tenant", "tier"]
-        )
-        pinned = GaugeMetricFamily("loraplane_adapter_pinned", "Pinned adapters (1 per adapter)", labels=["adapter", "tenant"])
-        tiers: dict[tuple[str, str, str], int] = defaultdict(int)
-        pins: dict[tuple[str, str], int] = defaultdict(int)
-        for name in list(self.engine.adapters.entries):
-            info = self.engine.adapters.info(name)
-            labels = (metrics.adapter_label(name), metrics.tenant_label(info.tenant))
-            tiers[(*labels, info.residency.value)] += 1
-            pins[labels] += int(info.pinned)
-        for tier_key, n in tiers.items():
-            resident.add_metric(list(tier_key), n)
-        for pin_key, n in pins.items():
-            pinned.add_metric(list(pin_key), n)
-        yield resident
-        yield pinned
-        disk = self.engine.adapters.disk
-        yield GaugeMetricFamily("loraplane_disk_cache_bytes", "Bytes of adapter files in the disk cache", value=disk.used_bytes)
-        yield GaugeMetricFamily("loraplane_disk_cache_entries", "Adapter folders in the disk cache", value=len(disk))
-        if disk.max_bytes is not None:
-            yield GaugeMetricFamily("loraplane_disk_cache_limit_bytes", "The disk cache's bound", value=disk.max_bytes)
-        yield CounterMetricFamily(
-            "loraplane_disk_cache_evictions", "Adapter folders the disk cache deleted to stay in its bound", value=disk.evictions
+    def counters(c: AdapterCounts) -> Counters:
+        """The admin API's view of one adapter's or tenant's counts."""
+        return Counters(
+            requests=c.requests,
+            prompt_tokens=c.prompt_tokens,
+            completion_tokens=c.completion_tokens,
+            device_hits=c.arrivals.get("device", 0),
+            host_hits=c.arrivals.get("host", 0),
+            cold_loads=c.arrivals.get("cold", 0),
+            load_seconds={tier: CountSum(count=int(n), sum=s) for tier, (n, s) in c.load_seconds.items()},
+            queue_wait_seconds=CountSum(count=int(c.queue_wait[0]), sum=c.queue_wait[1]),
+            recent_load_ms=[round(1e3 * s, 3) for s in c.recent_loads],
         )

@@ -60,7 +60,7 @@ class AdapterMetrics(KubeModel):
 
 
 class LoraAdapterStatus(KubeModel):
-    phase: Literal["Pending", "Validating", "Staging", "Ready", "Failed", "Terminating"] = "Pending"
+    phase: Literal["Pending", "Staging", "Ready", "Failed"] = "Pending"
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = None
     serving_digest: str | None = Field(default=None, description="the version taking new requests")

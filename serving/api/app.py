@@ -11,94 +11,44 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import threading
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from loraplane.adapter_format import AdapterValidationError, ErrorCode
+from loraplane.serving.api.admin_routes import router as admin_router
 from loraplane.serving.api.async_engine import AsyncEngine
 from loraplane.serving.api.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from loraplane.serving.api.choices import Choice, Choices, CleanupResponse
+from loraplane.serving.api.deps import Caller, Engine, ServerState
 from loraplane.serving.api.errors import APIError, api_error_handler, error_body, require_admin, validation_error_handler
-from loraplane.serving.api.load_shedding import PendingRequests
 from loraplane.serving.api.metering import RequestMeter
 from loraplane.serving.api.metrics_port import view as metrics_view
 from loraplane.serving.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
-    LoadLoraRequest,
     ModelCard,
     ModelList,
-    UnloadLoraRequest,
     Usage,
-    VerifyRequest,
     new_id,
     now,
 )
-from loraplane.serving.api.quality_gate import load_adapter, verify_candidate
 from loraplane.serving.api.tenants import TenantConfig, Tenants
 from loraplane.serving.api.usage_metrics import UsageCollector
 from loraplane.serving.engine.llm_engine import LLMEngine, RequestError, RequestOutput
 from loraplane.serving.engine.sampling_params import SamplingError, SamplingParams
 from loraplane.serving.engine.sequence import FinishReason
 from loraplane.serving.engine.structured import GrammarError, Guide
-from loraplane.serving.lora.manager import AdapterBusy, AdapterNotFound, AdapterSpec, AdapterUnavailable, PinLimitReached
+from loraplane.serving.lora.manager import AdapterNotFound, AdapterUnavailable
 from loraplane.serving.tokenizer import PromptTooLong
-from loraplane.usage import Metering, UsageRollup
+from loraplane.usage import Metering
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
-
-
-class ServerState:
-    def __init__(self, make_engine: Callable[[], LLMEngine], admin_token: str | None, max_pending_requests: int) -> None:
-        self.make_engine, self.admin_token = make_engine, admin_token
-        self.engine: AsyncEngine | None = None
-        self.load_error: str | None = None
-        self.pending = PendingRequests(max_pending_requests)  # accepted requests not yet finished
-
-    def start(self) -> None:
-        def load() -> None:
-            try:
-                self.engine = AsyncEngine(self.make_engine())
-            except Exception as err:  # reported by /ready and every API call
-                self.load_error = f"{type(err).__name__}: {err}"
-
-        threading.Thread(target=load, name="engine-load", daemon=True).start()
-
-    def ready(self) -> AsyncEngine:
-        if self.engine is None:
-            detail = f"the engine failed to start: {self.load_error}" if self.load_error else "the base model is still loading"
-            raise APIError(503, detail, type_="server_error", code="not_ready")
-        return self.engine
-
-
-def _engine(request: Request) -> AsyncEngine:
-    state: ServerState = request.app.state.server
-    return state.ready()
-
-
-def _admin(request: Request) -> AsyncEngine:
-    state: ServerState = request.app.state.server
-    require_admin(request.headers.get("authorization"), state.admin_token)
-    return state.ready()
-
-
-def _caller(request: Request) -> TenantConfig | None:
-    tenants: Tenants = request.app.state.tenants
-    return tenants.authenticate(request.headers.get("authorization"))
-
-
-# Module level, not inside create_app: FastAPI resolves these annotations in the module's namespace.
-Engine = Annotated[AsyncEngine, Depends(_engine)]
-Admin = Annotated[AsyncEngine, Depends(_admin)]
-Caller = Annotated[TenantConfig | None, Depends(_caller)]
 
 
 def create_app(
@@ -483,107 +433,5 @@ def create_app(
 
         return streamed(req, {**base, "object": "chat.completion.chunk"}, request, event)
 
-    # adapters (vLLM's calls and our admin API; both need the admin token when one is set) -------
-    @app.post("/v1/load_lora_adapter")
-    async def load_lora(req: LoadLoraRequest, engine: Admin) -> PlainTextResponse:
-        spec = AdapterSpec(req.lora_name, req.lora_path, req.digest, req.tenant, req.allow_rank_truncation)
-        try:
-            await load_adapter(engine, spec)  # fetched and replayed off the engine thread
-        except AdapterValidationError as err:
-            # vLLM answers 404 for a path with no adapter, 400 for one it refuses.
-            status = 404 if err.code is ErrorCode.MISSING_FILE else 400
-            raise APIError(status, str(err), code=err.code.value, param="lora_path") from None
-        except (AdapterBusy, ValueError) as err:
-            raise APIError(409 if isinstance(err, AdapterBusy) else 400, str(err)) from None
-        tenants.set_adapter_limits(req.lora_name, req.quotas)
-        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
-
-    @app.post("/v1/unload_lora_adapter")
-    async def unload_lora(req: UnloadLoraRequest, engine: Admin) -> PlainTextResponse:
-        try:
-            await engine.call(lambda: engine.engine.unload_lora(req.lora_name))
-        except AdapterNotFound as err:
-            raise APIError(404, str(err), code="model_not_found") from None
-        except AdapterBusy as err:
-            raise APIError(409, str(err)) from None
-        tenants.set_adapter_limits(req.lora_name, None)
-        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
-
-    @app.post("/admin/adapters")
-    async def register(req: LoadLoraRequest, engine: Admin) -> dict[str, Any]:
-        """Declare an adapter without loading it; it loads on first use or on prefetch."""
-        spec = AdapterSpec(req.lora_name, req.lora_path, req.digest, req.tenant, req.allow_rank_truncation, req.version)
-        try:
-            await engine.call(lambda: engine.engine.register_lora(spec))
-        except (AdapterBusy, ValueError) as err:
-            raise APIError(409 if isinstance(err, AdapterBusy) else 400, str(err)) from None
-        tenants.set_adapter_limits(req.lora_name, req.quotas)
-        return await adapter_state(req.lora_name, engine)
-
-    @app.post("/admin/verify")
-    async def verify(req: VerifyRequest, engine: Admin) -> dict[str, Any]:
-        """Replay a candidate version's golden outputs here (the operator's quality gate); 422
-        with the drift when it fails. Nothing is registered."""
-        try:
-            report = await verify_candidate(engine, req)
-        except AdapterValidationError as err:
-            raise APIError(422, str(err), code=err.code.value, param="lora_path") from None
-        return report.model_dump()
-
-    @app.get("/admin/adapters/{name}")
-    async def adapter_state(name: str, engine: Admin) -> dict[str, Any]:
-        def read() -> dict[str, Any]:
-            stats = with_quotas(engine.engine.stats())["adapters"]
-            assert isinstance(stats, dict)
-            if name not in stats:
-                raise AdapterNotFound(name)
-            return {"name": name, **stats[name]}
-
-        try:
-            return await engine.call(read)
-        except AdapterNotFound as err:
-            raise APIError(404, str(err), code="model_not_found") from None
-
-    @app.get("/admin/base")
-    async def base(engine: Admin) -> dict[str, Any]:
-        """The base this replica serves (name, revision, fingerprint, shape): what the operator
-        validates adapters against before registering them here."""
-        return engine.engine.base.shape.model_dump()
-
-    def with_quotas(stats: dict[str, object]) -> dict[str, object]:
-        """Each adapter's own quotas in its stats: what the router enforces at the edge too."""
-        adapters = stats["adapters"]
-        assert isinstance(adapters, dict)
-        for name, entry in adapters.items():
-            limits = tenants.adapter_limits.get(name)
-            entry["quotas"] = limits.model_dump(exclude_none=True) if limits is not None else None
-        return stats
-
-    @app.get("/admin/usage", response_model=UsageRollup)
-    async def usage_rollup(_engine: Admin) -> UsageRollup:
-        """Per-tenant totals of this replica's last day (the operator writes their sum into the
-        BaseModel's status) and the export's backlog."""
-        return meters.view()
-
-    @app.get("/admin/stats")
-    async def stats(engine: Admin) -> dict[str, object]:
-        return with_quotas(await engine.call(engine.engine.stats))
-
-    for action in ("pin", "unpin", "prefetch"):
-
-        def make(action: str) -> Callable[..., Any]:
-            async def handler(name: str, engine: Admin) -> dict[str, Any]:
-                method = getattr(engine.engine, f"{action}_lora")
-                try:
-                    await engine.call(lambda: method(name))
-                except AdapterNotFound as err:
-                    raise APIError(404, str(err), code="model_not_found") from None
-                except PinLimitReached as err:
-                    raise APIError(409, str(err), code="pin_limit_reached") from None
-                return await adapter_state(name, engine)
-
-            return handler
-
-        app.post(f"/admin/adapters/{{name}}/{action}")(make(action))
-
+    app.include_router(admin_router)
     return app

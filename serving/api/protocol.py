@@ -15,8 +15,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from loraplane.serving.api.tenants import Limits
-
 MAX_TOKENS_LIMIT = 1 << 20
 # Every stop string is searched for in the output at every step: bounded so a request cannot make
 # each step of everyone's batch slow (OpenAI allows 4; vLLM users pass a few more).
@@ -222,33 +220,3 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
-
-
-class LoadLoraRequest(_Strict):
-    """vLLM's ``/v1/load_lora_adapter`` body, plus the registration fields of our tiers."""
-
-    lora_name: str
-    lora_path: str = Field(description="local folder, file:// or s3:// URI")
-    digest: str | None = None
-    tenant: str | None = None
-    allow_rank_truncation: bool = False
-    version: str | None = Field(default=None, max_length=128, description="a label for this revision, e.g. a date")
-    quotas: Limits | None = Field(default=None, description="this adapter's own concurrency and token quotas")
-    # vLLM's fields, accepted so tools written for its endpoint work: a load under a served name
-    # always replaces it in place (our promotion), and ids are ours to assign.
-    load_inplace: bool = Field(default=False, description="vLLM: replace a loaded adapter of this name")
-    lora_int_id: int | None = Field(default=None, description="vLLM: accepted and ignored")
-
-
-class VerifyRequest(_Strict):
-    """A candidate version to replay its golden outputs on this base before anyone registers it."""
-
-    lora_path: str = Field(description="local folder, file:// or s3:// URI")
-    digest: str | None = None
-    allow_rank_truncation: bool = False
-    min_token_agreement: float = Field(default=0.9, ge=0, le=1)
-    max_mean_kl: float = Field(default=0.1, ge=0)
-
-
-class UnloadLoraRequest(_Strict):
-    lora_name: str

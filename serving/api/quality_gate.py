@@ -20,11 +20,11 @@ from pathlib import Path
 
 from loraplane.adapter_format.golden import GOLDEN_FILE, DriftLimits, DriftReport, GoldenOutputs, load_golden
 from loraplane.adapter_format.names import check_adapter_name
+from loraplane.admin_api import VerifyRequest
 from loraplane.serving.api.async_engine import AsyncEngine
 from loraplane.serving.api.errors import APIError
-from loraplane.serving.api.protocol import VerifyRequest
 from loraplane.serving.api.tenants import INTERNAL_TENANT
-from loraplane.serving.lora.golden_replay import drift, forced_requests
+from loraplane.serving.engine.golden_replay import drift, forced_requests
 from loraplane.serving.lora.manager import AdapterSpec
 from loraplane.serving.lora.peft_loader import LoadedAdapter
 

@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from loraplane.adapter_format.names import INTERNAL_OWNER
+from loraplane.admin_api import Quotas
 from loraplane.serving.api.errors import APIError
 
 
@@ -34,15 +35,6 @@ class TenantConfig(BaseModel):
     name: str = Field(min_length=1)
     api_keys: list[str] = Field(min_length=1)
     allow_base: bool = True
-    max_concurrent: int | None = Field(default=None, ge=1)
-    tokens_per_minute: int | None = Field(default=None, ge=1)
-
-
-class Limits(BaseModel):
-    """An adapter's own quotas, as its registration carries them."""
-
-    model_config = ConfigDict(extra="forbid")
-
     max_concurrent: int | None = Field(default=None, ge=1)
     tokens_per_minute: int | None = Field(default=None, ge=1)
 
@@ -84,7 +76,7 @@ class Tenants:
         # Keyed by the keys' sha256, so a lookup's timing depends on a digest of what the caller
         # sent, not on how many leading characters of a real key it guessed.
         self.by_key = {_key_digest(key): t for t in tenants or [] for key in t.api_keys}
-        self.adapter_limits: dict[str, Limits] = {}
+        self.adapter_limits: dict[str, Quotas] = {}
         self.usage: dict[str, _Usage] = {}  # "tenant:<name>" or "adapter:<name>"
         self.lock = threading.Lock()
 
@@ -104,7 +96,7 @@ class Tenants:
             return False
         return tenant is None or owner is None or owner == tenant.name
 
-    def set_adapter_limits(self, adapter: str, limits: Limits | None) -> None:
+    def set_adapter_limits(self, adapter: str, limits: Quotas | None) -> None:
         with self.lock:
             if limits is None or (limits.max_concurrent is None and limits.tokens_per_minute is None):
                 self.adapter_limits.pop(adapter, None)

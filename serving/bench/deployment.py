@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from loraplane.admin_api import LoadLoraRequest, ReplicaStats
 from loraplane.serving.api.loopback import free_port
 from loraplane.serving.api.tenants import TenantConfig
 from loraplane.serving.config import EngineConfig
@@ -35,14 +36,13 @@ class Deployment:
     admin_token: str | None = None
     tenants: list[str] = field(default_factory=list)
 
-    def admin_get(self, path: str) -> dict[str, object] | None:
-        """An admin call's JSON, or None when this deployment gives us no admin access."""
+    def stats(self) -> ReplicaStats | None:
+        """The server's ``/admin/stats``, or None when this deployment gives us no admin access."""
         if self.admin_token is None:
             return None
-        r = httpx.get(f"{self.url}{path}", headers={"Authorization": f"Bearer {self.admin_token}"}, timeout=60)
+        r = httpx.get(f"{self.url}/admin/stats", headers={"Authorization": f"Bearer {self.admin_token}"}, timeout=60)
         r.raise_for_status()
-        result: dict[str, object] = r.json()
-        return result
+        return ReplicaStats.model_validate(r.json())
 
 
 def remote(url: str, tenants: list[TenantConfig] | None, api_key: str | None, admin_token: str | None) -> Deployment:
@@ -111,7 +111,8 @@ class Fleet:
         _wait_ready(url, self.procs[i], self.work / f"server-{i}.log", timeout)
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {self.admin_token}"}, timeout=120) as admin:
             for name, (folder, owner) in self.adapters.items():
-                r = admin.post("/admin/adapters", json={"lora_name": name, "lora_path": str(folder), "tenant": owner})
+                req = LoadLoraRequest(lora_name=name, lora_path=str(folder), tenant=owner)
+                r = admin.post("/admin/adapters", json=req.model_dump(mode="json", exclude_none=True))
                 if r.status_code != 200:
                     raise RuntimeError(f"registering {name} on {url}: {r.status_code} {r.text}")
 

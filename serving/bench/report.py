@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from pydantic import BaseModel
 
+from loraplane.admin_api import Counters, ReplicaStats, stats
 from loraplane.serving.bench.driver import Outcome
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (``q`` in [0, 1]); NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+    """The admin API's nearest-rank percentile (``q`` in [0, 1]), NaN for no values so a table
+    prints a gap instead of failing."""
+    p = stats.percentile(values, q)
+    return math.nan if p is None else p
 
 
 class Latency(BaseModel):
@@ -79,27 +78,25 @@ class AdapterTiers(BaseModel):
     def __add__(self, other: AdapterTiers) -> AdapterTiers:
         return AdapterTiers(**{k: getattr(self, k) + getattr(other, k) for k in AdapterTiers.model_fields})
 
+    @classmethod
+    def of(cls, c: Counters) -> AdapterTiers:
+        return cls(
+            requests=c.requests,
+            completion_tokens=c.completion_tokens,
+            device_hits=c.device_hits,
+            host_hits=c.host_hits,
+            cold_loads=c.cold_loads,
+            load_seconds=c.load_seconds_total,
+            loads=c.loads,
+            queue_wait_seconds=c.queue_wait_seconds.sum,
+        )
 
-def _tiers(entry: Mapping[str, Any]) -> AdapterTiers:
-    loads = entry.get("load_seconds", {})
-    return AdapterTiers(
-        requests=entry.get("requests", 0),
-        completion_tokens=entry.get("completion_tokens", 0),
-        device_hits=entry.get("device_hits", 0),
-        host_hits=entry.get("host_hits", 0),
-        cold_loads=entry.get("cold_loads", 0),
-        load_seconds=sum(v["sum"] for v in loads.values()),
-        loads=sum(v["count"] for v in loads.values()),
-        queue_wait_seconds=entry.get("queue_wait_seconds", {}).get("sum", 0.0),
-    )
 
-
-def tier_delta(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, AdapterTiers]:
+def tier_delta(before: ReplicaStats, after: ReplicaStats) -> dict[str, AdapterTiers]:
     """Per adapter, what happened between two ``/admin/stats`` readings."""
     out = {}
-    for name, entry in after.get("adapters", {}).items():
-        a, b = _tiers(entry), _tiers(before.get("adapters", {}).get(name, {}))
-        delta = AdapterTiers(**{k: getattr(a, k) - getattr(b, k) for k in AdapterTiers.model_fields})
+    for name, entry in after.adapters.items():
+        delta = AdapterTiers.of(entry.since(before.adapters.get(name) or Counters()))
         if delta.arrivals or delta.requests:
             out[name] = delta
     return out
@@ -127,8 +124,8 @@ class BenchReport(BaseModel):
 def summarize(
     outcomes: Sequence[Outcome],
     wall_seconds: float,
-    stats_before: Mapping[str, Any] | None,
-    stats_after: Mapping[str, Any] | None,
+    stats_before: ReplicaStats | None,
+    stats_after: ReplicaStats | None,
 ) -> BenchReport:
     by_tenant: dict[str, list[Outcome]] = defaultdict(list)
     for o in outcomes:

@@ -34,9 +34,9 @@ def synthetic_fleet(shape: BaseShape, num_adapters: int, num_tenants: int, folde
 def run_bench(
     deployment: Deployment, requests: Sequence[BenchRequest], *, progress: bool = True
 ) -> tuple[BenchReport, list[Outcome]]:
-    before = deployment.admin_get("/admin/stats")
+    before = deployment.stats()
     outcomes, wall = asyncio.run(replay(deployment.url, requests, deployment.keys, progress=progress))
-    after = deployment.admin_get("/admin/stats")
+    after = deployment.stats()
     return summarize(outcomes, wall, before, after), outcomes
 
 

@@ -103,7 +103,7 @@ def run_demo(
     adapters = {s.name: (folders[s.name], s.tenant) for s in STYLES}
     click.echo("starting the server on loopback: 3 adapters, 2 device slots, one tenant per adapter...")
     with spawn_server(config, adapters, [s.tenant for s in STYLES]) as deployment:
-        before = deployment.admin_get("/admin/stats")
+        before = deployment.stats()
         shown, shown_wall = asyncio.run(replay(deployment.url, showcase_requests(base_name), deployment.keys))
         offered = rate if rate is not None else offered_rate(shown, shown_wall)
         click.echo(
@@ -111,7 +111,7 @@ def run_demo(
             f"at {offered:.2f}/s" + ("" if rate is not None else f" ({DEFAULT_LOAD:.0%} of what the showcase served)")
         )
         mixed, mixed_wall = asyncio.run(replay(deployment.url, mixed_requests(base_name, offered, num_requests), deployment.keys))
-        after = deployment.admin_get("/admin/stats")
+        after = deployment.stats()
     for o in mixed:  # arrivals on one clock: the mixed phase starts when the showcase has finished
         o.request = replace(o.request, at=o.request.at + shown_wall)
     outcomes = shown + mixed

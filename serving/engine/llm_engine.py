@@ -23,9 +23,11 @@ from loraplane.adapter_format import AdapterValidationError, ValidationLimits, c
 from loraplane.adapter_format.golden import GOLDEN_FILE, DriftLimits, DriftReport, load_golden
 from loraplane.adapter_format.names import INTERNAL_OWNER
 from loraplane.adapter_format.sources import S3Settings
+from loraplane.admin_api import Tier as Residency
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.block_manager import BlockManager
 from loraplane.serving.engine.detokenizer import Detokenizer
+from loraplane.serving.engine.golden_replay import replay_golden
 from loraplane.serving.engine.model_runner import ModelRunner
 from loraplane.serving.engine.sampler import SampleFailure, Sampler
 from loraplane.serving.engine.sampling_params import SamplingParams
@@ -33,9 +35,10 @@ from loraplane.serving.engine.scheduler import Scheduler
 from loraplane.serving.engine.sequence import FinishReason, Sequence, TokenLogprob
 from loraplane.serving.engine.structured import Grammars
 from loraplane.serving.engine.structured import advance as advance_grammar
-from loraplane.serving.lora.manager import AdapterBusy, AdapterInfo, AdapterManager, AdapterSpec, Residency
+from loraplane.serving.lora.manager import AdapterBusy, AdapterInfo, AdapterManager, AdapterSpec
 from loraplane.serving.lora.slot_table import PagedSlotTable, SlotTable
-from loraplane.serving.metrics import AdapterStateCollector, EngineMetrics
+from loraplane.serving.lora.state_metrics import AdapterStateCollector
+from loraplane.serving.metrics import EngineMetrics
 from loraplane.serving.model.attention import KVCache
 from loraplane.serving.model.llama import LlamaModel
 from loraplane.serving.model.page_pool import PagePool
@@ -155,7 +158,6 @@ class LLMEngine:
             else SlotTable(self.model, config.max_loras, config.max_lora_rank, torch.float32)
         )
         self.metrics = EngineMetrics(max_adapter_labels=config.metrics_max_adapter_labels)
-        self.metrics.registry.register(AdapterStateCollector(self))
         s3 = S3Settings.from_env()
         self.adapters = AdapterManager(
             self.slots,
@@ -176,6 +178,7 @@ class LLMEngine:
             pages=self.blocks if unified else None,
             queued=self._queued_per_adapter,
         )
+        self.metrics.registry.register(AdapterStateCollector(self.metrics, self.adapters))
         tokenizer_eos = self.tokenizer.eos_token_id
         self.eos_ids = frozenset(cfg.eos_token_ids) | ({tokenizer_eos} if tokenizer_eos is not None else frozenset())
         self.sampler = Sampler(eos_ids=self.eos_ids)
@@ -227,8 +230,6 @@ class LLMEngine:
     def verify_golden(self, name: str, limits: DriftLimits | None = None) -> DriftReport | None:
         """Replay the adapter's golden outputs (if it ships any) on this base; unregister it and
         raise ``GoldenOutputDrift`` when the drift is above ``limits``."""
-        from loraplane.serving.lora.golden_replay import replay_golden
-
         folder = self.adapters.info(name).folder or Path(self.adapters.load_now(name).folder)
         golden = load_golden(folder)
         if golden is None:
@@ -457,38 +458,6 @@ class LLMEngine:
             del self.requests[seq.request_id]
             outputs.append(_output(seq))
         return outputs
-
-    def stats(self) -> dict[str, object]:
-        """Per-adapter and per-tenant counts plus each adapter's tier, as the admin API returns them."""
-        adapters = {}
-        for name in self.adapters.entries:
-            info = self.adapters.info(name)
-            adapters[name] = {
-                **self.metrics.as_json(self.metrics.counts[name]),
-                "tenant": info.tenant,
-                "version": info.version,
-                "source": info.source,
-                "tier": info.residency.value,
-                "pinned": info.pinned,
-                "running": info.running,
-                "rank": info.rank,
-                "digest": info.digest,
-            }
-        tenants = {t: self.metrics.as_json(c) for t, c in self.metrics.tenants.items()}
-        disk = self.adapters.disk
-        return {
-            "adapters": adapters,
-            "tenants": tenants,
-            "preemptions": self.scheduler.num_preemptions,
-            "waiting": len(self.scheduler.waiting),  # queue depth, which the router reads
-            "running": len(self.scheduler.running),
-            "disk_cache": {
-                "bytes": disk.used_bytes,
-                "max_bytes": disk.max_bytes,
-                "entries": len(disk),
-                "evictions": disk.evictions,
-            },
-        }
 
     def generate(
         self,

@@ -16,7 +16,6 @@ device as well.
 
 from __future__ import annotations
 
-import enum
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -27,11 +26,12 @@ from pathlib import Path
 
 from loraplane.adapter_format import AdapterValidationError, BaseShape, ValidationLimits, check_adapter_name
 from loraplane.adapter_format.sources import S3Settings, open_source
+from loraplane.admin_api import Tier as Residency  # what stats report is what the manager tracks
 from loraplane.eviction import Tier, TierFullError, make_policy
 from loraplane.eviction.demand import DecayedCounts
-from loraplane.serving.engine.block_manager import BlockManager
 from loraplane.serving.lora.disk_cache import DiskCache
 from loraplane.serving.lora.peft_loader import LoadedAdapter, load_peft_adapter
+from loraplane.serving.lora.shared_pages import SharedPages
 from loraplane.serving.lora.slot_table import PagedSlotTable, SlotTable
 from loraplane.serving.metrics import EngineMetrics
 
@@ -78,14 +78,6 @@ class AdapterUnavailable(RuntimeError):
 # A transient load failure (the store unreachable, a dropped connection) is retried after
 # RETRY_BASE * 2**(failures - 1) seconds, at most RETRY_MAX, when a request next needs it.
 RETRY_BASE, RETRY_MAX = 0.5, 60.0
-
-
-class Residency(enum.StrEnum):
-    COLD = "cold"
-    LOADING = "loading"
-    HOST = "host"
-    DEVICE = "device"
-    FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -174,7 +166,7 @@ class AdapterManager:
         policy: str = "demand",
         s3: S3Settings | None = None,
         metrics: EngineMetrics | None = None,
-        pages: BlockManager | None = None,
+        pages: SharedPages | None = None,
         queued: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         """With ``pages`` (and a :class:`PagedSlotTable`), adapters live in the KV block pool:

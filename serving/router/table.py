@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from loraplane.admin_api import ReplicaStats, Tier
+
 
 @dataclass
 class Replica:
@@ -58,17 +60,13 @@ class ReplicaTable:
     def mark_up(self, replica: Replica) -> None:
         replica.up, replica.error = True, None
 
-    def apply_stats(self, replica: Replica, stats: dict[str, object]) -> None:
-        adapters = stats.get("adapters")
-        if not isinstance(adapters, dict):
-            return
+    def apply_stats(self, replica: Replica, stats: ReplicaStats) -> None:
+        adapters = stats.adapters
         replica.registered = set(adapters)
-        replica.owners = {n: a.get("tenant") if isinstance(a.get("tenant"), str) else None
-                          for n, a in adapters.items() if isinstance(a, dict)}  # fmt: skip
-        replica.device = {n for n, a in adapters.items() if isinstance(a, dict) and a.get("tier") == "device"}
-        replica.host = {n for n, a in adapters.items() if isinstance(a, dict) and a.get("tier") == "host"}
-        waiting = stats.get("waiting")
-        replica.waiting = waiting if isinstance(waiting, int) else 0
+        replica.owners = {n: a.tenant for n, a in adapters.items()}
+        replica.device = {n for n, a in adapters.items() if a.tier is Tier.DEVICE}
+        replica.host = {n for n, a in adapters.items() if a.tier is Tier.HOST}
+        replica.waiting = stats.waiting
 
     def owner(self, adapter: str) -> tuple[bool, str | None]:
         """Whether a replica lists the adapter now, and its tenant (None: shared), so the edge can

@@ -8,7 +8,8 @@ import logging
 
 import httpx
 
-from loraplane.serving.api.tenants import Limits, Tenants
+from loraplane.admin_api import AdminClient, ReplicaError, ReplicaStats
+from loraplane.serving.api.tenants import Tenants
 from loraplane.serving.router.table import Replica, ReplicaTable
 
 log = logging.getLogger(__name__)
@@ -20,44 +21,45 @@ class Upkeep:
         interval: float = 1.0,
     ) -> None:  # fmt: skip
         self.table, self.client, self.tenants, self.interval = table, client, tenants, interval
-        self.headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+        self.admin_token = admin_token
         self.admin = admin_token is not None
+
+    def _admin(self, replica: Replica, timeout: float) -> AdminClient:
+        return AdminClient(replica.url, self.admin_token, timeout, http=self.client)
 
     async def check(self, replica: Replica) -> None:
         try:
             if not replica.up:
-                r = await self.client.get(f"{replica.url}/ready", timeout=self.interval + 1)
-                if r.status_code == 200:
+                if await self._admin(replica, self.interval + 1).ready():
                     log.info("replica %s is back", replica.name)
                     self.table.mark_up(replica)
                 return
             if self.admin:
-                r = await self.client.get(f"{replica.url}/admin/stats", headers=self.headers, timeout=self.interval + 4)
-                if r.status_code == 200:
-                    stats = r.json()
-                    self.table.apply_stats(replica, stats)
-                    self.learn_quotas(stats)
-                elif r.status_code == 503:  # still loading its base
-                    self.table.mark_down(replica, "not ready")
-            else:
-                r = await self.client.get(f"{replica.url}/ready", timeout=self.interval + 1)
-                if r.status_code != 200:
-                    self.table.mark_down(replica, f"/ready answered {r.status_code}")
-        except httpx.TransportError as err:
+                try:
+                    stats = await self._admin(replica, self.interval + 4).stats()
+                except ReplicaError as err:
+                    if err.status is None:
+                        raise
+                    if err.status == 503:  # still loading its base
+                        self.table.mark_down(replica, "not ready")
+                    return
+                self.table.apply_stats(replica, stats)
+                self.learn_quotas(stats)
+            elif not await self._admin(replica, self.interval + 1).ready():
+                self.table.mark_down(replica, "/ready refused")
+        except ReplicaError as err:  # unreachable
             if replica.up:
-                log.warning("replica %s is down: %r", replica.name, err)
-            self.table.mark_down(replica, repr(err))
+                log.warning("replica %s is down: %s", replica.name, err)
+            self.table.mark_down(replica, str(err))
         except Exception as err:  # it answered, but not stats we can read: down, and the others go on
             log.warning("replica %s answered unreadable stats: %r", replica.name, err)
             self.table.mark_down(replica, f"unreadable stats: {type(err).__name__}")
 
-    def learn_quotas(self, stats: dict[str, object]) -> None:
+    def learn_quotas(self, stats: ReplicaStats) -> None:
         """Adapters' own quotas, as registered on the replicas, hold at the edge as well: with
         several replicas each would otherwise allow the adapter its full quota."""
-        adapters = stats.get("adapters")
-        for name, entry in (adapters if isinstance(adapters, dict) else {}).items():
-            quotas = entry.get("quotas") if isinstance(entry, dict) else None
-            self.tenants.set_adapter_limits(name, Limits.model_validate(quotas) if quotas else None)
+        for name, entry in stats.adapters.items():
+            self.tenants.set_adapter_limits(name, entry.quotas)
 
     async def once(self) -> None:
         await asyncio.gather(*(self.check(r) for r in list(self.table.replicas.values())))

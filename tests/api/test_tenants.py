@@ -207,7 +207,7 @@ def test_an_adapters_own_quota_holds_without_touching_its_tenants_other_adapters
     url, _ = server
     body = {"lora_name": "acme-metered", "lora_path": str(tiny_adapters["mlp16"]), "tenant": "acme",
             "quotas": {"tokens_per_minute": 20}}  # fmt: skip
-    assert httpx.post(f"{url}/admin/adapters", json=body).json()["quotas"] == {"tokens_per_minute": 20}
+    assert httpx.post(f"{url}/admin/adapters", json=body).json()["quotas"] == {"max_concurrent": None, "tokens_per_minute": 20}
     acme = _client(url, "key-acme")
     acme.completions.create(model="acme-metered", prompt="the quick brown fox", max_tokens=20, extra_body={"ignore_eos": True})
     with pytest.raises(openai.RateLimitError, match="adapter 'acme-metered' used its 20 tokens per minute"):

@@ -21,7 +21,8 @@ from loraplane.operator.api import BaseModelSpec
 from loraplane.operator.children import children
 from loraplane.serving.api.usage_metrics import UsageCollector
 from loraplane.serving.lora.disk_cache import DiskCache
-from loraplane.serving.metrics import NONE, OTHER, AdapterStateCollector, EngineMetrics
+from loraplane.serving.lora.state_metrics import AdapterStateCollector
+from loraplane.serving.metrics import NONE, OTHER, EngineMetrics
 from loraplane.serving.router.metrics import RouterMetrics
 from loraplane.serving.router.table import ReplicaTable
 from loraplane.usage import Metering, SegmentExporter
@@ -49,7 +50,7 @@ def exported() -> dict[str, set[str]]:
     info = SimpleNamespace(tenant="t", residency=SimpleNamespace(value="device"), pinned=True)
     disk = DiskCache(Path(tempfile.mkdtemp()), max_bytes=1 << 30)
     adapters = SimpleNamespace(entries={"a": None}, info=lambda _name: info, disk=disk)
-    engine.registry.register(AdapterStateCollector(SimpleNamespace(metrics=engine, adapters=adapters)))
+    engine.registry.register(AdapterStateCollector(engine, adapters))  # type: ignore[arg-type]
     table = ReplicaTable()
     table.set_members({"r0": "http://r0:8000"})
     router = RouterMetrics(table)

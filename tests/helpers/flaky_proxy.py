@@ -40,6 +40,10 @@ class FlakyProxy:
             conns, self._conns = self._conns, []
             self.cut += len(conns) // 2
         if listener is not None:
+            # shutdown first: close alone leaves a thread blocked in accept() holding the socket,
+            # still listening on the port, and the next up() cannot bind it.
+            with suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
             listener.close()
         for conn in conns:
             with suppress(OSError):

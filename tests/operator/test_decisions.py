@@ -5,22 +5,31 @@ from __future__ import annotations
 
 import pytest
 
+from loraplane.admin_api import Counters
 from loraplane.operator.api.loraadapter import AdapterMetrics
 from loraplane.operator.conditions import set_condition
 from loraplane.operator.decisions import Sample, hot_set, metrics, missing, sample, worth_writing
 
 
-def entry(requests: int, device: int, host: int = 0, cold: int = 0, loads: tuple[int, float] = (0, 0.0)) -> dict[str, object]:
-    return {
+def entry(
+    requests: int,
+    device: int,
+    host: int = 0,
+    cold: int = 0,
+    loads: tuple[int, float] = (0, 0.0),
+    recent: list[float] | None = None,
+) -> Counters:
+    """One replica's counters for an adapter, as its ``/admin/stats`` reads."""
+    return Counters.model_validate({
         "requests": requests, "prompt_tokens": 10 * requests, "completion_tokens": 4 * requests,
         "device_hits": device, "host_hits": host, "cold_loads": cold,
-        "load_seconds": {"host": {"count": loads[0], "sum": loads[1]}},
-    }  # fmt: skip
+        "load_seconds": {"host": {"count": loads[0], "sum": loads[1]}}, "recent_load_ms": recent or [],
+    })  # fmt: skip
 
 
 def test_counters_sum_over_replicas_and_rates_come_from_the_interval() -> None:
     first = sample(0.0, [entry(10, 8, 1, 1, (2, 0.2)), entry(5, 5)])
-    assert (first.requests, first.device_hits, first.load_count) == (15, 13, 2)
+    assert (first.counters.requests, first.counters.device_hits, first.counters.loads) == (15, 13, 2)
     later = sample(10.0, [entry(30, 26, 2, 2, (4, 0.4)), entry(15, 15)])
     m = metrics(first, later, "2026-11-29T00:00:00Z")
     assert m.requests_per_second == 3.0  # 30 more requests in 10 s
@@ -29,15 +38,14 @@ def test_counters_sum_over_replicas_and_rates_come_from_the_interval() -> None:
 
 
 def test_load_latency_percentiles_pool_every_replicas_recent_loads() -> None:
-    slow_one = [*entry(1, 0, cold=1).items(), ("recent_load_ms", [250.0])]
-    fast = [*entry(99, 90, host=9).items(), ("recent_load_ms", [2.0] * 30)]
-    m = metrics(None, sample(0.0, [dict(slow_one), dict(fast)]), "t")
+    slow_one, fast = entry(1, 0, cold=1, recent=[250.0]), entry(99, 90, host=9, recent=[2.0] * 30)
+    m = metrics(None, sample(0.0, [slow_one, fast]), "t")
     assert (m.load_latency_p50_ms, m.load_latency_p99_ms) == (2.0, 250.0)  # the mean alone would hide the slow cold load
     assert metrics(None, sample(0.0, [entry(1, 1)]), "t").load_latency_p99_ms is None  # no loads, no figure
 
 
 def test_a_restarted_replica_does_not_make_a_negative_rate() -> None:
-    before, after = Sample(at=0.0, requests=100), Sample(at=5.0, requests=10)
+    before, after = Sample(0.0, Counters(requests=100)), Sample(5.0, Counters(requests=10))
     assert metrics(before, after, "t").requests_per_second == 2.0
 
 

@@ -41,7 +41,12 @@ def test_the_api_server_calls_the_webhook_and_deletion_needs_neither(kube: Kube,
     operator = start_operator(kube.kubeconfig, "token", tmp_path / "operator.log", extra_args=("--webhook-port", str(port)),
                               extra_env={"LORAPLANE_WEBHOOK_HOST": "127.0.0.1"})  # fmt: skip
     try:
-        config = kube.wait_for("kopf's webhook configuration", lambda: kube.get("ValidatingWebhookConfiguration", None, CONFIG))
+
+        def configured() -> dict[str, Any] | None:  # kopf creates the object, then fills in its webhooks
+            config = kube.get("ValidatingWebhookConfiguration", None, CONFIG)
+            return config if config is not None and config.get("webhooks") else None
+
+        config = kube.wait_for("kopf's webhook configuration", configured)
         hooks = config["webhooks"]
         assert hooks and all(h["clientConfig"]["url"].startswith(f"https://127.0.0.1:{port}/") for h in hooks)
         assert all(h["clientConfig"].get("caBundle") for h in hooks)  # TLS, verified against kopf's own CA

@@ -17,6 +17,7 @@ from engine_helpers import engine_greedy, tiny_engine
 from s3_server import ACCESS, SECRET, moto_server, upload_folder
 
 from loraplane.adapter_format import ErrorCode, file_digest
+from loraplane.serving.api.admin_view import replica_stats
 from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.engine.sequence import FinishReason
 from loraplane.serving.lora.manager import AdapterSpec, PinLimitReached, Residency
@@ -62,11 +63,11 @@ def test_cold_host_and_device_hits(env, s3, tiny_llama, reference, tmp_path) -> 
     assert run(engine, "all8").token_ids == reference["all8"]  # cold; evicts qv4 from the only slot
     assert engine.adapters.residency("qv4") is Residency.HOST
     assert run(engine, "qv4").token_ids == reference["qv4"]  # host hit
-    stats = engine.stats()["adapters"]
+    stats = replica_stats(engine).model_dump()["adapters"]
     assert (stats["qv4"]["cold_loads"], stats["qv4"]["device_hits"], stats["qv4"]["host_hits"]) == (1, 1, 1)
     assert stats["qv4"]["load_seconds"]["cold"]["count"] == 1
     assert stats["qv4"]["queue_wait_seconds"]["count"] == 2  # the cold and the host arrival waited
-    assert engine.stats()["tenants"]["tenant-a"]["requests"] == 4
+    assert replica_stats(engine).model_dump()["tenants"]["tenant-a"]["requests"] == 4
 
 
 def test_eviction_order_follows_the_policy_and_spares_pinned(env, s3, tiny_llama, tmp_path) -> None:
@@ -141,7 +142,7 @@ def test_disk_cache_survives_a_restart(env, s3, tiny_llama, tiny_adapters, refer
     second = tiny_engine(tiny_llama, tmp_path, max_loras=1)
     second.register_lora(AdapterSpec("mlp16", uris["mlp16"], digest=digest))
     assert run(second, "mlp16").token_ids == reference["mlp16"]
-    assert second.stats()["adapters"]["mlp16"]["load_seconds"].keys() >= {"disk"}
+    assert replica_stats(second).model_dump()["adapters"]["mlp16"]["load_seconds"].keys() >= {"disk"}
 
 
 def test_a_corrupted_disk_cache_entry_is_fetched_again(env, s3, tiny_llama, tiny_adapters, reference, tmp_path) -> None:
@@ -160,7 +161,7 @@ def test_a_corrupted_disk_cache_entry_is_fetched_again(env, s3, tiny_llama, tiny
     out = run(second, "mlp16")
     assert out.finish_reason is not FinishReason.ERROR, out.error
     assert out.token_ids == reference["mlp16"]
-    loads = second.stats()["adapters"]["mlp16"]["load_seconds"]
+    loads = replica_stats(second).model_dump()["adapters"]["mlp16"]["load_seconds"]
     assert "cold" in loads and "disk" not in loads
 
 
@@ -221,7 +222,7 @@ def test_concurrent_requests_share_one_load(env, s3, tiny_llama, reference, tmp_
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     outs = engine.generate([PROMPT] * 5, params, ["ku2"] * 5)
     assert all(o.token_ids == reference["ku2"] for o in outs)
-    assert engine.stats()["adapters"]["ku2"]["load_seconds"]["cold"]["count"] == 1
+    assert replica_stats(engine).model_dump()["adapters"]["ku2"]["load_seconds"]["cold"]["count"] == 1
 
 
 def test_pins_leave_a_device_slot_to_unpinned_adapters(tiny_llama, tiny_adapters, reference, tmp_path) -> None:

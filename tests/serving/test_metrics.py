@@ -18,8 +18,8 @@ def test_adapter_labels_stay_bounded_while_json_counts_stay_exact() -> None:
     }
     assert adapters == {"adapter-0", "adapter-1", "adapter-2", OTHER}
     assert 'loraplane_requests_total{adapter="__other__",tenant="tenant-x"} 997.0' in text
-    assert m.as_json(m.counts["adapter-999"])["requests"] == 1
-    assert m.as_json(m.tenants["tenant-x"])["completion_tokens"] == 2000
+    assert m.counters(m.counts["adapter-999"]).requests == 1
+    assert m.counters(m.tenants["tenant-x"]).completion_tokens == 2000
 
 
 def test_load_and_wait_histograms() -> None:
@@ -30,5 +30,5 @@ def test_load_and_wait_histograms() -> None:
     text = generate_latest(m.registry).decode()
     assert 'loraplane_adapter_load_seconds_count{adapter="a",tenant="t",tier="cold"} 1.0' in text
     assert 'loraplane_adapter_queue_wait_seconds_bucket{adapter="a",le="0.5",tenant="t"} 1.0' in text
-    counts = m.as_json(m.counts["a"])
+    counts = m.counters(m.counts["a"]).model_dump()
     assert counts["load_seconds"] == {"cold": {"count": 1, "sum": 0.2}, "host": {"count": 1, "sum": 0.001}}

@@ -10,12 +10,15 @@ tokens.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from loraplane.adapter_format.golden import DriftReport, GoldenOutputs
-from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.serving.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # the engine replays through this module at load time; only the type is needed here
+    from loraplane.serving.engine.llm_engine import LLMEngine
 
 
 class ForcedPath:

@@ -1,0 +1,122 @@
+"""A small async client of the replicas' admin API, used by the operator and the router.
+
+Plain httpx rather than a generated client: the contract is a handful of calls whose bodies are
+the models in ``models``, and the callers need control of pooling and timeouts (see ``_pool``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from typing import Any
+
+import httpx
+from pydantic import BaseModel
+
+from loraplane.adapter_format import BaseShape
+from loraplane.adapter_format.golden import DriftReport
+from loraplane.admin_api.models import LoadLoraRequest, NamedAdapterState, ReplicaStats, UnloadLoraRequest, VerifyRequest
+from loraplane.usage import UsageRollup
+
+
+class ReplicaError(RuntimeError):
+    """A replica answered with an error; ``status`` is its HTTP status (None when unreachable)."""
+
+    def __init__(self, replica: str, message: str, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(f"{replica}: {message}")
+        self.status, self.code = status, code
+
+
+_POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
+
+
+def _pool() -> httpx.AsyncClient:
+    """One connection pool per event loop for every admin call a process makes. A client per
+    reconcile would build a TLS context each time; with a fleet of 2,000 adapters reconciling at
+    once that took gigabytes and most of a core before the first adapter was Ready."""
+    loop = asyncio.get_running_loop()
+    pool = _POOLS.get(loop)
+    if pool is None or pool.is_closed:
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=32)
+        pool = _POOLS[loop] = httpx.AsyncClient(limits=limits)
+    return pool
+
+
+class AdminClient:
+    """One replica's admin API. ``http`` is the connection pool to use (by default one shared per
+    event loop); ``timeout`` counts from when a connection is ours."""
+
+    def __init__(
+        self, url: str, admin_token: str | None = None, timeout: float = 30.0, *, http: httpx.AsyncClient | None = None
+    ) -> None:
+        self.url, self.timeout, self.http = url.rstrip("/"), timeout, http
+        self.headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+
+    async def _call(self, method: str, path: str, body: BaseModel | None = None) -> Any:
+        # Waiting for one of the pool's connections is the caller's own queue, not the replica
+        # failing. With a pool timeout, a fleet of 2,000 adapters created at once against a real API
+        # server timed out in the queue, retried, and turned into a retry storm of Events.
+        timeout = httpx.Timeout(self.timeout, pool=None)
+        payload = body.model_dump(mode="json", exclude_none=True) if body is not None else None
+        try:
+            r = await (self.http or _pool()).request(
+                method, f"{self.url}{path}", json=payload, headers=self.headers, timeout=timeout
+            )
+        except httpx.HTTPError as err:
+            raise ReplicaError(self.url, f"unreachable: {type(err).__name__}: {err}") from None
+        if r.status_code >= 400:
+            try:
+                error = r.json().get("error", {})
+            except ValueError:
+                error = {}
+            raise ReplicaError(self.url, error.get("message", r.text), r.status_code, error.get("code"))
+        return r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
+
+    async def ready(self) -> bool:
+        """Whether the replica has its base loaded (``/ready``)."""
+        try:
+            await self._call("GET", "/ready")
+        except ReplicaError as err:
+            if err.status is None:
+                raise
+            return False
+        return True
+
+    async def usage(self) -> UsageRollup:
+        """This replica's per-tenant totals of the last day and its export backlog."""
+        return UsageRollup.model_validate(await self._call("GET", "/admin/usage"))
+
+    async def base(self) -> BaseShape:
+        """The base this replica serves: name, revision, fingerprint and shape."""
+        return BaseShape.model_validate(await self._call("GET", "/admin/base"))
+
+    async def register(self, req: LoadLoraRequest) -> NamedAdapterState:
+        """Declare an adapter (or a new version of one) without loading it."""
+        return NamedAdapterState.model_validate(await self._call("POST", "/admin/adapters", req))
+
+    async def verify(self, req: VerifyRequest) -> DriftReport:
+        """Replay a candidate's golden outputs on this replica's base (the quality gate)."""
+        return DriftReport.model_validate(await self._call("POST", "/admin/verify", req))
+
+    async def action(self, name: str, action: str) -> NamedAdapterState:
+        """``prefetch``, ``pin`` or ``unpin``."""
+        return NamedAdapterState.model_validate(await self._call("POST", f"/admin/adapters/{name}/{action}"))
+
+    async def unregister(self, name: str) -> None:
+        try:
+            await self._call("POST", "/v1/unload_lora_adapter", UnloadLoraRequest(lora_name=name))
+        except ReplicaError as err:
+            if err.status != 404:  # already gone is what we wanted
+                raise
+
+    async def state(self, name: str) -> NamedAdapterState | None:
+        try:
+            result = await self._call("GET", f"/admin/adapters/{name}")
+        except ReplicaError as err:
+            if err.status == 404:
+                return None
+            raise
+        return NamedAdapterState.model_validate(result)
+
+    async def stats(self) -> ReplicaStats:
+        return ReplicaStats.model_validate(await self._call("GET", "/admin/stats"))

@@ -1,0 +1,52 @@
+"""The engine as the admin API shows it: ``/admin/stats`` and one adapter's state, built from the
+engine's adapter manager and metrics into the contract's models (``loraplane.admin_api``).
+
+Kept beside the admin routes rather than in the engine, which only steps. Each function reads
+engine state, so the routes run it on the engine's thread (``AsyncEngine.call``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from loraplane.admin_api import AdapterState, DiskCacheStats, NamedAdapterState, Quotas, ReplicaStats
+from loraplane.serving.engine.llm_engine import LLMEngine
+from loraplane.serving.lora.manager import AdapterNotFound
+
+
+def adapter_state(engine: LLMEngine, name: str, quotas: Quotas | None = None) -> AdapterState:
+    info = engine.adapters.info(name)
+    counts = engine.metrics.counters(engine.metrics.counts[name])
+    return AdapterState(
+        **counts.model_dump(),
+        tenant=info.tenant,
+        version=info.version,
+        source=info.source,
+        tier=info.residency,
+        pinned=info.pinned,
+        running=info.running,
+        rank=info.rank,
+        digest=info.digest,
+        quotas=quotas,
+    )
+
+
+def named_adapter_state(engine: LLMEngine, name: str, quotas: Quotas | None = None) -> NamedAdapterState:
+    if name not in engine.adapters.entries:
+        raise AdapterNotFound(name)
+    return NamedAdapterState(name=name, **adapter_state(engine, name, quotas).model_dump())
+
+
+def replica_stats(engine: LLMEngine, quotas: Mapping[str, Quotas] | None = None) -> ReplicaStats:
+    """Every adapter's state with its own quotas (what the router enforces at the edge too),
+    per-tenant counters, queue depths and the node's disk cache."""
+    quotas = quotas or {}
+    disk = engine.adapters.disk
+    return ReplicaStats(
+        adapters={name: adapter_state(engine, name, quotas.get(name)) for name in engine.adapters.entries},
+        tenants={t: engine.metrics.counters(c) for t, c in engine.metrics.tenants.items()},
+        preemptions=engine.scheduler.num_preemptions,
+        waiting=len(engine.scheduler.waiting),
+        running=len(engine.scheduler.running),
+        disk_cache=DiskCacheStats(bytes=disk.used_bytes, max_bytes=disk.max_bytes, entries=len(disk), evictions=disk.evictions),
+    )

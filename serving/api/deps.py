@@ -1,0 +1,79 @@
+"""The server's state and the FastAPI dependencies every router takes: the engine once it has
+loaded, the engine for an admin call (the admin token checked), and the calling tenant.
+
+Module level, not inside ``create_app``: FastAPI resolves these annotations in the module's
+namespace, and the routers of each part of the API import them from here.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from loraplane.serving.api.async_engine import AsyncEngine
+from loraplane.serving.api.errors import APIError, require_admin
+from loraplane.serving.api.load_shedding import PendingRequests
+from loraplane.serving.api.tenants import TenantConfig, Tenants
+from loraplane.serving.engine.llm_engine import LLMEngine
+from loraplane.usage import Metering
+
+
+class ServerState:
+    def __init__(self, make_engine: Callable[[], LLMEngine], admin_token: str | None, max_pending_requests: int) -> None:
+        self.make_engine, self.admin_token = make_engine, admin_token
+        self.engine: AsyncEngine | None = None
+        self.load_error: str | None = None
+        self.pending = PendingRequests(max_pending_requests)  # accepted requests not yet finished
+
+    def start(self) -> None:
+        def load() -> None:
+            try:
+                self.engine = AsyncEngine(self.make_engine())
+            except Exception as err:  # reported by /ready and every API call
+                self.load_error = f"{type(err).__name__}: {err}"
+
+        threading.Thread(target=load, name="engine-load", daemon=True).start()
+
+    def ready(self) -> AsyncEngine:
+        if self.engine is None:
+            detail = f"the engine failed to start: {self.load_error}" if self.load_error else "the base model is still loading"
+            raise APIError(503, detail, type_="server_error", code="not_ready")
+        return self.engine
+
+
+def _engine(request: Request) -> AsyncEngine:
+    state: ServerState = request.app.state.server
+    return state.ready()
+
+
+def _admin(request: Request) -> AsyncEngine:
+    state: ServerState = request.app.state.server
+    require_admin(request.headers.get("authorization"), state.admin_token)
+    return state.ready()
+
+
+def _caller(request: Request) -> TenantConfig | None:
+    tenants: Tenants = request.app.state.tenants
+    return tenants.authenticate(request.headers.get("authorization"))
+
+
+Engine = Annotated[AsyncEngine, Depends(_engine)]
+Admin = Annotated[AsyncEngine, Depends(_admin)]
+Caller = Annotated[TenantConfig | None, Depends(_caller)]
+
+
+def _tenants(request: Request) -> Tenants:
+    tenants: Tenants = request.app.state.tenants
+    return tenants
+
+
+def _metering(request: Request) -> Metering:
+    meters: Metering = request.app.state.metering
+    return meters
+
+
+TenantsDep = Annotated[Tenants, Depends(_tenants)]
+MeteringDep = Annotated[Metering, Depends(_metering)]
