@@ -19,7 +19,7 @@ from loraplane.adapter_format.golden import DriftReport
 from loraplane.admin_api import LoadLoraRequest, NamedAdapterState, ReplicaStats, UnloadLoraRequest, VerifyRequest
 from loraplane.serving.api.admin_view import named_adapter_state, replica_stats
 from loraplane.serving.api.async_engine import AsyncEngine
-from loraplane.serving.api.deps import Admin, MeteringDep, TenantsDep
+from loraplane.serving.api.deps import Admin, Server
 from loraplane.serving.api.errors import APIError
 from loraplane.serving.api.quality_gate import load_adapter, verify_candidate
 from loraplane.serving.api.tenants import Tenants
@@ -42,7 +42,7 @@ async def _state(engine: AsyncEngine, tenants: Tenants, name: str) -> NamedAdapt
 
 
 @router.post("/v1/load_lora_adapter", response_class=PlainTextResponse)
-async def load_lora(req: LoadLoraRequest, engine: Admin, tenants: TenantsDep) -> str:
+async def load_lora(req: LoadLoraRequest, engine: Admin, server: Server) -> str:
     """vLLM's call: fetch, validate and replay the golden outputs (off the engine thread), then
     serve it under ``lora_name``, replacing a version already there."""
     try:
@@ -53,31 +53,31 @@ async def load_lora(req: LoadLoraRequest, engine: Admin, tenants: TenantsDep) ->
         raise APIError(status, str(err), code=err.code.value, param="lora_path") from None
     except (AdapterBusy, ValueError) as err:
         raise APIError(409 if isinstance(err, AdapterBusy) else 400, str(err)) from None
-    tenants.set_adapter_limits(req.lora_name, req.quotas)
+    server.tenants.set_adapter_limits(req.lora_name, req.quotas)
     return f"Success: LoRA adapter '{req.lora_name}' added successfully."
 
 
 @router.post("/v1/unload_lora_adapter", response_class=PlainTextResponse)
-async def unload_lora(req: UnloadLoraRequest, engine: Admin, tenants: TenantsDep) -> str:
+async def unload_lora(req: UnloadLoraRequest, engine: Admin, server: Server) -> str:
     try:
         await engine.call(lambda: engine.engine.unload_lora(req.lora_name))
     except AdapterNotFound as err:
         raise APIError(404, str(err), code="model_not_found") from None
     except AdapterBusy as err:
         raise APIError(409, str(err)) from None
-    tenants.set_adapter_limits(req.lora_name, None)
+    server.tenants.set_adapter_limits(req.lora_name, None)
     return f"Success: LoRA adapter '{req.lora_name}' removed successfully."
 
 
 @router.post("/admin/adapters")
-async def register(req: LoadLoraRequest, engine: Admin, tenants: TenantsDep) -> NamedAdapterState:
+async def register(req: LoadLoraRequest, engine: Admin, server: Server) -> NamedAdapterState:
     """Declare an adapter without loading it; it loads on first use or on prefetch."""
     try:
         await engine.call(lambda: engine.engine.register_lora(_spec(req)))
     except (AdapterBusy, ValueError) as err:
         raise APIError(409 if isinstance(err, AdapterBusy) else 400, str(err)) from None
-    tenants.set_adapter_limits(req.lora_name, req.quotas)
-    return await _state(engine, tenants, req.lora_name)
+    server.tenants.set_adapter_limits(req.lora_name, req.quotas)
+    return await _state(engine, server.tenants, req.lora_name)
 
 
 @router.post("/admin/verify")
@@ -91,8 +91,8 @@ async def verify(req: VerifyRequest, engine: Admin) -> DriftReport:
 
 
 @router.get("/admin/adapters/{name}")
-async def adapter(name: str, engine: Admin, tenants: TenantsDep) -> NamedAdapterState:
-    return await _state(engine, tenants, name)
+async def adapter(name: str, engine: Admin, server: Server) -> NamedAdapterState:
+    return await _state(engine, server.tenants, name)
 
 
 async def _act(engine: AsyncEngine, tenants: Tenants, name: str, call: Callable[[str], None]) -> NamedAdapterState:
@@ -106,21 +106,21 @@ async def _act(engine: AsyncEngine, tenants: Tenants, name: str, call: Callable[
 
 
 @router.post("/admin/adapters/{name}/pin")
-async def pin(name: str, engine: Admin, tenants: TenantsDep) -> NamedAdapterState:
+async def pin(name: str, engine: Admin, server: Server) -> NamedAdapterState:
     """Keep the adapter on the device, never evicted; 409 ``pin_limit_reached`` once all but one
     of the device slots are pinned."""
-    return await _act(engine, tenants, name, engine.engine.pin_lora)
+    return await _act(engine, server.tenants, name, engine.engine.pin_lora)
 
 
 @router.post("/admin/adapters/{name}/unpin")
-async def unpin(name: str, engine: Admin, tenants: TenantsDep) -> NamedAdapterState:
-    return await _act(engine, tenants, name, engine.engine.unpin_lora)
+async def unpin(name: str, engine: Admin, server: Server) -> NamedAdapterState:
+    return await _act(engine, server.tenants, name, engine.engine.unpin_lora)
 
 
 @router.post("/admin/adapters/{name}/prefetch")
-async def prefetch(name: str, engine: Admin, tenants: TenantsDep) -> NamedAdapterState:
+async def prefetch(name: str, engine: Admin, server: Server) -> NamedAdapterState:
     """Start loading the adapter into host memory now, before its first request."""
-    return await _act(engine, tenants, name, engine.engine.prefetch_lora)
+    return await _act(engine, server.tenants, name, engine.engine.prefetch_lora)
 
 
 @router.get("/admin/base")
@@ -131,14 +131,14 @@ async def base(engine: Admin) -> BaseShape:
 
 
 @router.get("/admin/usage")
-async def usage(_engine: Admin, meters: MeteringDep) -> UsageRollup:
+async def usage(_engine: Admin, server: Server) -> UsageRollup:
     """Per-tenant totals of this replica's last day (the operator writes their sum into the
     BaseModel's status) and the export's backlog."""
-    return meters.view()
+    return server.metering.view()
 
 
 @router.get("/admin/stats")
-async def stats(engine: Admin, tenants: TenantsDep) -> ReplicaStats:
+async def stats(engine: Admin, server: Server) -> ReplicaStats:
     """Every adapter's tier, pin, counters and quotas; per-tenant counters; queue depths."""
-    quotas = dict(tenants.adapter_limits)
+    quotas = dict(server.tenants.adapter_limits)
     return await engine.call(lambda: replica_stats(engine.engine, quotas))

@@ -1,5 +1,6 @@
-"""The server's state and the FastAPI dependencies every router takes: the engine once it has
-loaded, the engine for an admin call (the admin token checked), and the calling tenant.
+"""The server's state and the FastAPI dependencies every router takes: the server itself, the
+engine once it has loaded, the engine for an admin call (the admin token checked), and the
+calling tenant.
 
 Module level, not inside ``create_app``: FastAPI resolves these annotations in the module's
 namespace, and the routers of each part of the API import them from here.
@@ -22,8 +23,15 @@ from loraplane.usage import Metering
 
 
 class ServerState:
-    def __init__(self, make_engine: Callable[[], LLMEngine], admin_token: str | None, max_pending_requests: int) -> None:
+    """What one server holds: the engine (once loaded), tenants and their quotas, the usage
+    meter and the count of pending requests."""
+
+    def __init__(
+        self, make_engine: Callable[[], LLMEngine], admin_token: str | None, max_pending_requests: int, tenants: Tenants,
+        metering: Metering,
+    ) -> None:  # fmt: skip
         self.make_engine, self.admin_token = make_engine, admin_token
+        self.tenants, self.metering = tenants, metering
         self.engine: AsyncEngine | None = None
         self.load_error: str | None = None
         self.pending = PendingRequests(max_pending_requests)  # accepted requests not yet finished
@@ -44,36 +52,26 @@ class ServerState:
         return self.engine
 
 
-def _engine(request: Request) -> AsyncEngine:
+def _server(request: Request) -> ServerState:
     state: ServerState = request.app.state.server
-    return state.ready()
+    return state
+
+
+def _engine(request: Request) -> AsyncEngine:
+    return _server(request).ready()
 
 
 def _admin(request: Request) -> AsyncEngine:
-    state: ServerState = request.app.state.server
+    state = _server(request)
     require_admin(request.headers.get("authorization"), state.admin_token)
     return state.ready()
 
 
 def _caller(request: Request) -> TenantConfig | None:
-    tenants: Tenants = request.app.state.tenants
-    return tenants.authenticate(request.headers.get("authorization"))
+    return _server(request).tenants.authenticate(request.headers.get("authorization"))
 
 
+Server = Annotated[ServerState, Depends(_server)]
 Engine = Annotated[AsyncEngine, Depends(_engine)]
 Admin = Annotated[AsyncEngine, Depends(_admin)]
 Caller = Annotated[TenantConfig | None, Depends(_caller)]
-
-
-def _tenants(request: Request) -> Tenants:
-    tenants: Tenants = request.app.state.tenants
-    return tenants
-
-
-def _metering(request: Request) -> Metering:
-    meters: Metering = request.app.state.metering
-    return meters
-
-
-TenantsDep = Annotated[Tenants, Depends(_tenants)]
-MeteringDep = Annotated[Metering, Depends(_metering)]

@@ -1,0 +1,199 @@
+"""Running one OpenAI request on the engine, shared by completions and chat: its sampling
+parameters, its prompts as token ids, its admission (load shedding, then quotas, then one engine
+sequence per choice), and its outputs once finished.
+
+A refusal at any stage is an ``APIError`` before a response has started, so a client gets a 4xx
+or 503 status rather than a 200 stream that fails; a refusal releases what admission took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+
+from loraplane.serving.api.async_engine import AsyncEngine
+from loraplane.serving.api.choices import Choice, Choices
+from loraplane.serving.api.deps import ServerState
+from loraplane.serving.api.errors import APIError
+from loraplane.serving.api.metering import RequestMeter
+from loraplane.serving.api.protocol import ChatCompletionRequest, CompletionRequest
+from loraplane.serving.api.tenants import TenantConfig
+from loraplane.serving.engine.llm_engine import RequestError, RequestOutput
+from loraplane.serving.engine.sampling_params import SamplingError, SamplingParams
+from loraplane.serving.engine.sequence import FinishReason
+from loraplane.serving.engine.structured import GrammarError, Guide
+from loraplane.serving.lora.manager import AdapterNotFound, AdapterUnavailable
+from loraplane.serving.tokenizer import PromptTooLong
+
+Request = CompletionRequest | ChatCompletionRequest
+
+
+async def sampling(engine: AsyncEngine, req: Request, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    guide = await guide_for(engine, req)
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            seed=req.seed,
+            stop=req.stop_list(),
+            stop_token_ids=tuple(req.stop_token_ids or ()),
+            logprobs=logprobs,
+            ignore_eos=req.ignore_eos,
+            frequency_penalty=req.frequency_penalty,
+            presence_penalty=req.presence_penalty,
+            repetition_penalty=req.repetition_penalty,
+            min_tokens=req.min_tokens,
+            logit_bias=req.bias_list(),
+            guide=guide,
+        )
+    except SamplingError as err:
+        raise APIError(400, str(err)) from None
+
+
+async def guide_for(engine: AsyncEngine, req: Request) -> Guide | None:
+    """The structured-output guide for ``response_format`` (None for plain text), compiled off
+    the event loop; a schema the grammar library cannot compile is a 400 with its message."""
+    fmt = req.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    schema = fmt.json_schema.schema_ if fmt.type == "json_schema" and fmt.json_schema is not None else None
+    try:
+        return await asyncio.to_thread(engine.engine.grammars.compile, schema)
+    except GrammarError as err:
+        raise APIError(400, f"response_format: {err}", param="response_format") from None
+
+
+async def tokenised(engine: AsyncEngine, prompts: list[str | list[int]]) -> list[str | list[int]]:
+    """Each prompt as token ids, encoded off the event loop and the engine thread; one longer
+    than the context is a 400 before most of it is encoded."""
+    tokenizer, limit = engine.engine.tokenizer, engine.engine.max_model_len
+
+    def encode() -> list[str | list[int]]:
+        return [tokenizer.encode_within(p, limit) if isinstance(p, str) else p for p in prompts]
+
+    try:
+        return await asyncio.to_thread(encode)
+    except PromptTooLong as err:
+        raise APIError(400, str(err), param="prompt") from None
+
+
+def meter_for(
+    server: ServerState, request_id: str, endpoint: str, model: str, adapter: str | None, tenant: TenantConfig | None
+) -> RequestMeter:
+    base = server.ready().engine.base.shape.name
+    return RequestMeter(server.metering, request_id, endpoint, model, adapter, tenant.name if tenant else None, base)
+
+
+async def first_output(stream: AsyncIterator[RequestOutput]) -> RequestOutput | None:
+    """Start the request so that refusals (unknown adapter, too long) become 4xx before any
+    streaming response has been committed."""
+    try:
+        return await stream.__anext__()
+    except StopAsyncIteration:
+        return None
+    except (RequestError, SamplingError) as err:
+        raise APIError(400, str(err)) from None
+    except AdapterNotFound as err:
+        raise APIError(404, str(err), code="model_not_found", param="model") from None
+    except AdapterUnavailable as err:
+        raise APIError(503, str(err), type_="server_error", code="adapter_load_failed") from None
+
+
+def failure(out: RequestOutput) -> APIError | None:
+    """The OpenAI error a request that failed in the engine ends in: 503 when its adapter
+    could not load (retrying elsewhere may help), 500 otherwise."""
+    if out.finish_reason is not FinishReason.ERROR:
+        return None
+    code = out.error_code or "engine_error"
+    return APIError(503 if code == "adapter_load_failed" else 500, out.error or "the request failed",
+                    type_="server_error", code=code)  # fmt: skip
+
+
+async def admit(
+    server: ServerState, prompts: list[str | list[int]], params: SamplingParams, n: int, meter: RequestMeter,
+    tenant: TenantConfig | None,
+) -> Choices:  # fmt: skip
+    """Admit the request: the server's bound on pending requests, then the tenant's and the
+    adapter's quotas. Returns its (empty) choices, which release it once (its pending count, its
+    quota reservation, its tokens) however it ends."""
+    # Counted here on the event loop (not read from the engine thread), so a burst of
+    # handlers cannot all pass the check before any of them reaches the engine.
+    adapter, tenants = meter.adapter, server.tenants
+    total = len(prompts) * n
+    if not server.pending.admit(meter.tenant, total):
+        raise APIError(503, "the server is at capacity; retry shortly", type_="server_error", code="overloaded", retry_after=1)
+    # The most it can use, reserved against a token quota until it ends: the prompts (each
+    # once, as usage counts them) and max_tokens for every choice.
+    most = sum(len(p) for p in prompts if isinstance(p, list)) + params.max_tokens * total
+    try:
+        reservation = tenants.admit(tenant, adapter, most)
+    except APIError as err:  # a quota refusal: billed nothing, recorded once as refused
+        server.pending.release(meter.tenant, total)
+        await server.metering.refuse(meter.request_id, err.status, tenant=meter.tenant, model=meter.model, adapter=adapter,
+                                     base=meter.base, endpoint=meter.endpoint)  # fmt: skip
+        raise
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            server.pending.release(meter.tenant, total)
+            prompt_tokens, _, completion_tokens = meter.tokens()
+            usage: dict[str, object] = {
+                "adapter": adapter,
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+            }
+            tenants.finish(tenant, usage, reservation)
+
+    return Choices([], meter, release)
+
+
+async def run(
+    server: ServerState, engine: AsyncEngine, prompts: list[str | list[int]], params: SamplingParams, n: int,
+    meter: RequestMeter, tenant: TenantConfig | None,
+) -> Choices:  # fmt: skip
+    """Admit the request and start one engine sequence per choice. A choice refused at its start
+    refuses the request, and the others are aborted."""
+    request = await admit(server, prompts, params, n, meter, tenant)
+    total = len(prompts) * n
+    for i, prompt in enumerate(prompts):
+        leader: str | None = None
+        for j in range(n):
+            index = i * n + j
+            rid = meter.request_id if total == 1 else f"{meter.request_id}-{index}"
+            meter.expect(rid, i, index)
+            # As vLLM: the samples of a seeded request differ from each other and are each reproducible.
+            p = params if j == 0 or params.seed is None else dataclasses.replace(params, seed=params.seed + j)
+            stream = engine.generate(prompt, p, meter.adapter, rid, tenant=meter.tenant, after=leader)
+            request.choices.append(Choice(index, rid, stream))
+            leader = leader or rid
+    try:
+        firsts = await asyncio.gather(*(first_output(c.stream) for c in request.choices), return_exceptions=True)
+    except BaseException:  # cancelled (the client left, the server stops): nothing stays held
+        request.close()
+        raise
+    error = next((f for f in firsts if isinstance(f, BaseException)), None)
+    for c, first in zip(request.choices, firsts, strict=True):
+        if isinstance(first, RequestOutput):
+            c.first = first
+            meter.seen(first)
+            error = error or failure(first)  # failed at its first token: an error status, not a 200 stream
+    if error is not None:
+        request.close()
+        raise error
+    return request
+
+
+async def final(request: Choices) -> list[RequestOutput]:
+    """Drain a non-streamed request: every choice's last output (its usage record written),
+    or the OpenAI error one of them ended in."""
+    outs = await request.drain()
+    for out in outs:
+        if (err := failure(out)) is not None:
+            raise err
+    return outs

@@ -1,0 +1,156 @@
+"""OpenAI's routes: ``/v1/models`` (list and retrieve), ``/v1/completions`` and
+``/v1/chat/completions``, streamed or not, with vLLM's extra sampling fields (see ``protocol``).
+
+A tenant sees and calls only what ``Tenants.may_use`` allows; another tenant's adapter answers
+exactly as a missing model does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from loraplane.serving.api.async_engine import AsyncEngine
+from loraplane.serving.api.deps import Caller, Engine, Server
+from loraplane.serving.api.errors import APIError
+from loraplane.serving.api.generation import final, meter_for, run, sampling, tokenised
+from loraplane.serving.api.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, new_id, now
+from loraplane.serving.api.streaming import finish_reason, streamed, usage
+from loraplane.serving.api.tenants import TenantConfig, Tenants
+from loraplane.serving.engine.llm_engine import RequestOutput
+
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
+
+router = APIRouter()
+
+
+def _missing(model: str) -> APIError:
+    return APIError(404, f"The model `{model}` does not exist.", code="model_not_found", param="model")
+
+
+def cards(engine: AsyncEngine, tenant: TenantConfig | None) -> list[ModelCard]:
+    """The base (for a tenant allowed it) and the adapters the caller may use, each with the
+    source it is served from as ``root`` (vLLM's field)."""
+    base = engine.engine.base.shape.name
+    found = [ModelCard(id=base, root=engine.engine.config.model)] if tenant is None or tenant.allow_base else []
+    entries = list(engine.engine.adapters.entries.items())  # a copy: the engine thread may register meanwhile
+    for name, entry in sorted(entries):
+        if Tenants.may_use(tenant, entry.spec.tenant):
+            found.append(ModelCard(id=name, root=entry.spec.source, parent=base))
+    return found
+
+
+def resolve_model(engine: AsyncEngine, model: str, tenant: TenantConfig | None) -> str | None:
+    """The adapter to use (None for the base). Another tenant's adapter, or the base for a
+    tenant without base access, answers exactly as a missing model."""
+    if model == engine.engine.base.shape.name and (tenant is None or tenant.allow_base):
+        return None
+    entry = engine.engine.adapters.entries.get(model)
+    if entry is not None and Tenants.may_use(tenant, entry.spec.tenant):
+        return model
+    raise _missing(model)
+
+
+@router.get("/v1/models")
+async def models(engine: Engine, tenant: Caller) -> ModelList:
+    return ModelList(data=cards(engine, tenant))
+
+
+@router.get("/v1/models/{model:path}")
+async def model(model: str, engine: Engine, tenant: Caller) -> ModelCard:
+    """One card, as OpenAI's API retrieves it; another tenant's adapter is as missing as none."""
+    for card in cards(engine, tenant):
+        if card.id == model:
+            return card
+    raise _missing(model)
+
+
+@router.post("/v1/completions")
+async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, server: Server) -> Any:
+    adapter = resolve_model(engine, req.model, tenant)
+    params = await sampling(engine, req, req.max_tokens or DEFAULT_COMPLETION_TOKENS, req.logprobs)
+    rid, created = new_id("cmpl"), now()
+    meter = meter_for(server, rid, "/v1/completions", req.model, adapter, tenant)
+    prompts = await tokenised(engine, req.prompts())
+    request = await run(server, engine, prompts, params, req.n, meter, tenant)
+
+    def logprobs_of(out: RequestOutput, start: int = 0) -> dict[str, Any] | None:
+        """The entries of ``out``'s tokens from ``start`` on (a streamed chunk carries its new ones)."""
+        if req.logprobs is None:
+            return None
+        tok, entries = engine.engine.tokenizer, out.logprobs[start:]
+        return {
+            "tokens": [tok.token_text(lp.token_id) for lp in entries],
+            "token_logprobs": [lp.logprob for lp in entries],
+            # As vLLM: the chosen token is among its step's entries too, so logprobs=0 gives it alone.
+            "top_logprobs": [
+                {**{tok.token_text(t): v for t, v in lp.top}, tok.token_text(lp.token_id): lp.logprob} for lp in entries
+            ],
+        }
+
+    base = {"id": rid, "object": "text_completion", "created": created, "model": req.model}
+    if not req.stream:
+        outs = await final(request)
+        body = {**base, "usage": usage(meter), "choices": [
+            {"index": c.index, "text": out.text, "finish_reason": finish_reason(out), "logprobs": logprobs_of(out)}
+            for c, out in zip(request.choices, outs, strict=True)
+        ]}  # fmt: skip
+        return JSONResponse(body)
+
+    sent: dict[int, int] = defaultdict(int)  # log-probabilities sent per choice
+
+    def event(index: int, out: RequestOutput, delta: str) -> dict[str, Any]:
+        start, sent[index] = sent[index], len(out.logprobs)
+        return {"index": index, "text": delta, "finish_reason": finish_reason(out), "logprobs": logprobs_of(out, start)}
+
+    return streamed(req, base, request, event)
+
+
+@router.post("/v1/chat/completions")
+async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, server: Server) -> Any:
+    adapter = resolve_model(engine, req.model, tenant)
+    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    try:  # templated and encoded off the event loop and the engine thread
+        prompt = await asyncio.to_thread(engine.engine.tokenizer.chat, messages, limit=engine.engine.max_model_len)
+    except ValueError as err:  # no chat template, or a conversation beyond the context
+        raise APIError(400, str(err), param="messages") from None
+    limit = req.max_completion_tokens or req.max_tokens or max(1, engine.engine.max_model_len - len(prompt))
+    params = await sampling(engine, req, limit, (req.top_logprobs or 0) if req.logprobs else None)
+    rid, created = new_id("chatcmpl"), now()
+    meter = meter_for(server, rid, "/v1/chat/completions", req.model, adapter, tenant)
+    request = await run(server, engine, [prompt], params, req.n, meter, tenant)
+
+    def logprobs_of(out: RequestOutput, start: int = 0) -> dict[str, Any] | None:
+        if not req.logprobs:
+            return None
+        tok = engine.engine.tokenizer
+        return {"content": [
+            {"token": tok.token_text(lp.token_id), "logprob": lp.logprob, "bytes": None,
+             "top_logprobs": [{"token": tok.token_text(t), "logprob": v, "bytes": None} for t, v in lp.top]}
+            for lp in out.logprobs[start:]
+        ]}  # fmt: skip
+
+    base = {"id": rid, "object": "chat.completion", "created": created, "model": req.model}
+    if not req.stream:
+        outs = await final(request)
+        body = {**base, "usage": usage(meter), "choices": [
+            {"index": c.index, "message": {"role": "assistant", "content": out.text},
+             "finish_reason": finish_reason(out), "logprobs": logprobs_of(out)}
+            for c, out in zip(request.choices, outs, strict=True)
+        ]}  # fmt: skip
+        return JSONResponse(body)
+
+    sent: dict[int, int] = {}  # log-probabilities sent per choice; a choice's first chunk carries its role
+
+    def event(index: int, out: RequestOutput, delta: str) -> dict[str, Any]:
+        message: dict[str, str] = {"content": delta} if delta else {}
+        if index not in sent:
+            message = {"role": "assistant", "content": delta}
+        start, sent[index] = sent.get(index, 0), len(out.logprobs)
+        return {"index": index, "delta": message, "finish_reason": finish_reason(out), "logprobs": logprobs_of(out, start)}
+
+    return streamed(req, {**base, "object": "chat.completion.chunk"}, request, event)

@@ -1,0 +1,63 @@
+"""The response side of completions and chat: OpenAI's finish reasons and usage blocks, and the
+server-sent events of a streamed request, whose last event carries the error a choice failed with
+(a stream has already answered 200 by then) and, when asked, the usage chunk."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+
+from loraplane.serving.api.choices import Choices, CleanupResponse
+from loraplane.serving.api.errors import error_body
+from loraplane.serving.api.generation import Request, failure
+from loraplane.serving.api.metering import RequestMeter
+from loraplane.serving.api.protocol import Usage
+from loraplane.serving.engine.llm_engine import RequestOutput
+from loraplane.serving.engine.sequence import FinishReason
+
+ChoiceEvent = Callable[[int, RequestOutput, str], dict[str, Any]]  # (choice index, its output, new text) -> event
+
+
+def finish_reason(out: RequestOutput) -> str | None:
+    if out.finish_reason is None:
+        return None
+    return "length" if out.finish_reason is FinishReason.LENGTH else "stop"
+
+
+def usage(meter: RequestMeter) -> dict[str, int]:
+    prompt_tokens, _, completion_tokens = meter.tokens()
+    total = prompt_tokens + completion_tokens
+    return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=total).model_dump()
+
+
+def with_running_usage(req: Request, event: dict[str, Any], meter: RequestMeter) -> dict[str, Any]:
+    """vLLM's ``continuous_usage_stats``: the usage so far on every streamed chunk."""
+    if req.stream_options is not None and req.stream_options.continuous_usage_stats:
+        event["usage"] = usage(meter)
+    return event
+
+
+async def sse(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    async for event in events:
+        yield f"data: {json.dumps(event)}\n\n".encode()
+    yield b"data: [DONE]\n\n"
+
+
+def streamed(req: Request, base: dict[str, Any], request: Choices, choice_event: ChoiceEvent) -> StreamingResponse:
+    """The SSE response of a streamed request: one event per choice's delta, the stream's last
+    event carrying the error a choice failed with, and the usage chunk when asked for."""
+
+    async def events() -> AsyncIterator[dict[str, Any]]:
+        async for c, out, delta in request.deltas():
+            if (err := failure(out)) is not None:
+                request.close()  # the other choices end here too
+                yield error_body(err.message, err.type, err.code)
+                return
+            yield with_running_usage(req, {**base, "choices": [choice_event(c.index, out, delta)]}, request.meter)
+        if req.stream_options and req.stream_options.include_usage:
+            yield {**base, "choices": [], "usage": usage(request.meter)}
+
+    return CleanupResponse(sse(events()), request, media_type="text/event-stream")
