@@ -1,0 +1,95 @@
+"""The edge's admission of one generation request before it is forwarded: the body checked as
+strictly as the replicas check it, another tenant's adapter hidden, and the tenant's and the
+adapter's quotas reserved with an estimate of the request's tokens. What the router refuses
+itself it records as a usage refusal; what reaches a replica is recorded there, so nothing counts
+twice."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import Request, Response
+from pydantic import ValidationError
+
+from loraplane.serving.api.errors import APIError, invalid_request
+from loraplane.serving.api.protocol import ChatCompletionRequest, CompletionRequest, new_id
+from loraplane.serving.api.tenants import TenantConfig, Tenants
+from loraplane.serving.router.state import RouterState
+
+BODIES: dict[str, type[CompletionRequest] | type[ChatCompletionRequest]] = {
+    "/v1/completions": CompletionRequest,
+    "/v1/chat/completions": ChatCompletionRequest,
+}
+
+
+def forwarded_headers(request: Request) -> dict[str, str]:
+    headers = {"content-type": "application/json"}
+    if "authorization" in request.headers:
+        headers["authorization"] = request.headers["authorization"]
+    return headers
+
+
+async def relay(state: RouterState, request: Request, path: str) -> Response:
+    """Admit and forward one request; a refusal is recorded, then raised as its APIError."""
+    tenant = state.tenants.authenticate(request.headers.get("authorization"))  # an unknown key is nobody's to bill
+    seen: dict[str, str | None] = {"adapter": None}
+    try:
+        return await _admitted(state, request, path, tenant, seen)
+    except APIError as err:
+        await state.meters.refuse(new_id("rtr"), err.status, source="router", tenant=tenant.name if tenant else None,
+                                  model=seen["adapter"] or "", adapter=seen["adapter"], endpoint=path)  # fmt: skip
+        raise
+
+
+def _body(raw: bytes, path: str) -> tuple[dict[str, Any], CompletionRequest | ChatCompletionRequest]:
+    try:
+        payload = json.loads(raw)
+    except ValueError:
+        raise APIError(400, "the body is not valid JSON", code="invalid_request") from None
+    if not isinstance(payload, dict):
+        raise APIError(400, "the body must be a JSON object", code="invalid_request")
+    try:  # as strictly as the replicas: a body they would refuse never counts against a quota
+        request_model = BODIES[path].model_validate(payload)
+    except ValidationError as err:
+        raise invalid_request(err.errors()) from None
+    payload["stream"] = request_model.stream  # what the replica will do, e.g. for "stream": 1
+    return payload, request_model
+
+
+def estimate_tokens(request_model: CompletionRequest | ChatCompletionRequest) -> int:
+    """The most a request may use, without tokenising: the completion tokens the body allows for
+    every choice and the prompt at about four characters a token, as OpenAI estimates for its own
+    limits. The replica counts the prompt exactly and may refuse what the edge let through (it
+    then records the refusal itself, once)."""
+    limit = getattr(request_model, "max_completion_tokens", None) or request_model.max_tokens or 0
+    if isinstance(request_model, CompletionRequest):
+        prompts = request_model.prompts()
+    else:  # one prompt: the conversation
+        prompts = [" ".join(m.text() for m in request_model.messages)]
+    estimate = sum(len(p) if isinstance(p, list) else len(p) // 4 for p in prompts)
+    return estimate + limit * request_model.n * len(prompts)
+
+
+async def _admitted(
+    state: RouterState, request: Request, path: str, tenant: TenantConfig | None, seen: dict[str, str | None]
+) -> Response:
+    """Forward a request the edge admits; raises the APIError of one it refuses (``seen``
+    gets the model it named, for the refusal's record)."""
+    payload, request_model = _body(await request.body(), path)
+    adapter = seen["adapter"] = request_model.model
+    listed, owner = state.table.owner(adapter)
+    if listed and not Tenants.may_use(tenant, owner):  # before any quota can reveal it
+        raise APIError(404, f"The model `{adapter}` does not exist.", code="model_not_found", param="model")
+    reservation = state.tenants.admit(tenant, adapter, estimate_tokens(request_model))
+
+    def done(usage: dict[str, Any] | None, tenant: TenantConfig | None = tenant) -> None:
+        usage = usage or {}
+        state.tenants.finish(tenant, {"adapter": adapter, "prompt_tokens": usage.get("prompt_tokens", 0),
+                                      "completion_tokens": usage.get("completion_tokens", 0)}, reservation)  # fmt: skip
+
+    try:
+        return await state.forward().post(path, payload, forwarded_headers(request), done)
+    except APIError:
+        done(None)
+        raise

@@ -1,0 +1,81 @@
+"""The router's routes: OpenAI's generation routes admitted at the edge and forwarded (see
+``edge``), the model list asked of any replica that is up, health, metrics, and the table."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+import httpx
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from loraplane.serving.api.errors import APIError, require_admin
+from loraplane.serving.router.edge import forwarded_headers, relay
+from loraplane.serving.router.state import RouterState, State
+
+router = APIRouter()
+
+
+def _no_replica() -> APIError:
+    return APIError(503, "no serving replica is up", type_="server_error", code="no_replica", retry_after=1)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request, state: State) -> Response:
+    return await relay(state, request, "/v1/completions")
+
+
+@router.post("/v1/chat/completions")
+async def chat(request: Request, state: State) -> Response:
+    return await relay(state, request, "/v1/chat/completions")
+
+
+async def _ask_any(state: RouterState, request: Request, path: str) -> Response:
+    """Every replica serves the same adapters (the operator sees to it); ask one that is up."""
+    state.tenants.authenticate(request.headers.get("authorization"))
+    client = state.forward().client
+    for replica in sorted(state.table.up(), key=lambda r: r.in_flight):
+        try:
+            r = await client.get(f"{replica.url}{path}", headers=forwarded_headers(request))
+        except httpx.TransportError as err:
+            state.table.mark_down(replica, repr(err))
+            continue
+        return Response(r.content, status_code=r.status_code, media_type="application/json")
+    raise _no_replica()
+
+
+@router.get("/v1/models")
+async def models(request: Request, state: State) -> Response:
+    return await _ask_any(state, request, "/v1/models")
+
+
+@router.get("/v1/models/{model:path}")
+async def model(model: str, request: Request, state: State) -> Response:
+    return await _ask_any(state, request, f"/v1/models/{quote(model, safe='')}")
+
+
+@router.get("/health")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/ready")
+async def ready(state: State) -> dict[str, object]:
+    if not state.table.up():
+        raise _no_replica()
+    return {"status": "ready", "replicas": len(state.table.up())}
+
+
+@router.get("/metrics")
+async def prometheus(request: Request, state: State) -> Response:
+    """Admin token only where tenants are set (the series name them); see metrics_port."""
+    if not state.tenants.open:
+        require_admin(request.headers.get("authorization"), state.admin_token)
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/router/replicas")
+async def replicas(request: Request, state: State) -> dict[str, object]:
+    require_admin(request.headers.get("authorization"), state.admin_token)
+    table = sorted(state.table.replicas.values(), key=lambda r: r.name)
+    return {"policy": state.config.policy, "epsilon": state.config.epsilon, "replicas": [r.view() for r in table]}
