@@ -26,7 +26,8 @@ import torch
 
 from loraplane.adapter_format import LLAMA_TARGETS
 from loraplane.serving.config import EngineConfig
-from loraplane.serving.engine.llm_engine import LLMEngine, resolve_dtype
+from loraplane.serving.engine.builder import resolve_dtype
+from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.lora.synthetic import ATTENTION, write_adapter
 

@@ -17,7 +17,8 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from loraplane.serving.engine.llm_engine import LLMEngine, RequestOutput
+from loraplane.serving.engine.llm_engine import LLMEngine
+from loraplane.serving.engine.outputs import RequestOutput
 from loraplane.serving.engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from loraplane.serving.api.metering import RequestMeter
-from loraplane.serving.engine.llm_engine import RequestOutput
+from loraplane.serving.engine.outputs import RequestOutput
 from loraplane.serving.engine.sequence import FinishReason
 
 

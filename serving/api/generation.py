@@ -19,7 +19,8 @@ from loraplane.serving.api.errors import APIError
 from loraplane.serving.api.metering import RequestMeter
 from loraplane.serving.api.protocol import ChatCompletionRequest, CompletionRequest
 from loraplane.serving.api.tenants import TenantConfig
-from loraplane.serving.engine.llm_engine import RequestError, RequestOutput
+from loraplane.serving.engine.llm_engine import RequestError
+from loraplane.serving.engine.outputs import RequestOutput
 from loraplane.serving.engine.sampling_params import SamplingError, SamplingParams
 from loraplane.serving.engine.sequence import FinishReason
 from loraplane.serving.engine.structured import GrammarError, Guide

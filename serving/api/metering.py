@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from loraplane.serving.engine.llm_engine import RequestOutput
+from loraplane.serving.engine.outputs import RequestOutput
 from loraplane.serving.engine.sequence import FinishReason
 from loraplane.usage import Metering, Outcome, UsageRecord
 

@@ -21,7 +21,7 @@ from loraplane.serving.api.generation import final, meter_for, run, sampling, to
 from loraplane.serving.api.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, new_id, now
 from loraplane.serving.api.streaming import finish_reason, streamed, usage
 from loraplane.serving.api.tenants import TenantConfig, Tenants
-from loraplane.serving.engine.llm_engine import RequestOutput
+from loraplane.serving.engine.outputs import RequestOutput
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 

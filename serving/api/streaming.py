@@ -15,7 +15,7 @@ from loraplane.serving.api.errors import error_body
 from loraplane.serving.api.generation import Request, failure
 from loraplane.serving.api.metering import RequestMeter
 from loraplane.serving.api.protocol import Usage
-from loraplane.serving.engine.llm_engine import RequestOutput
+from loraplane.serving.engine.outputs import RequestOutput
 from loraplane.serving.engine.sequence import FinishReason
 
 ChoiceEvent = Callable[[int, RequestOutput, str], dict[str, Any]]  # (choice index, its output, new text) -> event

@@ -20,7 +20,8 @@ from tqdm import tqdm
 from loraplane.adapter_format import LLAMA_TARGETS
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.demo.styles import STYLES, Style, training_questions
-from loraplane.serving.engine.llm_engine import LLMEngine, resolve_dtype
+from loraplane.serving.engine.builder import resolve_dtype
+from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.weights.base import BaseCheckpoint, resolve_base
 

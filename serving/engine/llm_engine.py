@@ -14,7 +14,6 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,13 +21,14 @@ import torch
 from loraplane.adapter_format import AdapterValidationError, ValidationLimits, check_adapter_name
 from loraplane.adapter_format.golden import GOLDEN_FILE, DriftLimits, DriftReport, load_golden
 from loraplane.adapter_format.names import INTERNAL_OWNER
-from loraplane.adapter_format.sources import S3Settings
 from loraplane.admin_api import Tier as Residency
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.block_manager import BlockManager
+from loraplane.serving.engine.builder import build_model, kv_blocks, resolve_dtype, s3_settings
 from loraplane.serving.engine.detokenizer import Detokenizer
 from loraplane.serving.engine.golden_replay import replay_golden
 from loraplane.serving.engine.model_runner import ModelRunner
+from loraplane.serving.engine.outputs import RequestOutput, output_of
 from loraplane.serving.engine.sampler import SampleFailure, Sampler
 from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.engine.scheduler import Scheduler
@@ -40,78 +40,15 @@ from loraplane.serving.lora.slot_table import PagedSlotTable, SlotTable
 from loraplane.serving.lora.state_metrics import AdapterStateCollector
 from loraplane.serving.metrics import EngineMetrics
 from loraplane.serving.model.attention import KVCache
-from loraplane.serving.model.llama import LlamaModel
 from loraplane.serving.model.page_pool import PagePool
 from loraplane.serving.tokenizer import Tokenizer
-from loraplane.serving.weights.base import BaseCheckpoint, resolve_base
-from loraplane.serving.weights.checkpoint import iter_tensors, load_weights
+from loraplane.serving.weights.base import resolve_base
 
 log = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_dtype(name: str) -> torch.dtype:
-    """``auto`` picks bfloat16 on CUDA and on CPUs with native bf16 (AVX512-BF16 or AMX), where it
-    halves the weight bytes each step streams; elsewhere bf16 matmuls are emulated and slower."""
-    if name != "auto":
-        return DTYPES[name]
-    if torch.cuda.is_available() or torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return torch.bfloat16
-    return torch.float32
 
 
 class RequestError(ValueError):
     """A request the engine refuses before queueing it (the server maps this to a 400)."""
-
-
-@dataclass(frozen=True)
-class RequestOutput:
-    request_id: str
-    adapter: str | None
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    text: str
-    finished: bool
-    finish_reason: FinishReason | None
-    logprobs: list[TokenLogprob]
-    num_cached_tokens: int
-    error: str | None = None
-    adapter_version: str | None = None
-    adapter_digest: str | None = None
-    error_code: str | None = None
-
-
-def _output(seq: Sequence) -> RequestOutput:
-    """What a request's caller sees so far: while it runs, its text without a tail that might yet
-    turn out to be a stop string."""
-    text = seq.output_text if seq.is_finished or seq.detokenizer is None else seq.detokenizer.visible
-    return RequestOutput(
-        request_id=seq.request_id,
-        adapter=seq.adapter,
-        prompt_token_ids=seq.prompt_token_ids,
-        token_ids=list(seq.output_token_ids),
-        text=text,
-        finished=seq.is_finished,
-        finish_reason=seq.finish_reason,
-        logprobs=list(seq.logprobs),
-        num_cached_tokens=seq.num_cached_tokens,
-        error=seq.error,
-        adapter_version=seq.adapter_version,
-        adapter_digest=seq.adapter_digest,
-        error_code=seq.error_code,
-    )
-
-
-def build_model(base: BaseCheckpoint, config: EngineConfig, max_positions: int) -> LlamaModel:
-    model = LlamaModel(base.config, max_positions)
-    load_weights(model, iter_tensors(base.folder))
-    model.to(resolve_dtype(config.dtype))
-    model.rotary.to(torch.float32)
-    if config.quantization == "fp8":
-        for _, proj in model.linear_layers():
-            proj.to_fp8()
-    return model.eval()
 
 
 class LLMEngine:
@@ -126,15 +63,7 @@ class LLMEngine:
         dtype = self.dtype = resolve_dtype(config.dtype)
         self.model = build_model(self.base, config, self.max_model_len)
         self.tokenizer = Tokenizer(self.base.folder)
-        per_block = KVCache.bytes_per_block(
-            cfg.num_hidden_layers, config.block_size, cfg.num_key_value_heads, cfg.head_dim, dtype
-        )
-        num_blocks = config.num_kv_blocks or max(1, config.kv_cache_memory_mb * 2**20 // per_block)
-        if num_blocks * config.block_size < self.max_model_len:
-            raise ValueError(
-                f"{num_blocks} KV blocks of {config.block_size} tokens cannot hold one sequence of max_model_len="
-                f"{self.max_model_len}; raise kv_cache_memory_mb or lower max_model_len"
-            )
+        num_blocks, per_block = kv_blocks(config, self.base, dtype, self.max_model_len)
         unified = config.lora_memory == "unified"
         self.pool = PagePool(num_blocks, per_block) if unified else None
         self.cache = KVCache(
@@ -158,7 +87,6 @@ class LLMEngine:
             else SlotTable(self.model, config.max_loras, config.max_lora_rank, torch.float32)
         )
         self.metrics = EngineMetrics(max_adapter_labels=config.metrics_max_adapter_labels)
-        s3 = S3Settings.from_env()
         self.adapters = AdapterManager(
             self.slots,
             self.base.shape,
@@ -168,12 +96,7 @@ class LLMEngine:
             disk_cache_max_bytes=config.disk_cache_max_bytes,
             max_loads_in_flight=config.max_loads_in_flight,
             policy=config.eviction_policy,
-            s3=S3Settings(
-                config.s3_endpoint or s3.endpoint,
-                config.s3_access_key or s3.access_key,
-                config.s3_secret_key or s3.secret_key,
-                config.s3_region or s3.region,
-            ),
+            s3=s3_settings(config),
             metrics=self.metrics,
             pages=self.blocks if unified else None,
             queued=self._queued_per_adapter,
@@ -399,7 +322,7 @@ class LLMEngine:
             log.exception("forward pass failed for %d sequences", len(batch.items))
             for seq, _ in batch.items:
                 self._fail(seq, f"the forward pass failed: {type(err).__name__}: {err}", "engine_error")
-                outputs.append(_output(seq))
+                outputs.append(output_of(seq))
             return self._forget_finished(outputs)
         for seq, n in batch.items:
             seq.num_computed_tokens += n
@@ -412,7 +335,7 @@ class LLMEngine:
             except Exception as err:  # its stop check or text: this sequence alone
                 log.exception("request %s failed after sampling", seq.request_id)
                 self._fail(seq, f"{type(err).__name__}: {err}", "engine_error")
-            outputs.append(_output(seq))
+            outputs.append(output_of(seq))
         return self._forget_finished(outputs)
 
     def _advance(self, seq: Sequence, result: tuple[int, TokenLogprob | None] | SampleFailure) -> None:
@@ -456,7 +379,7 @@ class LLMEngine:
         for seq in [s for s in self.scheduler.waiting if s.adapter in failures]:
             self._fail(seq, failures[seq.adapter], "adapter_load_failed")  # type: ignore[index]
             del self.requests[seq.request_id]
-            outputs.append(_output(seq))
+            outputs.append(output_of(seq))
         return outputs
 
     def generate(
