@@ -1,0 +1,82 @@
+"""``loraplane crds`` and ``loraplane operator``: the CRDs from the typed models, and the kopf operator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option("--out", "folder", default="crds", type=click.Path(file_okay=False, path_type=Path), show_default=True)
+@click.option(
+    "--doc",
+    "doc_path",
+    default="docs/crd-reference.md",
+    type=click.Path(dir_okay=False, path_type=Path),
+    show_default=True,
+    help="The Markdown reference rendered from the same models.",
+)
+@click.option("--check", is_flag=True, help="Fail if the files in --out or --doc differ from the models instead of writing them.")
+def crds(folder: Path, doc_path: Path, check: bool) -> None:
+    """Generate the CustomResourceDefinitions and their Markdown reference from the operator's pydantic models."""
+    from loraplane.operator.crd_docs import doc_drifted, write_doc
+    from loraplane.operator.crdgen import drifted, write_crds
+
+    if check:
+        stale = [f"{name} in {folder}" for name in drifted(folder)]
+        if doc_drifted(doc_path):
+            stale.append(str(doc_path))
+        if stale:
+            raise click.ClickException(f"out of date: {', '.join(stale)}; run `loraplane crds`")
+        click.echo(f"{folder}, {doc_path}: up to date")
+        return
+    for path in [*write_crds(folder), write_doc(doc_path)]:
+        click.echo(f"wrote {path}")
+
+
+@click.command()
+@click.option("--namespace", "-n", "namespaces", multiple=True, help="Watch these namespaces (repeatable); default: all.")
+@click.option("--standalone", is_flag=True, help="No peering: for a single replica or tests.")
+@click.option("--peering", "peering_name", default="loraplane", show_default=True, help="Peering object for HA.")
+@click.option("--liveness", "liveness_endpoint", default="http://0.0.0.0:8080/healthz", show_default=True)
+@click.option(
+    "--webhook-port", type=click.IntRange(1, 65535), envvar="LORAPLANE_WEBHOOK_PORT", help="Serve the validating webhook."
+)
+@click.option(
+    "--priority",
+    type=int,
+    help="Peering priority. The operator with the highest runs; the others stand by and take over when it leaves. "
+    "[default: random, so that two replicas never tie: kopf pauses every operator that sees a peer of equal priority]",
+)
+def operator(
+    namespaces: tuple[str, ...],
+    standalone: bool,
+    peering_name: str,
+    liveness_endpoint: str,
+    webhook_port: int | None,
+    priority: int | None,
+) -> None:
+    """Run the kopf operator reconciling BaseModel and LoraAdapter resources (no torch imported)."""
+    import logging
+    import os
+
+    import kopf
+
+    if webhook_port is not None:
+        os.environ["LORAPLANE_WEBHOOK_PORT"] = str(webhook_port)  # read by the operator's settings
+        import loraplane.operator.webhook
+    import loraplane.operator.handlers  # noqa: F401  (registers the handlers)
+
+    kopf.configure(verbose=False)  # kopf's log format and levels, as `kopf run` sets them
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per admin call drowns the reconcile log
+    import secrets
+
+    kopf.run(
+        clusterwide=not namespaces,
+        namespaces=list(namespaces),
+        standalone=standalone,
+        peering_name=None if standalone else peering_name,
+        priority=priority if priority is not None else 1 + secrets.randbelow(1_000_000),
+        liveness_endpoint=liveness_endpoint,
+    )

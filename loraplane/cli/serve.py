@@ -1,0 +1,115 @@
+"""``loraplane serve``: the OpenAI-compatible server with the admin API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from loraplane.cli.usage import make_metering, usage_options
+from loraplane.eviction import ONLINE_POLICY_NAMES
+
+
+@click.command()
+@click.option("--model", default="embedded", help="'embedded' (SmolLM2-135M-Instruct), a .gguf file or a checkpoint folder.")
+@click.option("--host", default="127.0.0.1")
+@click.option("--port", default=8000, type=click.IntRange(1, 65535))
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="YAML file of engine settings (the flags' names with underscores); flags override it.",
+)
+@click.option(
+    "--served-model-name",
+    "base_name",
+    help="The base's model id (vLLM's flag): what /v1/models lists and what adapters must declare as "
+    "base_model_name_or_path [default: the embedded model's id, the .gguf's or the folder's name].",
+)
+@click.option("--base-revision", help="The base's revision; adapters that declare another are refused.")
+@click.option("--lora-modules", multiple=True, metavar="NAME=SOURCE", help="Adapter to load at start (folder, file:// or s3://).")
+@click.option("--max-loras", type=click.IntRange(min=1), help="Adapters resident in device slots at once.")
+@click.option("--max-lora-rank", type=click.IntRange(min=1))
+@click.option("--max-cpu-loras", type=click.IntRange(min=1), help="Adapters kept in host memory.")
+@click.option("--max-num-seqs", type=click.IntRange(min=1))
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=1))
+@click.option("--max-model-len", type=click.IntRange(min=1))
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
+@click.option("--quantization", type=click.Choice(["fp8"]))
+@click.option("--lora-memory", type=click.Choice(["static", "unified"]))
+@click.option("--eviction-policy", type=click.Choice(ONLINE_POLICY_NAMES))
+@click.option("--admin-token", envvar="LORAPLANE_ADMIN_TOKEN", help="Bearer token the admin calls require.")
+@click.option(
+    "--tenants",
+    "tenants_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="YAML/JSON of tenants, their API keys and quotas (e.g. a mounted Secret); without it the API is open.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    help="Also serve /metrics, and nothing else, on this port (for Prometheus; with --tenants the API port's /metrics "
+    "needs the admin token).",
+)
+@usage_options
+@click.option(
+    "--max-pending-requests", default=256, type=click.IntRange(min=1),
+    help="Beyond this, answer 503 (shed load) to the tenants over their share of it.",
+)  # fmt: skip
+def serve(
+    model: str,
+    host: str,
+    port: int,
+    config_path: Path | None,
+    lora_modules: tuple[str, ...],
+    admin_token: str | None,
+    tenants_path: Path | None,
+    max_pending_requests: int,
+    metrics_port: int | None,
+    **flags: Any,
+) -> None:
+    """Serve the OpenAI-compatible API (completions, chat, models) plus adapter admin calls."""
+    import uvicorn
+    import yaml
+    from pydantic import ValidationError
+
+    from loraplane.serving.api.app import create_app
+    from loraplane.serving.api.tenants import Tenants, load_tenants
+    from loraplane.serving.config import EngineConfig
+    from loraplane.serving.engine.llm_engine import LLMEngine
+
+    if tenants_path is not None and not admin_token:
+        # With tenants the API is closed to callers without a key; an open admin API would let
+        # any of them register, pin or unload every tenant's adapters.
+        raise click.UsageError(
+            "--tenants needs --admin-token (or LORAPLANE_ADMIN_TOKEN): the admin calls would be open to every tenant"
+        )
+    metering = make_metering(flags)
+    settings: dict[str, object] = yaml.safe_load(config_path.read_text()) or {} if config_path else {}
+    settings["model"] = model if model != "embedded" or "model" not in settings else settings["model"]
+    settings.update({k: v for k, v in flags.items() if v is not None})
+    modules = dict(settings.get("lora_modules") or {})  # type: ignore[call-overload]
+    for item in lora_modules:
+        name, sep, source = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not NAME=SOURCE", param_hint="--lora-modules")
+        modules[name] = source
+    settings["lora_modules"] = modules
+    try:
+        config = EngineConfig.model_validate(settings)
+    except ValidationError as err:
+        raise click.ClickException(str(err)) from None
+    try:
+        tenants = Tenants(load_tenants(tenants_path) if tenants_path else None)
+    except (ValidationError, yaml.YAMLError) as err:
+        raise click.ClickException(f"{tenants_path}: {err}") from None
+    app = create_app(
+        lambda: LLMEngine(config), admin_token=admin_token, tenants=tenants, max_pending_requests=max_pending_requests,
+        metering=metering,
+    )  # fmt: skip
+    if metrics_port is not None:
+        from loraplane.serving.api.metrics_port import serve_metrics
+
+        serve_metrics(app.state.metrics, host, metrics_port)
+    uvicorn.run(app, host=host, port=port, log_level="info")
