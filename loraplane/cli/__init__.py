@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from loraplane import __version__
@@ -36,6 +34,3 @@ def main() -> None:
 
 for command in (sim, plan, generate, serve, demo, bench, router, crds, operator, usage):
     main.add_command(command)
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

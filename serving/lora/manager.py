@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from loraplane.adapter_format import AdapterValidationError, BaseShape, ValidationLimits, check_adapter_name
@@ -32,7 +32,8 @@ from loraplane.eviction.demand import DecayedCounts
 from loraplane.serving.lora.disk_cache import DiskCache
 from loraplane.serving.lora.peft_loader import LoadedAdapter, load_peft_adapter
 from loraplane.serving.lora.shared_pages import SharedPages
-from loraplane.serving.lora.slot_table import PagedSlotTable, SlotTable
+from loraplane.serving.lora.slot_store import Placement, slot_store
+from loraplane.serving.lora.slot_table import SlotTable
 from loraplane.serving.metrics import EngineMetrics
 
 # A drained slot's waiter asks again every scheduling step; a drain it stopped asking about (the
@@ -96,12 +97,11 @@ class AdapterSpec:
 class _Entry:
     spec: AdapterSpec
     loaded: LoadedAdapter | None = None
-    slot: int | None = None
+    placement: Placement | None = None  # its device slot (and pages), while on the device
     future: Future[tuple[LoadedAdapter, str, float]] | None = None
     error: str | None = None
     pinned: bool = False
     running: int = 0
-    pages: list[int] = field(default_factory=list)  # unified paging: pool pages holding its rows
     permanent: bool = False  # its files were refused: no refetch until a new version is registered
     failures: int = 0  # transient failures in a row
     retry_at: float = 0.0  # no new load before this (monotonic seconds)
@@ -109,8 +109,12 @@ class _Entry:
     placed_at: float = 0.0  # when it last took a device slot (monotonic seconds)
 
     @property
+    def slot(self) -> int | None:
+        return self.placement.slot if self.placement is not None else None
+
+    @property
     def residency(self) -> Residency:
-        if self.slot is not None:
+        if self.placement is not None:
             return Residency.DEVICE
         if self.loaded is not None:
             return Residency.HOST
@@ -191,7 +195,8 @@ class AdapterManager:
         self.device = Tier(table.num_slots, make_policy(policy), name="device", in_use=self._held, on_evict=self._off_device)
         self.host = Tier(max_cpu_loras, make_policy(policy), name="host", in_use=self._busy, on_evict=self._off_host)
         self.pool = ThreadPoolExecutor(max_workers=max_loads_in_flight, thread_name_prefix="adapter-load")
-        self.pages = pages
+        self.store = slot_store(table, pages)  # static slots or unified pages, fixed from here on
+        self.store.on_kv_short(lambda: self._evict_idle(spare_hot=False))
         # Slot draining, against starvation: when an adapter is loaded and waiting but every
         # device slot is held by adapters with running requests, one of those stops admitting new
         # requests until its running ones finish and the slot frees. Without it a steadily busy
@@ -200,10 +205,6 @@ class AdapterManager:
         # demand outside the hot set, never the one that is simply always busy (see _drain_victim).
         # (victim, waiter, when the waiter last asked): the drain lapses if the waiter stops asking.
         self._drain: _Drain | None = None
-        if pages is not None:
-            if not isinstance(table, PagedSlotTable):
-                raise TypeError("unified paging needs a PagedSlotTable")
-            pages.reclaim = self._reclaim
 
     # registration ---------------------------------------------------------------------------
     def register(self, spec: AdapterSpec) -> None:
@@ -301,12 +302,9 @@ class AdapterManager:
 
     def _off_device(self, name: object) -> None:
         entry = self._lookup(name)
-        if entry is not None and entry.slot is not None:
-            self.table.clear(entry.slot)
-            entry.slot = None
-            if entry.pages and self.pages is not None:
-                self.pages.return_pages(entry.pages)
-                entry.pages = []
+        if entry is not None and entry.placement is not None:
+            self.store.clear(entry.placement)
+            entry.placement = None
 
     def _evict_idle(self, *, spare_hot: bool) -> bool:
         """Take the policy's choice among idle, unpinned device adapters off the device (sparing
@@ -318,13 +316,6 @@ class AdapterManager:
         self.device.remove(victim)
         self._off_device(victim)
         return True
-
-    def _reclaim(self, needed: int) -> None:
-        """KV is short of ``needed`` pages: idle adapters give theirs back, in eviction order."""
-        assert self.pages is not None
-        target = self.pages.num_free + needed
-        while self.pages.num_free < target and self._evict_idle(spare_hot=False):
-            pass
 
     def _off_host(self, name: object) -> None:
         """Leaving host memory means leaving the device too: the host tier holds every
@@ -467,14 +458,8 @@ class AdapterManager:
             self.start_load(name)
             return None
         start = time.perf_counter()
-        pages: list[int] | None = None
-        if self.pages is not None:
-            assert isinstance(self.table, PagedSlotTable)
-            need = self.table.pages_needed(entry.loaded.weights)
-            while self.pages.num_free < need and self._evict_idle(spare_hot=True):
-                pass
-            if self.pages.num_free < need:
-                return None  # KV and busy adapters hold the pool; retry after sequences finish
+        if not self.store.make_room(entry.loaded, lambda: self._evict_idle(spare_hot=True)):
+            return None  # KV and busy adapters hold the pool; retry after sequences finish
         try:
             self.device.insert(name)
         except TierFullError:
@@ -482,17 +467,8 @@ class AdapterManager:
             return None
         if self._drain is not None and self._drain.waiter == name:
             self._drain = None
-        used = {e.slot for e in [*self.entries.values(), *self.retired.values()] if e.slot is not None}
-        slot = next(s for s in range(self.table.num_slots) if s not in used)
-        if self.pages is not None:
-            assert isinstance(self.table, PagedSlotTable)
-            pages = self.pages.take_pages(self.table.pages_needed(entry.loaded.weights))
-            assert pages is not None
-            self.table.write_paged(slot, entry.loaded.weights, entry.loaded.manifest.scaling, pages)
-            entry.pages = pages
-        else:
-            self.table.write(slot, entry.loaded.weights, entry.loaded.manifest.scaling)
-        entry.slot, entry.placed_at = slot, time.monotonic()
+        entry.placement, entry.placed_at = self.store.place(entry.loaded), time.monotonic()
+        slot = entry.placement.slot
         self.host.touch(name)
         if entry.pinned:
             self.device.pin(name)

@@ -26,7 +26,7 @@ def test_unified_paging_answers_like_static_slots(tiny_llama: Path, tiny_adapter
         assert torch.allclose(ours, ref, atol=1e-5)
     # The four adapters' pages came out of the KV pool, and nothing else leaked.
     blocks = unified_engine.blocks
-    held = sum(len(e.pages) for e in unified_engine.adapters.entries.values())
+    held = sum(len(e.placement.pages) for e in unified_engine.adapters.entries.values() if e.placement is not None)
     assert held == blocks.adapter_pages > 0
     assert blocks.num_free == blocks.num_blocks - held
 
