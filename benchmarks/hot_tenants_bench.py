@@ -38,7 +38,7 @@ from loraplane.serving.bench.report import percentile
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.builder import resolve_dtype
 from loraplane.serving.engine.llm_engine import LLMEngine
-from loraplane.serving.lora.manager import AdapterSpec
+from loraplane.serving.lora.entries import AdapterSpec
 from loraplane.serving.lora.synthetic import PEFT_DEFAULT, write_adapter
 from loraplane.serving.weights.base import resolve_base
 

@@ -37,7 +37,7 @@ from loraplane.serving.bench.engine_replay import replay as engine_replay
 from loraplane.serving.bench.report import percentile
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.llm_engine import LLMEngine
-from loraplane.serving.lora.manager import AdapterSpec
+from loraplane.serving.lora.entries import AdapterSpec
 from loraplane.serving.lora.synthetic import PEFT_DEFAULT, seed_ranks, write_adapter
 from loraplane.sim.tiers import Costs, simulate_tiers
 from loraplane.sim.trace import zipf_trace

@@ -23,7 +23,7 @@ from loraplane.serving.api.deps import Admin, Server
 from loraplane.serving.api.errors import APIError
 from loraplane.serving.api.quality_gate import load_adapter, verify_candidate
 from loraplane.serving.api.tenants import Tenants
-from loraplane.serving.lora.manager import AdapterBusy, AdapterNotFound, AdapterSpec, PinLimitReached
+from loraplane.serving.lora.entries import AdapterBusy, AdapterNotFound, AdapterSpec, PinLimitReached
 from loraplane.usage import UsageRollup
 
 router = APIRouter()

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from loraplane.admin_api import AdapterState, DiskCacheStats, NamedAdapterState, Quotas, ReplicaStats
 from loraplane.serving.engine.llm_engine import LLMEngine
-from loraplane.serving.lora.manager import AdapterNotFound
+from loraplane.serving.lora.entries import AdapterNotFound
 
 
 def adapter_state(engine: LLMEngine, name: str, quotas: Quotas | None = None) -> AdapterState:

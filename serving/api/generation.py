@@ -24,7 +24,7 @@ from loraplane.serving.engine.outputs import RequestOutput
 from loraplane.serving.engine.sampling_params import SamplingError, SamplingParams
 from loraplane.serving.engine.sequence import FinishReason
 from loraplane.serving.engine.structured import GrammarError, Guide
-from loraplane.serving.lora.manager import AdapterNotFound, AdapterUnavailable
+from loraplane.serving.lora.entries import AdapterNotFound, AdapterUnavailable
 from loraplane.serving.tokenizer import PromptTooLong
 
 Request = CompletionRequest | ChatCompletionRequest

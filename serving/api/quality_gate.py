@@ -25,7 +25,7 @@ from loraplane.serving.api.async_engine import AsyncEngine
 from loraplane.serving.api.errors import APIError
 from loraplane.serving.api.tenants import INTERNAL_TENANT
 from loraplane.serving.engine.golden_replay import drift, forced_requests
-from loraplane.serving.lora.manager import AdapterSpec
+from loraplane.serving.lora.entries import AdapterSpec
 from loraplane.serving.lora.peft_loader import LoadedAdapter
 
 VERIFY_DEADLINE_SECONDS = 300.0  # fetch, validation and replay together

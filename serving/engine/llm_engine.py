@@ -35,7 +35,8 @@ from loraplane.serving.engine.scheduler import Scheduler
 from loraplane.serving.engine.sequence import FinishReason, Sequence, TokenLogprob
 from loraplane.serving.engine.structured import Grammars
 from loraplane.serving.engine.structured import advance as advance_grammar
-from loraplane.serving.lora.manager import AdapterBusy, AdapterInfo, AdapterManager, AdapterSpec
+from loraplane.serving.lora.entries import AdapterBusy, AdapterInfo, AdapterSpec
+from loraplane.serving.lora.manager import AdapterManager
 from loraplane.serving.lora.slot_table import PagedSlotTable, SlotTable
 from loraplane.serving.lora.state_metrics import AdapterStateCollector
 from loraplane.serving.metrics import EngineMetrics

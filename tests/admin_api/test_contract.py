@@ -28,7 +28,7 @@ from loraplane.admin_api import (
 )
 from loraplane.serving.api.app import create_app
 from loraplane.serving.api.loopback import serve_app
-from loraplane.serving.lora.manager import AdapterSpec
+from loraplane.serving.lora.entries import AdapterSpec
 from loraplane.usage import UsageRollup
 
 # (method, path) -> (request model, 200 response model); None where the body is not JSON.

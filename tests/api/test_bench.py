@@ -18,7 +18,7 @@ from loraplane.serving.bench.deployment import Deployment
 from loraplane.serving.bench.run import bench_in_process
 from loraplane.serving.bench.workload import BenchRequest, zipf_requests
 from loraplane.serving.config import EngineConfig
-from loraplane.serving.lora.manager import AdapterSpec
+from loraplane.serving.lora.entries import AdapterSpec
 
 
 def test_in_process_bench_reports_what_the_server_saw(tiny_llama: Path, tmp_path: Path) -> None:

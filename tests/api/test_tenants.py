@@ -21,7 +21,7 @@ from loraplane.serving.api.app import create_app
 from loraplane.serving.api.errors import APIError
 from loraplane.serving.api.loopback import serve_app
 from loraplane.serving.api.tenants import TenantConfig, Tenants, load_tenants
-from loraplane.serving.lora.manager import AdapterSpec
+from loraplane.serving.lora.entries import AdapterSpec
 from loraplane.usage import Metering
 
 APPS: dict[str, object] = {}

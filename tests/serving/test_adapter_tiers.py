@@ -20,7 +20,7 @@ from loraplane.adapter_format import ErrorCode, file_digest
 from loraplane.serving.api.admin_view import replica_stats
 from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.engine.sequence import FinishReason
-from loraplane.serving.lora.manager import AdapterSpec, PinLimitReached, Residency
+from loraplane.serving.lora.entries import AdapterSpec, PinLimitReached, Residency
 
 PROMPT = [5, 6, 7, 8]
 
@@ -266,9 +266,9 @@ def test_a_busy_adapter_cannot_starve_one_waiting_for_its_slot(tiny_llama, tiny_
     the slot. The slot must drain (qv4's new requests hold back until its running ones finish) so
     all8 gets served, rather than waiting for as long as qv4's traffic lasts. (The slot hold is
     a wall-time bound, set to zero here so the drain shows within steps.)"""
-    from loraplane.serving.lora import manager
+    from loraplane.serving.lora import drain
 
-    monkeypatch.setattr(manager, "SLOT_HOLD_SECONDS", 0.0)
+    monkeypatch.setattr(drain, "SLOT_HOLD_SECONDS", 0.0)
     engine = tiny_engine(tiny_llama, tmp_path, max_loras=1, max_cpu_loras=2, eviction_policy=policy)
     for name in ("qv4", "all8"):
         engine.load_lora(name, str(tiny_adapters[name]))

@@ -14,7 +14,7 @@ from tiny_models import make_peft_adapter
 from loraplane.adapter_format import AdapterValidationError, ErrorCode
 from loraplane.serving.engine.llm_engine import RequestError
 from loraplane.serving.engine.sampling_params import SamplingParams
-from loraplane.serving.lora.manager import AdapterBusy, AdapterNotFound
+from loraplane.serving.lora.entries import AdapterBusy, AdapterNotFound
 
 
 @pytest.fixture

@@ -99,11 +99,11 @@ def test_a_refused_reload_leaves_the_served_version_serving(tiny_llama: Path, ti
 def test_a_refused_adapter_is_not_fetched_again_and_a_transient_failure_backs_off(
     tiny_llama: Path, tiny_adapters, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from loraplane.serving.lora.manager import AdapterSpec, AdapterUnavailable
+    from loraplane.serving.lora.entries import AdapterSpec, AdapterUnavailable
 
     engine = tiny_engine(tiny_llama, tmp_path)
     loads: list[str] = []
-    real = engine.adapters._load  # counted: the fetch-and-validate step every load goes through
+    real = engine.adapters.loader.load  # counted: the fetch-and-validate step every load goes through
 
     def counted(spec):  # type: ignore[no-untyped-def]
         loads.append(spec.name)
@@ -111,7 +111,7 @@ def test_a_refused_adapter_is_not_fetched_again_and_a_transient_failure_backs_of
             raise OSError("connection reset by the store")
         return real(spec)
 
-    monkeypatch.setattr(engine.adapters, "_load", counted)
+    monkeypatch.setattr(engine.adapters.loader, "load", counted)
     engine.register_lora(AdapterSpec("ghost", str(tmp_path / "nothing-here")))
     params = SamplingParams(max_tokens=2, temperature=0)
     first = run(engine, [engine.add_request([5, 6], params, adapter="ghost")])

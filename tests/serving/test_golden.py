@@ -13,7 +13,7 @@ from tiny_models import make_tiny_llama
 from loraplane.adapter_format import AdapterValidationError, ErrorCode
 from loraplane.adapter_format.golden import GOLDEN_FILE, DriftLimits
 from loraplane.serving.engine.sampling_params import SamplingParams
-from loraplane.serving.lora.manager import AdapterSpec
+from loraplane.serving.lora.entries import AdapterSpec
 
 PROMPTS = [[5, 6, 7, 8], [40, 41, 42], [100, 3, 99, 12, 7]]
 

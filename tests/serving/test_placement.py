@@ -11,16 +11,17 @@ import pytest
 from engine_helpers import tiny_engine
 
 from loraplane.serving.engine.sampling_params import SamplingParams
-from loraplane.serving.lora import manager
+from loraplane.serving.lora import demand, drain
+from loraplane.serving.lora.entries import AdapterSpec
 
 PROMPT = [5, 6, 7, 8]
 
 
 @pytest.fixture
 def no_hold(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(manager, "SLOT_HOLD_SECONDS", 0.0)
-    monkeypatch.setattr(manager, "DRAIN_PREEMPT_SECONDS", 0.0)
-    monkeypatch.setattr(manager, "HOT_SET_MIN", 1.0)
+    monkeypatch.setattr(drain, "SLOT_HOLD_SECONDS", 0.0)
+    monkeypatch.setattr(drain, "DRAIN_PREEMPT_SECONDS", 0.0)
+    monkeypatch.setattr(demand, "HOT_SET_MIN", 1.0)
 
 
 def swaps(engine, name: str) -> int:  # type: ignore[no-untyped-def]
@@ -104,7 +105,7 @@ def test_time_to_first_token_is_a_histogram_per_adapter(tiny_llama, tiny_adapter
     from prometheus_client import generate_latest
 
     engine = tiny_engine(tiny_llama, tmp_path, max_loras=1)
-    engine.register_lora(manager.AdapterSpec("qv4", str(tiny_adapters["qv4"]), tenant="tenant-a"))
+    engine.register_lora(AdapterSpec("qv4", str(tiny_adapters["qv4"]), tenant="tenant-a"))
     engine.generate([PROMPT, PROMPT], SamplingParams(max_tokens=3, temperature=0), ["qv4", None])
     text = generate_latest(engine.metrics.registry).decode()
     assert 'loraplane_time_to_first_token_seconds_count{adapter="qv4",tenant="tenant-a"} 1.0' in text

@@ -9,7 +9,7 @@ import torch
 from engine_helpers import engine_greedy, tiny_engine
 
 from loraplane.serving.engine.sampling_params import SamplingParams
-from loraplane.serving.lora.manager import Residency
+from loraplane.serving.lora.entries import Residency
 from loraplane.serving.lora.slot_table import PagedSlotTable
 
 MIX = ["qv4", "all8", None, "mlp16", "ku2", "all8", None, "qv4"]

@@ -1,0 +1,98 @@
+"""What the adapter manager records about each adapter, and the errors it answers with: the
+registration (``AdapterSpec``), the manager's own record of a version (``AdapterEntry``), and the
+read-only view callers get (``AdapterInfo``)."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+from loraplane.admin_api import Tier as Residency  # what stats report is what the manager tracks
+from loraplane.serving.lora.peft_loader import LoadedAdapter
+from loraplane.serving.lora.slot_store import Placement
+
+
+class AdapterNotFound(KeyError):
+    def __str__(self) -> str:
+        return f"adapter {self.args[0]!r} is not registered"
+
+
+class AdapterBusy(RuntimeError):
+    pass
+
+
+class PinLimitReached(RuntimeError):
+    """Pinning one more adapter would leave unpinned traffic without a device slot."""
+
+
+class AdapterUnavailable(RuntimeError):
+    """The adapter's files were refused (a permanent failure): requests fail at once until a new
+    version is registered, instead of fetching the same bad files again for each."""
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """What a registration says: where the adapter lives and what it must hash to."""
+
+    name: str
+    source: str
+    digest: str | None = None
+    tenant: str | None = None
+    allow_rank_truncation: bool = False
+    version: str | None = None  # the registrant's label for this revision (e.g. a date); shown, not interpreted
+
+
+@dataclass
+class AdapterEntry:
+    """One registered version and where it is now (the manager's record; callers see AdapterInfo)."""
+
+    spec: AdapterSpec
+    loaded: LoadedAdapter | None = None
+    placement: Placement | None = None  # its device slot (and pages), while on the device
+    future: Future[tuple[LoadedAdapter, str, float]] | None = None
+    error: str | None = None
+    pinned: bool = False
+    running: int = 0
+    permanent: bool = False  # its files were refused: no refetch until a new version is registered
+    failures: int = 0  # transient failures in a row
+    retry_at: float = 0.0  # no new load before this (monotonic seconds)
+    retired_key: str | None = None  # set once a new version took its name (see _retire)
+    placed_at: float = 0.0  # when it last took a device slot (monotonic seconds)
+
+    @property
+    def slot(self) -> int | None:
+        return self.placement.slot if self.placement is not None else None
+
+    @property
+    def residency(self) -> Residency:
+        if self.placement is not None:
+            return Residency.DEVICE
+        if self.loaded is not None:
+            return Residency.HOST
+        if self.future is not None:
+            return Residency.LOADING
+        return Residency.FAILED if self.error else Residency.COLD
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    name: str
+    source: str
+    version: str | None
+    tenant: str | None
+    residency: Residency
+    pinned: bool
+    running: int
+    digest: str | None
+    rank: int | None
+    slot: int | None
+    truncation_error: float | None
+    error: str | None
+    folder: Path | None
+
+
+@dataclass
+class LoadFailure:
+    name: str
+    message: str

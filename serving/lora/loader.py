@@ -1,0 +1,47 @@
+"""Bringing one adapter version into host memory: from the node's disk cache when a verified copy
+is there, else fetched from its source (a folder, file:// or s3://) into the cache, then validated
+against the base and read into tensors. Runs on the loader pool's threads (or a caller's own),
+touching no engine state."""
+
+from __future__ import annotations
+
+import time
+
+from loraplane.adapter_format import BaseShape, ValidationLimits
+from loraplane.adapter_format.sources import S3Settings, open_source
+from loraplane.serving.lora.disk_cache import DiskCache
+from loraplane.serving.lora.entries import AdapterSpec
+from loraplane.serving.lora.peft_loader import LoadedAdapter, load_peft_adapter
+
+Fetched = tuple[LoadedAdapter, str, float]  # the weights, where they came from (disk or cold), seconds
+
+
+class AdapterLoader:
+    def __init__(self, base: BaseShape, limits: ValidationLimits, disk: DiskCache, s3: S3Settings | None) -> None:
+        self.base, self.limits, self.disk, self.s3 = base, limits, disk, s3
+
+    def load(self, spec: AdapterSpec) -> Fetched:
+        start = time.perf_counter()
+        folder = self.disk.get(spec.source, spec.digest) if spec.digest else None
+        tier, weights = "disk", spec.digest  # a hit was verified against this digest
+        if folder is None:
+            tier = "cold"
+            staged = self.disk.staging()
+            try:
+                open_source(spec.source, self.s3).fetch(staged)
+                weights, folder = self.disk.commit(staged, spec.source)
+            except BaseException:
+                self.disk.discard(staged)
+                raise
+        limits = ValidationLimits(
+            max_lora_rank=self.limits.max_lora_rank,
+            max_bytes=self.limits.max_bytes,
+            allow_rank_truncation=spec.allow_rank_truncation,
+            supported_modules=self.limits.supported_modules,
+        )
+        try:
+            # The cache hashed the weights as it wrote or verified the folder: not hashed twice.
+            loaded = load_peft_adapter(folder, self.base, limits, expected_digest=spec.digest, weights_digest=weights)
+        finally:
+            self.disk.release(folder)
+        return loaded, tier, time.perf_counter() - start
