@@ -55,9 +55,7 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
-    app.state.server = state
-    app.state.tenants = state.tenants
-    app.state.metering = meters
+    app.state.server = state  # what every router's dependencies read (see deps)
     usage_registry = CollectorRegistry()
     usage_registry.register(UsageCollector(meters))
     # What `/metrics` and `loraplane serve --metrics-port` serve (see metrics_port).
