@@ -8,17 +8,33 @@ engine state, so the routes run it on the engine's thread (``AsyncEngine.call``)
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TypeVar
 
 from loraplane.admin_api import AdapterState, DiskCacheStats, NamedAdapterState, Quotas, ReplicaStats
 from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.serving.lora.entries import AdapterNotFound
 
+S = TypeVar("S", bound=AdapterState)
+
 
 def adapter_state(engine: LLMEngine, name: str, quotas: Quotas | None = None) -> AdapterState:
-    info = engine.adapters.info(name)
-    counts = engine.metrics.counters(engine.metrics.counts[name])
-    return AdapterState(
-        **counts.model_dump(),
+    return _state(AdapterState, engine, name, quotas)
+
+
+def named_adapter_state(engine: LLMEngine, name: str, quotas: Quotas | None = None) -> NamedAdapterState:
+    if name not in engine.adapters.entries:
+        raise AdapterNotFound(name)
+    return _state(NamedAdapterState, engine, name, quotas, name=name)
+
+
+def _state(cls: type[S], engine: LLMEngine, adapter: str, quotas: Quotas | None, **extra: str) -> S:
+    """One adapter's registration, tier and counters (``dict`` of the counters keeps their nested
+    models as they are, rather than dumping and validating them again)."""
+    info = engine.adapters.info(adapter)
+    counts = engine.metrics.counters(engine.metrics.counts[adapter])
+    return cls(
+        **dict(counts),
+        **extra,
         tenant=info.tenant,
         version=info.version,
         source=info.source,
@@ -29,12 +45,6 @@ def adapter_state(engine: LLMEngine, name: str, quotas: Quotas | None = None) ->
         digest=info.digest,
         quotas=quotas,
     )
-
-
-def named_adapter_state(engine: LLMEngine, name: str, quotas: Quotas | None = None) -> NamedAdapterState:
-    if name not in engine.adapters.entries:
-        raise AdapterNotFound(name)
-    return NamedAdapterState(name=name, **adapter_state(engine, name, quotas).model_dump())
 
 
 def replica_stats(engine: LLMEngine, quotas: Mapping[str, Quotas] | None = None) -> ReplicaStats:

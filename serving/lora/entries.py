@@ -12,6 +12,8 @@ from loraplane.admin_api import Tier as Residency  # what stats report is what t
 from loraplane.serving.lora.peft_loader import LoadedAdapter
 from loraplane.serving.lora.slot_store import Placement
 
+Fetched = tuple[LoadedAdapter, str, float]  # the weights, where they came from (disk or cold), seconds
+
 
 class AdapterNotFound(KeyError):
     def __str__(self) -> str:
@@ -50,7 +52,7 @@ class AdapterEntry:
     spec: AdapterSpec
     loaded: LoadedAdapter | None = None
     placement: Placement | None = None  # its device slot (and pages), while on the device
-    future: Future[tuple[LoadedAdapter, str, float]] | None = None
+    future: Future[Fetched] | None = None
     error: str | None = None
     pinned: bool = False
     running: int = 0

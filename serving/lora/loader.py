@@ -10,10 +10,8 @@ import time
 from loraplane.adapter_format import BaseShape, ValidationLimits
 from loraplane.adapter_format.sources import S3Settings, open_source
 from loraplane.serving.lora.disk_cache import DiskCache
-from loraplane.serving.lora.entries import AdapterSpec
-from loraplane.serving.lora.peft_loader import LoadedAdapter, load_peft_adapter
-
-Fetched = tuple[LoadedAdapter, str, float]  # the weights, where they came from (disk or cold), seconds
+from loraplane.serving.lora.entries import AdapterSpec, Fetched
+from loraplane.serving.lora.peft_loader import load_peft_adapter
 
 
 class AdapterLoader:

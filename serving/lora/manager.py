@@ -35,10 +35,11 @@ from loraplane.serving.lora.entries import (
     AdapterNotFound,
     AdapterSpec,
     AdapterUnavailable,
+    Fetched,
     LoadFailure,
     PinLimitReached,
 )
-from loraplane.serving.lora.loader import AdapterLoader, Fetched
+from loraplane.serving.lora.loader import AdapterLoader
 from loraplane.serving.lora.peft_loader import LoadedAdapter
 from loraplane.serving.lora.shared_pages import SharedPages
 from loraplane.serving.lora.slot_store import slot_store

@@ -22,7 +22,6 @@ class Upkeep:
     ) -> None:  # fmt: skip
         self.table, self.client, self.tenants, self.interval = table, client, tenants, interval
         self.admin_token = admin_token
-        self.admin = admin_token is not None
 
     def _admin(self, replica: Replica, timeout: float) -> AdminClient:
         return AdminClient(replica.url, self.admin_token, timeout, http=self.client)
@@ -34,7 +33,7 @@ class Upkeep:
                     log.info("replica %s is back", replica.name)
                     self.table.mark_up(replica)
                 return
-            if self.admin:
+            if self.admin_token is not None:  # stats need the token; without it only /ready
                 try:
                     stats = await self._admin(replica, self.interval + 4).stats()
                 except ReplicaError as err:
