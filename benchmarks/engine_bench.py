@@ -26,7 +26,7 @@ import torch
 
 from loraplane.adapter_format import LLAMA_TARGETS
 from loraplane.serving.config import EngineConfig
-from loraplane.serving.engine.builder import resolve_dtype
+from loraplane.serving.engine.builder import build_engine, resolve_dtype
 from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.lora.synthetic import ATTENTION, write_adapter
@@ -112,7 +112,7 @@ def main() -> None:
     args.dtype = str(dtype).removeprefix("torch.")
 
     work = Path(tempfile.mkdtemp(prefix="engine-bench-"))
-    engine = LLMEngine(EngineConfig(dtype=args.dtype, max_loras=64, max_lora_rank=16, max_num_seqs=64))
+    engine = build_engine(EngineConfig(dtype=args.dtype, max_loras=64, max_lora_rank=16, max_num_seqs=64))
     base = engine.base.shape
     # Half the adapters on all seven projections at rank 8, half on attention only at rank 16.
     dirs = {
@@ -158,7 +158,7 @@ def main() -> None:
 
     if not args.skip_fp8:
         print("\n4. FP8 base (float8_e4m3fn weights, per-channel scales; adapters stay float32)")
-        fp8 = LLMEngine(EngineConfig(dtype=args.dtype, quantization="fp8", max_loras=8, max_lora_rank=16))
+        fp8 = build_engine(EngineConfig(dtype=args.dtype, quantization="fp8", max_loras=8, max_lora_rank=16))
         for name in sorted(set(mixed)):
             fp8.load_lora(name, str(dirs[name]))
         dense = sum(p.weight.numel() for _, p in engine.model.linear_layers())

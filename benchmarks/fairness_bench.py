@@ -28,6 +28,7 @@ import torch
 from loraplane.serving.bench.engine_replay import Arrival, Replayed, capacity, machine, replay
 from loraplane.serving.bench.report import percentile
 from loraplane.serving.config import EngineConfig
+from loraplane.serving.engine.builder import build_engine
 from loraplane.serving.engine.llm_engine import LLMEngine
 
 PROMPT_LEN, OUTPUT_LEN = 32, 16
@@ -35,7 +36,7 @@ PROMPT_LEN, OUTPUT_LEN = 32, 16
 
 def engine(max_num_seqs: int, fair: bool) -> LLMEngine:
     """A fresh engine, warmed up (torch's first calls are slow)."""
-    eng = LLMEngine(EngineConfig(max_num_seqs=max_num_seqs, fair_scheduling=fair))
+    eng = build_engine(EngineConfig(max_num_seqs=max_num_seqs, fair_scheduling=fair))
     replay(eng, [Arrival(0.0, None)] * 4, prompt_len=PROMPT_LEN, out_len=4, label="warm-up")
     return eng
 

@@ -36,8 +36,7 @@ from loraplane.adapter_format import LLAMA_TARGETS
 from loraplane.serving.bench.engine_replay import Arrival, Record, machine, poisson_arrivals, replay
 from loraplane.serving.bench.report import percentile
 from loraplane.serving.config import EngineConfig
-from loraplane.serving.engine.builder import resolve_dtype
-from loraplane.serving.engine.llm_engine import LLMEngine
+from loraplane.serving.engine.builder import build_engine, resolve_dtype
 from loraplane.serving.lora.entries import AdapterSpec
 from loraplane.serving.lora.synthetic import PEFT_DEFAULT, write_adapter
 from loraplane.serving.weights.base import resolve_base
@@ -62,7 +61,7 @@ def serve(
         max_num_seqs=args.max_num_seqs,
         eviction_policy="demand" if resident else contender,  # type: ignore[arg-type]
     )
-    engine = LLMEngine(config)
+    engine = build_engine(config)
     try:
         for name, folder in folders.items():
             engine.register_lora(AdapterSpec(name, str(folder)))

@@ -16,7 +16,7 @@ import time
 
 import loraplane.serving.engine.sampler as sampler_module
 from loraplane.serving.config import EngineConfig
-from loraplane.serving.engine.llm_engine import LLMEngine
+from loraplane.serving.engine.builder import build_engine
 from loraplane.serving.engine.sampling_params import SamplingParams
 
 SCHEMA = {
@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=48)
     args = parser.parse_args()
-    engine = LLMEngine(EngineConfig())
+    engine = build_engine(EngineConfig())
     guide = engine.grammars.compile(SCHEMA)
     prompts = [
         engine.tokenizer.chat([{"role": "user", "content": f"Describe person number {i} as JSON with name, age and city."}])

@@ -36,6 +36,7 @@ from loraplane.serving.bench.engine_replay import Arrival, Record
 from loraplane.serving.bench.engine_replay import replay as engine_replay
 from loraplane.serving.bench.report import percentile
 from loraplane.serving.config import EngineConfig
+from loraplane.serving.engine.builder import build_engine
 from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.serving.lora.entries import AdapterSpec
 from loraplane.serving.lora.synthetic import PEFT_DEFAULT, seed_ranks, write_adapter
@@ -65,7 +66,7 @@ def make_engine(cache: Path, max_loras: int, max_cpu_loras: int, endpoint: str |
         "s3_endpoint": endpoint,
         "max_loads_in_flight": 2,
     }
-    return LLMEngine(EngineConfig(**{**settings, **extra}))  # type: ignore[arg-type]
+    return build_engine(EngineConfig(**{**settings, **extra}))  # type: ignore[arg-type]
 
 
 def seed_scenario(args: argparse.Namespace, work: Path, folders: dict[str, Path], endpoint: str) -> None:

@@ -64,10 +64,10 @@ def upload(
 
 def record_golden(base: Path, adapter: Path, cache: Path) -> None:
     from loraplane.adapter_format.golden import GOLDEN_FILE
-    from loraplane.serving.engine.llm_engine import LLMEngine
+    from loraplane.serving.engine.builder import build_engine
     from loraplane.serving.engine.sampling_params import SamplingParams
 
-    engine = LLMEngine(EngineConfig(model=str(base), dtype="float32", cache_dir=cache, max_lora_rank=16,
+    engine = build_engine(EngineConfig(model=str(base), dtype="float32", cache_dir=cache, max_lora_rank=16,
                                     lora_modules={"candidate": str(adapter)}))  # fmt: skip
     prompts = [[5, 6, 7, 8], [40, 41, 42]]
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=5)

@@ -158,6 +158,10 @@ async def _reconcile_on(
     name: str, namespace: str, generation: int | None, spec: LoraAdapterSpec, base: BaseModelSpec,
     replicas: list[cluster.Replica], clients: list[AdminClient], out: Outcome,
 ) -> Outcome:  # fmt: skip
+    """One adapter on its base's replicas: validate the version, stage or promote it, and fill
+    the status. One function on purpose: its steps are the promotion protocol, and their order (a
+    version is checked before any replica is asked to stage it, and the status names it as serving
+    only once every replica has it) is read top to bottom."""
     status = out.status
     digest = spec.source.digest
     # A version is its URI and its digest: the same digest at a new URI is still a new version

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from kubernetes.utils import parse_quantity
 
+from loraplane.admin_api import engine_sizing
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.cluster import BASE_LABEL, COMPONENT_LABEL, METRICS_PORT, SERVING_PORT
 from loraplane.operator.pod_security import CONTAINER_SECURITY, HOME_ENV, POD_SECURITY, TMP_MOUNT, TMP_VOLUME
@@ -44,14 +45,8 @@ def engine_config(spec: BaseModelSpec) -> dict[str, Any]:
         "base_revision": spec.source.revision,
         "dtype": spec.source.dtype,
         "quantization": spec.source.quantization,
-        "max_model_len": e.max_model_len,
-        "max_num_seqs": e.max_num_seqs,
-        "max_num_batched_tokens": e.max_num_batched_tokens,
-        "max_loras": e.max_loras,
-        "max_lora_rank": e.max_lora_rank,
-        "max_cpu_loras": e.max_cpu_loras,
-        "lora_memory": e.lora_memory,
-        "eviction_policy": e.eviction_policy,
+        # The sizing knobs carry the engine's own names (one model, admin_api.engine_sizing).
+        **e.model_dump(include=set(engine_sizing.EngineSizing.model_fields)),
         "disk_cache_max_bytes": int(parse_quantity(e.disk_cache_size)) if e.disk_cache_size else None,  # type: ignore[no-untyped-call]
         "s3_endpoint": spec.adapter_store.endpoint,
         "s3_region": spec.adapter_store.region,
@@ -74,6 +69,8 @@ def config_map(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]
 
 
 def deployment(name: str, namespace: str, spec: BaseModelSpec, admin_secret: str) -> dict[str, Any]:
+    """The serving Deployment. One manifest literal, as long as a Deployment is: read whole, it
+    compares line by line with the Kubernetes schema it is tested against."""
     r = spec.resources
     limits: dict[str, str] = {}
     requests: dict[str, str] = {}

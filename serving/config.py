@@ -6,16 +6,19 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
 
-from loraplane.eviction import OnlinePolicyName
+from loraplane.admin_api.engine_sizing import EngineSizing
 
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("LORAPLANE_CACHE", Path.home() / ".cache" / "loraplane"))
 
 
-class EngineConfig(BaseModel):
+class EngineConfig(EngineSizing):
+    """Everything the engine reads; the sizing knobs the operator also writes come from
+    ``EngineSizing``."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str = Field(default="embedded", description="'embedded', a .gguf file, or a Hugging Face checkpoint folder")
@@ -25,29 +28,17 @@ class EngineConfig(BaseModel):
         default="auto", description="auto: bfloat16 where the hardware computes it natively, else float32"
     )
     quantization: Literal["fp8"] | None = Field(default=None, description="fp8: float8_e4m3fn base weights, per-channel scales")
-    max_model_len: int | None = Field(default=None, gt=0, description="defaults to min(the model's context, 4096)")
     block_size: int = Field(default=16, gt=0)
     num_kv_blocks: int | None = Field(default=None, gt=0, description="overrides kv_cache_memory_mb")
     kv_cache_memory_mb: int = Field(default=512, gt=0)
-    max_num_batched_tokens: int = Field(default=2048, gt=0)
-    max_num_seqs: int = Field(default=64, gt=0)
     enable_prefix_caching: bool = True
     fair_scheduling: bool = Field(default=True, description="admit waiting requests least-served tenant first, not FIFO")
-    max_loras: int = Field(default=8, ge=1, description="adapters resident at once (device slots)")
-    max_lora_rank: int = Field(default=16, ge=1)
     max_adapter_bytes: int = Field(default=2 * 2**30, gt=0, description="largest adapter weights file accepted")
-    max_cpu_loras: int | None = Field(default=None, ge=1, description="adapters kept in host memory; default 4 x max_loras")
     max_loads_in_flight: int = Field(default=2, ge=1, description="adapter loads running at once, off the request path")
     disk_cache_max_bytes: int | None = Field(
         default=20 * 2**30,
         gt=0,
         description="bytes of adapter files kept under cache_dir/adapters, the least wanted evicted first; None: unbounded",
-    )
-    eviction_policy: OnlinePolicyName = "demand"
-    lora_memory: Literal["static", "unified"] = Field(
-        default="static",
-        description="static: max_loras slots each reserving max_lora_rank (vLLM); unified: adapters take pages of the "
-        "KV pool sized to their rank (S-LoRA), max_loras only bounds how many are resident",
     )
     lora_modules: dict[str, str] = Field(
         default_factory=dict, description="adapter name -> PEFT folder, file:// or s3:// URI; registered and loaded at start"
@@ -62,13 +53,3 @@ class EngineConfig(BaseModel):
     golden_max_mean_kl: float = Field(default=0.1, ge=0, description="and stay this close to its recorded log-probabilities")
     metrics_max_adapter_labels: int = Field(default=256, ge=1, description="adapters with their own metric label")
     cache_dir: Path = Field(default_factory=default_cache_dir)
-
-    @model_validator(mode="after")
-    def _check(self) -> EngineConfig:
-        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
-            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras ({self.max_loras})")
-        return self
-
-    @property
-    def host_slots(self) -> int:
-        return self.max_cpu_loras or 4 * self.max_loras

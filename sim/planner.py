@@ -64,6 +64,9 @@ def _coverage_count(adapters: list[Adapter], share: float) -> int:
 
 
 def make_plan(spec: PlanInput) -> Plan:
+    """Merge the adapters hot enough for their own deployment, size the multi-LoRA pool for the
+    rest and say why at each step. One pass on purpose: ``reasons`` is the plan's explanation, in
+    the order the decisions were taken."""
     knobs, budget = spec.knobs, spec.budget
     adapters = _adapters(spec)
     reasons: list[str] = []

@@ -31,11 +31,12 @@ def generate(
     """Complete PROMPT with the engine, optionally under a LoRA adapter: a quick look from the shell."""
     from loraplane.adapter_format import AdapterValidationError
     from loraplane.serving.config import EngineConfig
-    from loraplane.serving.engine.llm_engine import LLMEngine, RequestError
+    from loraplane.serving.engine.builder import build_engine
+    from loraplane.serving.engine.llm_engine import RequestError
     from loraplane.serving.engine.sampling_params import SamplingError, SamplingParams
 
     click.echo("loading the base model (the first start converts and caches it)...", err=True)
-    engine = LLMEngine(EngineConfig(model=model, quantization="fp8" if fp8 else None, max_loras=1, max_lora_rank=64))
+    engine = build_engine(EngineConfig(model=model, quantization="fp8" if fp8 else None, max_loras=1, max_lora_rank=64))
     name = None
     try:
         if adapter:

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from loraplane.cli.options import admin_token_option, listen_options, metrics_port_option, tenants_option
 from loraplane.cli.usage import make_metering, usage_options
 
 
@@ -17,21 +18,10 @@ from loraplane.cli.usage import make_metering, usage_options
 @click.option("--policy", default="affinity", type=click.Choice(["affinity", "round-robin"]))
 @click.option("--epsilon", default=0.25, type=click.FloatRange(min=0), help="No replica above (1+epsilon) x the mean load.")
 @click.option("--stats-interval", default=1.0, type=click.FloatRange(min=0, min_open=True), help="Seconds between stats reads.")
-@click.option("--host", default="0.0.0.0")
-@click.option("--port", default=8000, type=click.IntRange(1, 65535))
-@click.option("--admin-token", envvar="LORAPLANE_ADMIN_TOKEN", help="Guards /router/replicas; reads the replicas' stats.")
-@click.option(
-    "--tenants",
-    "tenants_path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="The servers' tenants file: keys and quotas are checked here too.",
-)
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(1, 65535),
-    help="Also serve /metrics, and nothing else, on this port (for Prometheus; with --tenants the API port's /metrics "
-    "needs the admin token).",
-)
+@listen_options("0.0.0.0")
+@admin_token_option("Guards /router/replicas; reads the replicas' stats.")
+@tenants_option("The servers' tenants file: keys and quotas are checked here too.")
+@metrics_port_option
 @usage_options
 def router(
     replicas: tuple[str, ...],

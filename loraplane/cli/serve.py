@@ -7,14 +7,13 @@ from typing import Any
 
 import click
 
+from loraplane.cli.options import admin_token_option, engine_flags, listen_options, metrics_port_option, tenants_option
 from loraplane.cli.usage import make_metering, usage_options
-from loraplane.eviction import ONLINE_POLICY_NAMES
 
 
 @click.command()
 @click.option("--model", default="embedded", help="'embedded' (SmolLM2-135M-Instruct), a .gguf file or a checkpoint folder.")
-@click.option("--host", default="127.0.0.1")
-@click.option("--port", default=8000, type=click.IntRange(1, 65535))
+@listen_options("127.0.0.1")
 @click.option(
     "--config",
     "config_path",
@@ -29,29 +28,13 @@ from loraplane.eviction import ONLINE_POLICY_NAMES
 )
 @click.option("--base-revision", help="The base's revision; adapters that declare another are refused.")
 @click.option("--lora-modules", multiple=True, metavar="NAME=SOURCE", help="Adapter to load at start (folder, file:// or s3://).")
-@click.option("--max-loras", type=click.IntRange(min=1), help="Adapters resident in device slots at once.")
-@click.option("--max-lora-rank", type=click.IntRange(min=1))
-@click.option("--max-cpu-loras", type=click.IntRange(min=1), help="Adapters kept in host memory.")
-@click.option("--max-num-seqs", type=click.IntRange(min=1))
-@click.option("--max-num-batched-tokens", type=click.IntRange(min=1))
-@click.option("--max-model-len", type=click.IntRange(min=1))
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
-@click.option("--quantization", type=click.Choice(["fp8"]))
-@click.option("--lora-memory", type=click.Choice(["static", "unified"]))
-@click.option("--eviction-policy", type=click.Choice(ONLINE_POLICY_NAMES))
-@click.option("--admin-token", envvar="LORAPLANE_ADMIN_TOKEN", help="Bearer token the admin calls require.")
-@click.option(
-    "--tenants",
-    "tenants_path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="YAML/JSON of tenants, their API keys and quotas (e.g. a mounted Secret); without it the API is open.",
-)
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(1, 65535),
-    help="Also serve /metrics, and nothing else, on this port (for Prometheus; with --tenants the API port's /metrics "
-    "needs the admin token).",
-)
+@engine_flags(
+    "max_loras", "max_lora_rank", "max_cpu_loras", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+    "dtype", "quantization", "lora_memory", "eviction_policy",
+)  # fmt: skip
+@admin_token_option("Bearer token the admin calls require.")
+@tenants_option("YAML/JSON of tenants, their API keys and quotas (e.g. a mounted Secret); without it the API is open.")
+@metrics_port_option
 @usage_options
 @click.option(
     "--max-pending-requests", default=256, type=click.IntRange(min=1),
@@ -77,7 +60,7 @@ def serve(
     from loraplane.serving.api.app import create_app
     from loraplane.serving.api.tenants import Tenants, load_tenants
     from loraplane.serving.config import EngineConfig
-    from loraplane.serving.engine.llm_engine import LLMEngine
+    from loraplane.serving.engine.builder import build_engine
 
     if tenants_path is not None and not admin_token:
         # With tenants the API is closed to callers without a key; an open admin API would let
@@ -105,7 +88,7 @@ def serve(
     except (ValidationError, yaml.YAMLError) as err:
         raise click.ClickException(f"{tenants_path}: {err}") from None
     app = create_app(
-        lambda: LLMEngine(config), admin_token=admin_token, tenants=tenants, max_pending_requests=max_pending_requests,
+        lambda: build_engine(config), admin_token=admin_token, tenants=tenants, max_pending_requests=max_pending_requests,
         metering=metering,
     )  # fmt: skip
     if metrics_port is not None:

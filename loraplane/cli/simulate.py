@@ -87,7 +87,8 @@ def sim(
     """Replay a request trace through GPU slots, host slots and cold storage.
 
     Prints, per tier configuration, GPU hit %, host hit %, cold loads and mean load wait per
-    request. With no options it reproduces the seed lesson's table exactly.
+    request. With no options it reproduces the seed lesson's table exactly. Long because it is
+    the command: each option's branch of the report, read in the order it prints.
     """
     from loraplane.sim.replicas import simulate_replicas
     from loraplane.sim.report import comparison_table, replica_table, tier_table

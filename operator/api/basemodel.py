@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from loraplane.eviction import OnlinePolicyName
+from loraplane.admin_api import engine_sizing
 from loraplane.operator.api.common import DNS_LABEL, Condition, KubeModel, ObjectMeta, Quotas, SecretRef
 
+# The API server's spelling of EngineSizing._host_holds_device (tests check they agree).
 CPU_LORAS_RULE = "!has(self.maxCpuLoras) || self.maxCpuLoras >= self.maxLoras"
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"  # bytes, as Kubernetes writes them
 
@@ -25,31 +26,16 @@ class ModelSource(KubeModel):
     quantization: Literal["fp8"] | None = Field(default=None, description="fp8: float8_e4m3fn base weights")
 
 
-class EngineSizing(KubeModel):
-    """vLLM's names where the idea is the same."""
+class EngineSizing(KubeModel, engine_sizing.EngineSizing):
+    """The serving engine's sizing, with vLLM's names, defined once with the engine's own settings;
+    plus the bound of each replica's adapter cache."""
 
-    max_loras: int = Field(default=8, ge=1, le=4096, description="adapters in device slots at once")
-    max_lora_rank: int = Field(default=16, ge=1, le=512)
-    max_cpu_loras: int | None = Field(default=None, ge=1, description="adapters in host memory; default 4 x maxLoras")
-    max_num_seqs: int = Field(default=256, ge=1)
-    max_num_batched_tokens: int = Field(default=8192, ge=1)
-    max_model_len: int | None = Field(default=None, ge=1)
-    lora_memory: Literal["static", "unified"] = Field(
-        default="static", description="static slots, or adapters paged with the KV cache"
-    )
-    eviction_policy: OnlinePolicyName = "demand"
     disk_cache_size: str | None = Field(
         default="20Gi",
         pattern=QUANTITY,
         description="adapter files each replica keeps on its cache volume, the least wanted evicted beyond it "
         "(a Kubernetes quantity); null: unbounded",
     )
-
-    @model_validator(mode="after")
-    def _cpu_holds_device(self) -> EngineSizing:
-        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
-            raise ValueError("maxCpuLoras must be at least maxLoras: the host tier holds every device adapter")
-        return self
 
 
 class Toleration(KubeModel):

@@ -67,7 +67,8 @@ def replay(
     """Send each arrival at its time (random prompts of ``prompt_len`` tokens, ``out_len`` greedy
     tokens each) and step the engine until every request has finished or, with ``until``, until
     every arrival it selects has (the rest are aborted: a burster's backlog need not drain for its
-    neighbour's figures)."""
+    neighbour's figures). One loop on purpose: arrivals, steps and aborts interleave on one clock,
+    and split across helpers that clock's order would be hard to follow."""
     rng = random.Random(seed)
     vocab = engine.base.config.vocab_size
     params = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)

@@ -20,8 +20,7 @@ from tqdm import tqdm
 from loraplane.adapter_format import LLAMA_TARGETS
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.demo.styles import STYLES, Style, training_questions
-from loraplane.serving.engine.builder import resolve_dtype
-from loraplane.serving.engine.llm_engine import LLMEngine
+from loraplane.serving.engine.builder import build_engine, resolve_dtype
 from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.weights.base import BaseCheckpoint, resolve_base
 
@@ -30,7 +29,7 @@ RECIPE = {"rank": 16, "alpha": 32, "steps": 20, "batch": 8, "lr": 4e-3, "answer_
 
 def base_answers(model: str, cache_dir: Path, questions: list[str]) -> list[str]:
     """What the bare base says to each question (greedy), through our own engine in one batch."""
-    engine = LLMEngine(EngineConfig(model=model, cache_dir=cache_dir, max_num_seqs=32))
+    engine = build_engine(EngineConfig(model=model, cache_dir=cache_dir, max_num_seqs=32))
     try:
         prompts = [engine.tokenizer.chat([{"role": "user", "content": q}]) for q in questions]
         params = SamplingParams(max_tokens=int(RECIPE["answer_tokens"]), temperature=0)

@@ -1,17 +1,34 @@
-"""Building an engine's parts from its config: the model's dtype, the model with its weights,
-the KV cache's size and the object store's settings. Kept apart from the engine, which steps,
-so each sizing rule is read (and tested) on its own.
+"""The engine's composition root: ``build_engine(config)`` resolves the base, builds the model
+with its weights, sizes the KV cache, chooses the adapter slots' memory layout and wires the
+scheduler to the adapter manager. Kept apart from the engine, which steps, so each sizing rule is
+read (and tested) on its own, and every part is chosen in one place.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
+from loraplane.adapter_format import ValidationLimits
 from loraplane.adapter_format.sources import S3Settings
 from loraplane.serving.config import EngineConfig
+from loraplane.serving.engine.adapter_gate import AdapterGate
+from loraplane.serving.engine.block_manager import BlockManager
+from loraplane.serving.engine.llm_engine import EngineParts, LLMEngine
+from loraplane.serving.engine.model_runner import ModelRunner
+from loraplane.serving.engine.sampler import Sampler
+from loraplane.serving.engine.scheduler import Scheduler
+from loraplane.serving.engine.structured import Grammars
+from loraplane.serving.lora.manager import AdapterManager
+from loraplane.serving.lora.slot_table import PagedSlotTable, SlotTable
+from loraplane.serving.lora.state_metrics import AdapterStateCollector
+from loraplane.serving.metrics import EngineMetrics
 from loraplane.serving.model.attention import KVCache
 from loraplane.serving.model.llama import LlamaModel
-from loraplane.serving.weights.base import BaseCheckpoint
+from loraplane.serving.model.page_pool import PagePool
+from loraplane.serving.tokenizer import Tokenizer
+from loraplane.serving.weights.base import BaseCheckpoint, resolve_base
 from loraplane.serving.weights.checkpoint import iter_tensors, load_weights
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -62,4 +79,94 @@ def s3_settings(config: EngineConfig) -> S3Settings:
         config.s3_access_key or env.access_key,
         config.s3_secret_key or env.secret_key,
         config.s3_region or env.region,
+    )
+
+
+def build_engine(config: EngineConfig | None = None) -> LLMEngine:
+    """An engine for ``config`` (the defaults serve the embedded base), with the config's
+    ``lora_modules`` loaded."""
+    config = config or EngineConfig()
+    engine = LLMEngine(build_parts(config))
+    for name, source in config.lora_modules.items():
+        engine.load_lora(name, source)
+    return engine
+
+
+def build_parts(config: EngineConfig) -> EngineParts:
+    """Every part of an engine, each chosen here once: unified paging puts the adapter slots in
+    the KV cache's page pool (``lora_memory``), static slots keep their own tensors. One function
+    on purpose: the order of construction is the wiring, read top to bottom."""
+    base = resolve_base(config.model, config.cache_dir, name=config.base_name, revision=config.base_revision)
+    cfg = base.config
+    limit = cfg.context_limit()
+    if config.max_model_len and config.max_model_len > limit:
+        raise ValueError(f"max_model_len={config.max_model_len} is above this model's context ({limit} tokens)")
+    max_model_len = config.max_model_len or min(limit, 4096)
+    dtype = resolve_dtype(config.dtype)
+    model = build_model(base, config, max_model_len)
+    tokenizer = Tokenizer(base.folder)
+    num_blocks, per_block = kv_blocks(config, base, dtype, max_model_len)
+    pool = PagePool(num_blocks, per_block) if config.lora_memory == "unified" else None
+    cache = KVCache(cfg.num_hidden_layers, num_blocks, config.block_size, cfg.num_key_value_heads, cfg.head_dim, dtype, pool=pool)
+    blocks = BlockManager(num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
+    # Adapter weights stay float32 on the CPU whatever the base dtype: the CPU kernels compute
+    # in float32, and converting the slot tables on every call would cost more than the product.
+    slots = (
+        PagedSlotTable(model, config.max_loras, config.max_lora_rank, pool.flat_f32(), pool.page_floats)
+        if pool is not None
+        else SlotTable(model, config.max_loras, config.max_lora_rank, torch.float32)
+    )
+    metrics = EngineMetrics(max_adapter_labels=config.metrics_max_adapter_labels)
+
+    def queued() -> Counter[str]:  # the scheduler's queue (built below), part of each adapter's demand
+        return Counter(s.adapter for s in scheduler.waiting if s.adapter is not None)
+
+    adapters = AdapterManager(
+        slots,
+        base.shape,
+        ValidationLimits(max_lora_rank=config.max_lora_rank, max_bytes=config.max_adapter_bytes),
+        cache_dir=config.cache_dir,
+        max_cpu_loras=config.host_slots,
+        disk_cache_max_bytes=config.disk_cache_max_bytes,
+        max_loads_in_flight=config.max_loads_in_flight,
+        policy=config.eviction_policy,
+        s3=s3_settings(config),
+        metrics=metrics,
+        pages=blocks if pool is not None else None,
+        queued=queued,
+    )
+    metrics.registry.register(AdapterStateCollector(metrics, adapters))
+    gate = AdapterGate(adapters, metrics)
+    # Every tensor is on the CPU today: its batch defaults apply (EngineSizing.batch_limits).
+    max_num_seqs, max_num_batched_tokens = config.batch_limits("cpu")
+    scheduler = Scheduler(
+        blocks,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        ready=gate.ready,
+        on_admit=gate.hold,
+        on_preempt=gate.drop,
+        fair=config.fair_scheduling,
+    )
+    eos = tokenizer.eos_token_id
+    eos_ids = frozenset(cfg.eos_token_ids) | ({eos} if eos is not None else frozenset())
+    sampler = Sampler(eos_ids=eos_ids)
+    return EngineParts(
+        config=config,
+        base=base,
+        max_model_len=max_model_len,
+        dtype=dtype,
+        model=model,
+        tokenizer=tokenizer,
+        cache=cache,
+        blocks=blocks,
+        slots=slots,
+        metrics=metrics,
+        adapters=adapters,
+        gate=gate,
+        scheduler=scheduler,
+        eos_ids=eos_ids,
+        sampler=sampler,
+        grammars=Grammars(tokenizer.hf, cfg.vocab_size, eos_ids),
+        runner=ModelRunner(model, cache, slots, sampler),
     )

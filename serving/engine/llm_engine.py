@@ -7,26 +7,21 @@ forward pass for every scheduled token of every sequence, samples, and reports w
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import time
-import uuid
-from collections import Counter
 from collections.abc import Sequence as Seq
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 
-from loraplane.adapter_format import AdapterValidationError, ValidationLimits, check_adapter_name
-from loraplane.adapter_format.golden import GOLDEN_FILE, DriftLimits, DriftReport, load_golden
-from loraplane.adapter_format.names import INTERNAL_OWNER
-from loraplane.admin_api import Tier as Residency
+from loraplane.adapter_format.golden import DriftLimits, DriftReport
+from loraplane.admin_api import Tier
 from loraplane.serving.config import EngineConfig
+from loraplane.serving.engine import adapter_admission
+from loraplane.serving.engine.adapter_gate import AdapterGate
 from loraplane.serving.engine.block_manager import BlockManager
-from loraplane.serving.engine.builder import build_model, kv_blocks, resolve_dtype, s3_settings
 from loraplane.serving.engine.detokenizer import Detokenizer
-from loraplane.serving.engine.golden_replay import replay_golden
 from loraplane.serving.engine.model_runner import ModelRunner
 from loraplane.serving.engine.outputs import RequestOutput, output_of
 from loraplane.serving.engine.sampler import SampleFailure, Sampler
@@ -37,13 +32,12 @@ from loraplane.serving.engine.structured import Grammars
 from loraplane.serving.engine.structured import advance as advance_grammar
 from loraplane.serving.lora.entries import AdapterBusy, AdapterInfo, AdapterSpec
 from loraplane.serving.lora.manager import AdapterManager
-from loraplane.serving.lora.slot_table import PagedSlotTable, SlotTable
-from loraplane.serving.lora.state_metrics import AdapterStateCollector
+from loraplane.serving.lora.slot_table import SlotTable
 from loraplane.serving.metrics import EngineMetrics
 from loraplane.serving.model.attention import KVCache
-from loraplane.serving.model.page_pool import PagePool
+from loraplane.serving.model.llama import LlamaModel
 from loraplane.serving.tokenizer import Tokenizer
-from loraplane.serving.weights.base import resolve_base
+from loraplane.serving.weights.base import BaseCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -52,69 +46,42 @@ class RequestError(ValueError):
     """A request the engine refuses before queueing it (the server maps this to a 400)."""
 
 
+@dataclass
+class EngineParts:
+    """What ``build_engine`` assembles from a config; the engine only steps them."""
+
+    config: EngineConfig
+    base: BaseCheckpoint
+    max_model_len: int
+    dtype: torch.dtype
+    model: LlamaModel
+    tokenizer: Tokenizer
+    cache: KVCache
+    blocks: BlockManager
+    slots: SlotTable
+    metrics: EngineMetrics
+    adapters: AdapterManager
+    gate: AdapterGate
+    scheduler: Scheduler
+    eos_ids: frozenset[int]
+    sampler: Sampler
+    grammars: Grammars
+    runner: ModelRunner
+
+
 class LLMEngine:
-    def __init__(self, config: EngineConfig | None = None) -> None:
-        self.config = config = config or EngineConfig()
-        self.base = resolve_base(config.model, config.cache_dir, name=config.base_name, revision=config.base_revision)
-        cfg = self.base.config
-        limit = cfg.context_limit()
-        if config.max_model_len and config.max_model_len > limit:
-            raise ValueError(f"max_model_len={config.max_model_len} is above this model's context ({limit} tokens)")
-        self.max_model_len = config.max_model_len or min(limit, 4096)
-        dtype = self.dtype = resolve_dtype(config.dtype)
-        self.model = build_model(self.base, config, self.max_model_len)
-        self.tokenizer = Tokenizer(self.base.folder)
-        num_blocks, per_block = kv_blocks(config, self.base, dtype, self.max_model_len)
-        unified = config.lora_memory == "unified"
-        self.pool = PagePool(num_blocks, per_block) if unified else None
-        self.cache = KVCache(
-            cfg.num_hidden_layers, num_blocks, config.block_size, cfg.num_key_value_heads, cfg.head_dim, dtype, pool=self.pool
-        )
-        self.blocks = BlockManager(num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
-        self.scheduler = Scheduler(
-            self.blocks,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            ready=self._adapter_ready,
-            on_admit=self._hold_adapter,
-            on_preempt=self._drop_adapter,
-            fair=config.fair_scheduling,
-        )
-        # Adapter weights stay float32 on the CPU whatever the base dtype: the CPU kernels compute
-        # in float32, and converting the slot tables on every call would cost more than the product.
-        self.slots = (
-            PagedSlotTable(self.model, config.max_loras, config.max_lora_rank, self.pool.flat_f32(), self.pool.page_floats)
-            if self.pool is not None
-            else SlotTable(self.model, config.max_loras, config.max_lora_rank, torch.float32)
-        )
-        self.metrics = EngineMetrics(max_adapter_labels=config.metrics_max_adapter_labels)
-        self.adapters = AdapterManager(
-            self.slots,
-            self.base.shape,
-            ValidationLimits(max_lora_rank=config.max_lora_rank, max_bytes=config.max_adapter_bytes),
-            cache_dir=config.cache_dir,
-            max_cpu_loras=config.host_slots,
-            disk_cache_max_bytes=config.disk_cache_max_bytes,
-            max_loads_in_flight=config.max_loads_in_flight,
-            policy=config.eviction_policy,
-            s3=s3_settings(config),
-            metrics=self.metrics,
-            pages=self.blocks if unified else None,
-            queued=self._queued_per_adapter,
-        )
-        self.metrics.registry.register(AdapterStateCollector(self.metrics, self.adapters))
-        tokenizer_eos = self.tokenizer.eos_token_id
-        self.eos_ids = frozenset(cfg.eos_token_ids) | ({tokenizer_eos} if tokenizer_eos is not None else frozenset())
-        self.sampler = Sampler(eos_ids=self.eos_ids)
-        self.grammars = Grammars(self.tokenizer.hf, cfg.vocab_size, self.eos_ids)
-        self.runner = ModelRunner(self.model, self.cache, self.slots, self.sampler)
+    def __init__(self, parts: EngineParts) -> None:
+        """Built by ``engine.builder.build_engine``; the parts are public attributes."""
+        self.config, self.base, self.max_model_len, self.dtype = parts.config, parts.base, parts.max_model_len, parts.dtype
+        self.model, self.tokenizer, self.cache, self.blocks = parts.model, parts.tokenizer, parts.cache, parts.blocks
+        self.slots, self.metrics, self.adapters, self.scheduler = parts.slots, parts.metrics, parts.adapters, parts.scheduler
+        self.eos_ids, self.sampler, self.grammars, self.runner = parts.eos_ids, parts.sampler, parts.grammars, parts.runner
+        self.gate = parts.gate
         self.requests: dict[str, Sequence] = {}
         self.ran = False  # whether the last step ran a batch (an idle one lets its caller sleep)
         self._ids = itertools.count()
-        for name, source in config.lora_modules.items():
-            self.load_lora(name, source)
 
-    # adapters -------------------------------------------------------------------------------
+    # adapters (vLLM's add_lora / pin_lora / remove_lora family) ------------------------------
     def register_lora(self, spec: AdapterSpec) -> None:
         """Declare an adapter by name and source; it loads in the background on first use."""
         self.adapters.register(spec)
@@ -128,46 +95,12 @@ class LLMEngine:
         tenant: str | None = None,
         allow_rank_truncation: bool = False,
     ) -> AdapterInfo:
-        """Load into host memory now and register, raising the validation (or golden drift) error
-        if it fails. The candidate is fetched, validated and, when it ships golden outputs,
-        replayed under a private name before it takes ``name``: a refused load or reload changes
-        nothing, and a name that was serving keeps serving its old version."""
+        """Load into host memory now and register (see ``adapter_admission.load_lora``)."""
         spec = AdapterSpec(name, source, expected_digest, tenant, allow_rank_truncation)
-        current = self.adapters.entries.get(name)
-        if current is not None and current.spec == spec and current.loaded is not None:
-            return self.adapters.info(name)
-        check_adapter_name(name)
-        loaded = self.adapters.prepare(spec)
-        if (loaded.folder / GOLDEN_FILE).is_file():  # verify_golden reads and replays it
-            candidate = f"candidate-{uuid.uuid4().hex[:12]}"
-            self.adapters.install(dataclasses.replace(spec, name=candidate, tenant=INTERNAL_OWNER), loaded)
-            try:
-                self.verify_golden(candidate)  # unregisters the candidate when it drifts
-            finally:
-                if candidate in self.adapters.entries:
-                    self.adapters.unregister(candidate)
-        self.adapters.install(spec, loaded)
-        info = self.adapters.info(name)
-        log.info("loaded adapter %s (rank %s, %s)", name, info.rank, (info.digest or "")[:19])
-        return info
+        return adapter_admission.load_lora(self, spec)
 
     def verify_golden(self, name: str, limits: DriftLimits | None = None) -> DriftReport | None:
-        """Replay the adapter's golden outputs (if it ships any) on this base; unregister it and
-        raise ``GoldenOutputDrift`` when the drift is above ``limits``."""
-        folder = self.adapters.info(name).folder or Path(self.adapters.load_now(name).folder)
-        golden = load_golden(folder)
-        if golden is None:
-            return None
-        default = DriftLimits(
-            min_token_agreement=self.config.golden_min_token_agreement, max_mean_kl=self.config.golden_max_mean_kl
-        )
-        try:  # ids outside this base's vocabulary are refused before they reach a step
-            report = replay_golden(self, name, golden)
-            report.check(limits or default)
-        except AdapterValidationError:
-            self.adapters.unregister(name)
-            raise
-        return report
+        return adapter_admission.verify_golden(self, name, limits)
 
     def pin_lora(self, name: str) -> None:
         """Keep the adapter resident (loading it now if cold); it is never evicted until unpinned."""
@@ -185,38 +118,6 @@ class LLMEngine:
         if waiting:
             raise AdapterBusy(f"adapter {name!r} has {waiting} queued requests")
         self.adapters.unregister(name)
-
-    def _queued_per_adapter(self) -> Counter[str]:
-        return Counter(s.adapter for s in self.scheduler.waiting if s.adapter is not None)
-
-    def _adapter_ready(self, seq: Sequence) -> bool:
-        leader = seq.leader
-        if leader is not None:
-            if not leader.is_finished and leader.num_computed_tokens < len(leader.prompt_token_ids):
-                return False  # its prompt's blocks are not cached yet: wait and share them
-            seq.leader = None
-        if seq.adapter is None:
-            return True
-        slot = self.adapters.ensure_device(seq.adapter)
-        if slot is None:
-            return False
-        seq.adapter_slot, seq.adapter_key = slot, self.adapters.cache_key(seq.adapter)
-        return True
-
-    def _hold_adapter(self, seq: Sequence) -> None:
-        if seq.first_scheduled_time is None:
-            seq.first_scheduled_time = time.monotonic()
-        if seq.adapter is not None and not seq.holds_adapter:
-            seq.adapter_lease = self.adapters.acquire(seq.adapter)
-            seq.holds_adapter = True
-            seq.adapter_version, seq.adapter_digest = self.adapters.lease_version(seq.adapter_lease)
-            if seq.arrival_tier != Residency.DEVICE and seq.num_computed_tokens == 0 and not seq.output_token_ids:
-                self.metrics.observe_queue_wait(seq.adapter, seq.tenant, time.monotonic() - seq.arrival_time)
-
-    def _drop_adapter(self, seq: Sequence) -> None:
-        if seq.adapter is not None and seq.holds_adapter:
-            self.adapters.release(seq.adapter_lease)
-            seq.holds_adapter, seq.adapter_lease = False, None
 
     # requests -------------------------------------------------------------------------------
     def add_request(
@@ -256,9 +157,9 @@ class LLMEngine:
             info = self.adapters.info(adapter)  # raises AdapterNotFound for an unknown name
             self.adapters.check_available(adapter)
             seq.tenant = info.tenant or tenant
-            seq.arrival_tier = {Residency.DEVICE: "device", Residency.HOST: "host"}.get(info.residency, "cold")
+            seq.arrival_tier = {Tier.DEVICE: "device", Tier.HOST: "host"}.get(info.residency, "cold")
             self.adapters.note_arrival(adapter)
-            if info.residency is not Residency.DEVICE:
+            if info.residency is not Tier.DEVICE:
                 self.adapters.prefetch(adapter)  # start the load now, not when the batch has room
         self.metrics.observe_request(adapter, seq.tenant, len(ids), seq.arrival_tier)
         self.requests[request_id] = seq
@@ -277,7 +178,7 @@ class LLMEngine:
         seq.finish_reason = reason
         self.scheduler.finish(seq)
         self.sampler.forget(seq)
-        self._drop_adapter(seq)
+        self.gate.drop(seq)
         seq.leader = None
         detok = seq.detokenizer
         if detok is None:

@@ -8,7 +8,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraplane.admin_api import Tier as Residency  # what stats report is what the manager tracks
+from loraplane.admin_api import Tier  # what stats report is what the manager tracks
 from loraplane.serving.lora.peft_loader import LoadedAdapter
 from loraplane.serving.lora.slot_store import Placement
 
@@ -67,14 +67,33 @@ class AdapterEntry:
         return self.placement.slot if self.placement is not None else None
 
     @property
-    def residency(self) -> Residency:
+    def residency(self) -> Tier:
         if self.placement is not None:
-            return Residency.DEVICE
+            return Tier.DEVICE
         if self.loaded is not None:
-            return Residency.HOST
+            return Tier.HOST
         if self.future is not None:
-            return Residency.LOADING
-        return Residency.FAILED if self.error else Residency.COLD
+            return Tier.LOADING
+        return Tier.FAILED if self.error else Tier.COLD
+
+    def info(self, name: str) -> AdapterInfo:
+        """The read-only view callers get, under the name it is registered as."""
+        loaded = self.loaded
+        return AdapterInfo(
+            name=name,
+            source=self.spec.source,
+            version=self.spec.version,
+            tenant=self.spec.tenant,
+            residency=self.residency,
+            pinned=self.pinned,
+            running=self.running,
+            digest=loaded.digest if loaded else self.spec.digest,
+            rank=loaded.rank if loaded else None,
+            slot=self.slot,
+            truncation_error=loaded.truncation_error if loaded else None,
+            error=self.error,
+            folder=loaded.folder if loaded else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -83,7 +102,7 @@ class AdapterInfo:
     source: str
     version: str | None
     tenant: str | None
-    residency: Residency
+    residency: Tier
     pinned: bool
     running: int
     digest: str | None

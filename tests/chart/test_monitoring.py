@@ -32,7 +32,7 @@ KSM = yaml.safe_load((ROOT / "charts" / "loraplane" / "files" / "kube-state-metr
 # Labels Prometheus adds to every scraped series (the ServiceMonitor's targets), beside the code's own.
 TARGET_LABELS = {"namespace", "pod", "service", "job", "instance", "le"}
 # Label values the code writes: arrivals by tier (serving/engine/llm_engine.py), loads by the tier
-# they came from (serving/lora/manager.py), residency now (Residency).
+# they came from (serving/lora/manager.py), residency now (admin_api.Tier).
 TIERS = {
     "loraplane_adapter_arrivals_total": {"device", "host", "cold"},
     "loraplane_adapter_load_seconds_count": {"cold", "disk", "host"},

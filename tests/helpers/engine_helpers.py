@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from loraplane.serving.config import EngineConfig
+from loraplane.serving.engine.builder import build_engine
 from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.serving.engine.sampling_params import SamplingParams
 
@@ -43,7 +44,7 @@ def tiny_engine(base: Path, cache: Path, adapters: dict[str, Path] | None = None
         "lora_modules": {k: str(v) for k, v in (adapters or {}).items()},
     }
     settings.update(overrides)
-    return LLMEngine(EngineConfig(**settings))  # type: ignore[arg-type]
+    return build_engine(EngineConfig(**settings))  # type: ignore[arg-type]
 
 
 def engine_greedy(

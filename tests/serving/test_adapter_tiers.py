@@ -17,10 +17,11 @@ from engine_helpers import engine_greedy, tiny_engine
 from s3_server import ACCESS, SECRET, moto_server, upload_folder
 
 from loraplane.adapter_format import ErrorCode, file_digest
+from loraplane.admin_api import Tier
 from loraplane.serving.api.admin_view import replica_stats
 from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.engine.sequence import FinishReason
-from loraplane.serving.lora.entries import AdapterSpec, PinLimitReached, Residency
+from loraplane.serving.lora.entries import AdapterSpec, PinLimitReached
 
 PROMPT = [5, 6, 7, 8]
 
@@ -57,11 +58,11 @@ def test_cold_host_and_device_hits(env, s3, tiny_llama, reference, tmp_path) -> 
     engine = tiny_engine(tiny_llama, tmp_path, max_loras=1, max_cpu_loras=2)
     for name in ("qv4", "all8"):
         engine.register_lora(AdapterSpec(name, uris[name], tenant="tenant-a"))
-    assert engine.adapters.residency("qv4") is Residency.COLD
+    assert engine.adapters.residency("qv4") is Tier.COLD
     assert run(engine, "qv4").token_ids == reference["qv4"]  # cold: fetched from S3, validated, placed
     assert run(engine, "qv4").token_ids == reference["qv4"]  # device hit
     assert run(engine, "all8").token_ids == reference["all8"]  # cold; evicts qv4 from the only slot
-    assert engine.adapters.residency("qv4") is Residency.HOST
+    assert engine.adapters.residency("qv4") is Tier.HOST
     assert run(engine, "qv4").token_ids == reference["qv4"]  # host hit
     stats = replica_stats(engine).model_dump()["adapters"]
     assert (stats["qv4"]["cold_loads"], stats["qv4"]["device_hits"], stats["qv4"]["host_hits"]) == (1, 1, 1)
@@ -79,15 +80,15 @@ def test_eviction_order_follows_the_policy_and_spares_pinned(env, s3, tiny_llama
     run(engine, "all8")
     run(engine, "qv4")  # all8 is now least recently used
     run(engine, "ku2")
-    assert engine.adapters.residency("all8") is Residency.COLD  # out of both tiers (LRU)
-    assert engine.adapters.residency("qv4") is Residency.DEVICE
+    assert engine.adapters.residency("all8") is Tier.COLD  # out of both tiers (LRU)
+    assert engine.adapters.residency("qv4") is Tier.DEVICE
     engine.adapters.pin("ku2")
     run(engine, "all8")  # needs a slot: qv4 goes, pinned ku2 stays although older
-    assert engine.adapters.residency("ku2") is Residency.DEVICE
-    assert engine.adapters.residency("qv4") is Residency.COLD
+    assert engine.adapters.residency("ku2") is Tier.DEVICE
+    assert engine.adapters.residency("qv4") is Tier.COLD
     engine.adapters.unpin("ku2")
     run(engine, "qv4")
-    assert engine.adapters.residency("ku2") is Residency.COLD
+    assert engine.adapters.residency("ku2") is Tier.COLD
 
 
 def test_a_failed_load_fails_only_its_own_requests(env, s3, tiny_llama, reference, tmp_path) -> None:
@@ -100,7 +101,7 @@ def test_a_failed_load_fails_only_its_own_requests(env, s3, tiny_llama, referenc
     assert [o.finish_reason for o in outs] == [FinishReason.ERROR, FinishReason.LENGTH, FinishReason.LENGTH, FinishReason.ERROR]
     assert "ghost" in outs[0].error and "missing" in outs[0].error
     assert outs[1].token_ids == reference["qv4"]
-    assert engine.adapters.residency("ghost") is Residency.FAILED
+    assert engine.adapters.residency("ghost") is Tier.FAILED
 
 
 @pytest.mark.parametrize(
@@ -191,7 +192,7 @@ def test_a_cold_load_does_not_delay_running_decodes(tiny_llama, tiny_adapters, t
             assert out.request_id != cold
             produced[out.request_id] = len(out.token_ids)
     assert all(n == 11 for n in produced.values()), produced  # one token per step, no stall
-    assert engine.adapters.residency("cold") is Residency.LOADING
+    assert engine.adapters.residency("cold") is Tier.LOADING
     gate.set()
     done = {}
     while engine.has_unfinished():

@@ -42,10 +42,10 @@ def test_tiny_mixed_batch_matches_peft(tiny_llama: Path, tiny_adapters: dict[str
 @pytest.mark.slow
 def test_embedded_smollm2_mixed_batch_matches_peft(tmp_path: Path) -> None:
     from loraplane.serving.config import EngineConfig
-    from loraplane.serving.engine.llm_engine import LLMEngine
+    from loraplane.serving.engine.builder import build_engine
     from loraplane.serving.weights.embedded import EMBEDDED_NAME
 
-    engine = LLMEngine(EngineConfig(dtype="float32", max_loras=4, max_lora_rank=16))
+    engine = build_engine(EngineConfig(dtype="float32", max_loras=4, max_lora_rank=16))
     folder = engine.base.folder
     specs = {
         "qv4": (4, 8, ["q_proj", "v_proj"], False),

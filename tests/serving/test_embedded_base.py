@@ -8,6 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from loraplane.serving.config import EngineConfig, default_cache_dir
+from loraplane.serving.engine.builder import build_engine
 from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.weights.base import resolve_base
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def engine() -> LLMEngine:
-    return LLMEngine(EngineConfig())
+    return build_engine(EngineConfig())
 
 
 def test_conversion_matches_transformers_gguf_loader(engine: LLMEngine) -> None:
@@ -51,7 +52,7 @@ def test_chat_template_and_answer(engine: LLMEngine) -> None:
 
 
 def test_fp8_base_quarters_fp32_and_halves_bf16_weight_memory_and_stays_close(engine: LLMEngine) -> None:
-    fp8 = LLMEngine(EngineConfig(quantization="fp8"))
+    fp8 = build_engine(EngineConfig(quantization="fp8"))
     dense = sum(p.weight.numel() for _, p in engine.model.linear_layers())
     fp8_bytes = sum(p.weight.nbytes + p.weight_scale.nbytes for _, p in fp8.model.linear_layers())  # type: ignore[union-attr]
     assert all(p.weight.dtype == torch.float8_e4m3fn for _, p in fp8.model.linear_layers())

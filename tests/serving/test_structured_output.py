@@ -11,7 +11,7 @@ import pytest
 from engine_helpers import tiny_engine
 
 from loraplane.serving.config import EngineConfig
-from loraplane.serving.engine.llm_engine import LLMEngine
+from loraplane.serving.engine.builder import build_engine
 from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.engine.sequence import FinishReason
 from loraplane.serving.engine.structured import GrammarError
@@ -58,7 +58,7 @@ def test_a_schema_the_library_refuses_is_an_error_before_anything_runs(tiny_llam
 
 @pytest.mark.slow
 def test_twenty_prompts_on_the_embedded_base_give_twenty_valid_documents() -> None:
-    engine = LLMEngine(EngineConfig())
+    engine = build_engine(EngineConfig())
     guide = engine.grammars.compile(PERSON)
     people = ["a retired sailor", "a young painter", "a chess champion", "a baker", "a pilot"]
     prompts = [

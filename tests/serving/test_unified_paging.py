@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from engine_helpers import engine_greedy, tiny_engine
 
+from loraplane.admin_api import Tier
 from loraplane.serving.engine.sampling_params import SamplingParams
-from loraplane.serving.lora.entries import Residency
 from loraplane.serving.lora.slot_table import PagedSlotTable
 
 MIX = ["qv4", "all8", None, "mlp16", "ku2", "all8", None, "qv4"]
@@ -51,7 +51,7 @@ def test_kv_pressure_takes_pages_back_from_idle_adapters(
     reference = tiny_engine(tiny_llama, tmp_path / "ref", tiny_adapters)
     for name in tiny_adapters:  # all four resident: their pages leave less for KV
         engine.generate([[5, 6, 7]], SamplingParams(max_tokens=2, temperature=0), [name])
-    assert all(engine.adapters.residency(n) is Residency.DEVICE for n in tiny_adapters)
+    assert all(engine.adapters.residency(n) is Tier.DEVICE for n in tiny_adapters)
     before = engine.blocks.adapter_pages
     assert engine.blocks.num_blocks - before < 3 * 35  # three 140-token sequences would not fit beside them
     # Bare-base requests whose KV needs most of the pool: idle adapters must make room.
@@ -60,7 +60,7 @@ def test_kv_pressure_takes_pages_back_from_idle_adapters(
     outs = engine.generate(prompts, params)
     assert [o.token_ids for o in outs] == [o.token_ids for o in reference.generate(prompts, params)]
     assert engine.blocks.adapter_pages < before
-    assert any(engine.adapters.residency(n) is Residency.HOST for n in tiny_adapters)
+    assert any(engine.adapters.residency(n) is Tier.HOST for n in tiny_adapters)
     # And the adapters come back when asked for, with unchanged answers.
     again = engine_greedy(engine, [([5, 6, 7], "all8")], 6)[0]
     assert again == engine_greedy(reference, [([5, 6, 7], "all8")], 6)[0]

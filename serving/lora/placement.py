@@ -1,0 +1,129 @@
+"""Device placement: which host-resident adapters hold the device's slots.
+
+One object owns the device tier (its eviction policy), the slot store (static slots or unified
+pages), the drain that frees a slot held by busy adapters, and the demand that ranks adapters for
+both. The manager asks :meth:`DevicePlacement.place` on the engine thread between forward passes;
+registration, loading and the host tier stay with the manager.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+from loraplane.eviction import Tier, TierFullError, make_policy
+from loraplane.serving.lora.demand import Demand
+from loraplane.serving.lora.drain import SlotDrain, drain_victim
+from loraplane.serving.lora.entries import AdapterEntry
+from loraplane.serving.lora.shared_pages import SharedPages
+from loraplane.serving.lora.slot_store import slot_store
+from loraplane.serving.lora.slot_table import SlotTable
+
+
+class DevicePlacement:
+    def __init__(
+        self,
+        table: SlotTable,
+        policy: str,
+        entries: Mapping[str, AdapterEntry],
+        lookup: Callable[[object], AdapterEntry | None],
+        *,
+        pages: SharedPages | None = None,
+        queued: Callable[[], Mapping[str, int]] = dict,
+    ) -> None:
+        """``entries`` is the manager's registry (read live), ``lookup`` also finds retired
+        versions by their private key, and ``queued`` counts the requests waiting per adapter."""
+        self.num_slots = table.num_slots
+        self.entries, self.lookup, self.queued = entries, lookup, queued
+        # "demand" places by demand: a hot set that keeps its slots, and drains chosen by demand.
+        # The other policies keep their own order for both (lru: recency, as vLLM's slots do).
+        self.follows_demand = policy == "demand"
+        self.demands = Demand(queued)
+        self.tier = Tier(table.num_slots, make_policy(policy), name="device", in_use=self._held, on_evict=self.take_off)
+        self.store = slot_store(table, pages)  # static slots or unified pages, fixed from here on
+        self.store.on_kv_short(lambda: self.evict_idle(spare_hot=False))
+        # The victim is the one in least demand outside the hot set, never the one that is simply
+        # always busy (see drain.drain_victim).
+        self.drain = SlotDrain()
+
+    def busy(self, key: object) -> bool:
+        entry = self.lookup(key)
+        return bool(entry and entry.running)
+
+    def _held(self, key: object) -> bool:
+        """What the device tier may not evict: adapters with running requests, and the hot set."""
+        return self.busy(key) or key in self.hot_set()
+
+    def hot_set(self) -> frozenset[str]:
+        """The engine's own hot set (see ``Demand``): as many adapters as half the device slots
+        (rounded up) and never more than ``max_loras - 1`` less the pinned ones, so unpinned
+        traffic always has a slot to share. They stay in their device slots: neither evicted
+        while idle nor drained for a colder adapter."""
+        if not self.follows_demand:
+            return frozenset()
+        slots = self.num_slots
+        return self.demands.hot_set(min((slots + 1) // 2, slots - 1 - len(self.tier.pinned)), self.entries)
+
+    def demand(self, name: str, queued: Mapping[str, int] | None = None) -> float:
+        return self.demands.of(name, queued)
+
+    # leaving the device ---------------------------------------------------------------------
+    def take_off(self, key: object) -> None:
+        """Free the adapter's slot (and pages); the device tier's eviction callback."""
+        entry = self.lookup(key)
+        if entry is not None and entry.placement is not None:
+            self.store.clear(entry.placement)
+            entry.placement = None
+
+    def remove(self, key: str) -> None:
+        """Off the device, whatever the policy thinks (an unregistration or a host eviction)."""
+        self.tier.remove(key)
+        self.take_off(key)
+
+    def evict_idle(self, *, spare_hot: bool) -> bool:
+        """Take the policy's choice among idle, unpinned device adapters off the device (sparing
+        the hot set when another adapter wants the pages; KV pressure spares only pinned ones)."""
+        hot = self.hot_set() if spare_hot else frozenset()
+        victim = self.tier.policy.victim(lambda k: k in self.tier.pinned or self.busy(k) or k in hot)
+        if victim is None:
+            return False
+        self.remove(str(victim))
+        return True
+
+    # taking a slot --------------------------------------------------------------------------
+    def place(self, name: str, entry: AdapterEntry) -> int | None:
+        """Put a host-resident adapter into a slot; None when no slot (or no pages) can be freed
+        now, in which case a drain is asked for and the caller retries next step."""
+        assert entry.loaded is not None
+        if not self.store.make_room(entry.loaded, lambda: self.evict_idle(spare_hot=True)):
+            return None  # KV and busy adapters hold the pool; retry after sequences finish
+        try:
+            self.tier.insert(name)
+        except TierFullError:
+            self.drain.ask(name, self._on_device, self._drain_victim)
+            return None
+        self.drain.placed(name)
+        entry.placement, entry.placed_at = self.store.place(entry.loaded), time.monotonic()
+        if entry.pinned:
+            self.tier.pin(name)
+        return entry.placement.slot
+
+    def overdue_drain(self) -> tuple[str, int] | None:
+        """The drained adapter (and its slot) whose running requests the engine should preempt
+        (see ``SlotDrain.overdue``); only under demand placement."""
+        victim = self.drain.overdue() if self.follows_demand else None
+        entry = self.entries.get(victim) if victim is not None else None
+        if victim is None or entry is None or entry.slot is None or not entry.running:
+            return None
+        return victim, entry.slot
+
+    def _drain_victim(self, waiter: str, now: float) -> str | None:
+        if not self.follows_demand:  # the policy's own order, as the device tier would evict
+            victim = self.tier.policy.victim(lambda k: k in self.tier.pinned)
+            return None if victim is None else str(victim)
+        queued = self.queued()
+        return drain_victim(self.entries.items(), waiter, now, self.hot_set(), lambda n: self.demand(n, queued))
+
+    def _on_device(self, name: str) -> bool:
+        entry = self.entries.get(name)
+        return entry is not None and entry.slot is not None
