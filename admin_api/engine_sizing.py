@@ -25,7 +25,8 @@ BATCH_DEFAULTS = {"cuda": (256, 8192), "cpu": (64, 2048)}
 
 class EngineSizing(BaseModel):
     max_loras: int = Field(default=8, ge=1, le=4096, description="adapters resident at once (device slots)")
-    max_lora_rank: int = Field(default=16, ge=1, le=512, description="the largest adapter rank a slot holds")
+    # Described in the CRD reference's notes (its refusal reasons are the operator's).
+    max_lora_rank: int = Field(default=16, ge=1, le=512)
     max_cpu_loras: int | None = Field(
         default=None, ge=1, description="adapters kept in host memory, no fewer than the device slots; default 4 per device slot"
     )
@@ -33,15 +34,21 @@ class EngineSizing(BaseModel):
         default=None, ge=1, description="sequences in a batch at once; default 256 on a GPU, 64 on a CPU"
     )
     max_num_batched_tokens: int | None = Field(
-        default=None, ge=1, description="tokens one step computes; default 8192 on a GPU, 2048 on a CPU"
+        default=None,
+        ge=1,
+        description="tokens in one scheduler step (decodes plus prefill chunks); default 8192 on a GPU, 2048 on a CPU",
     )
-    max_model_len: int | None = Field(default=None, ge=1, description="default: min(the model's context, 4096)")
+    max_model_len: int | None = Field(default=None, ge=1, description="context length; default: min(the model's context, 4096)")
     lora_memory: Literal["static", "unified"] = Field(
         default="static",
         description="static: every device slot reserves the largest rank (vLLM); unified: adapters take pages of the "
         "KV pool sized to their rank (S-LoRA), and the slot count only bounds how many are resident",
     )
-    eviction_policy: OnlinePolicyName = Field(default="demand", description="which adapter leaves a full tier")
+    eviction_policy: OnlinePolicyName = Field(
+        default="demand",
+        description="which idle, unpinned adapter leaves a tier first (device and host); demand also keeps the hottest "
+        "adapters in their slots and drains the least-demanded busy one for a waiting adapter",
+    )
 
     @model_validator(mode="after")
     def _host_holds_device(self) -> EngineSizing:

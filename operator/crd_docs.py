@@ -37,11 +37,6 @@ NOTES: dict[str, dict[str, str]] = {
         "spec.source.format": "recorded only: the engine tells a `.gguf` file from a checkpoint folder by the path",
         "spec.source.dtype": "compute dtype; auto: bfloat16 where the hardware computes it natively, else float32",
         "spec.engine.maxLoraRank": "largest adapter rank a slot holds; above it: `RankOverCap`, unless `rankPolicy: Truncate`",
-        "spec.engine.maxNumSeqs": "sequences in one batch at most",
-        "spec.engine.maxNumBatchedTokens": "tokens in one scheduler step (decodes plus prefill chunks)",
-        "spec.engine.maxModelLen": "context length; default: min(the model's context, 4096)",
-        "spec.engine.evictionPolicy": "which idle, unpinned adapter leaves a tier first (device and host); demand also keeps the "
-        "hottest adapters in their slots and drains the least-demanded busy one for a waiting adapter",
         "spec.replicas": "serving replicas (Deployment `<name>-serving`)",
         "spec.resources": "the serving pods",
         "spec.resources.image": "serving image; the router runs from it too",

@@ -50,7 +50,8 @@ def engine_flags(*names: str) -> Callable[[F], F]:
             field = fields[name]
             text = field.description or ""
             flag = f"--{name.replace('_', '-')}"
-            f = click.option(flag, name, type=_param_type(field), help=text[:1].upper() + text[1:] + ".")(f)
+            help = text[:1].upper() + text[1:] + "." if text else None
+            f = click.option(flag, name, type=_param_type(field), help=help)(f)
         return f
 
     return decorate

@@ -56,7 +56,7 @@ def test_every_field_of_both_models_is_in_the_reference(kind: Any) -> None:
 
 def test_maxloras_row_says_type_default_bounds_and_description() -> None:
     row = next(line for line in DOC.read_text().splitlines() if line.startswith("| `spec.engine.maxLoras` |"))
-    assert row == "| `spec.engine.maxLoras` | integer | `8` | ≥ 1; ≤ 4096 | adapters in device slots at once |"
+    assert row == "| `spec.engine.maxLoras` | integer | `8` | ≥ 1; ≤ 4096 | adapters resident at once (device slots) |"
 
 
 def test_printer_columns_and_cel_rules_are_in_the_reference() -> None:
@@ -82,7 +82,7 @@ def test_crds_check_fails_on_a_stale_reference_and_writing_fixes_it(tmp_path: Pa
     folder, doc = tmp_path / "crds", tmp_path / "docs" / "crd-reference.md"
     write_crds(folder)
     doc.parent.mkdir()
-    doc.write_text(render().replace("adapters in device slots at once", "something else"))
+    doc.write_text(render().replace("adapters resident at once (device slots)", "something else"))
     runner = CliRunner()
     args = ["crds", "--out", str(folder), "--doc", str(doc)]
     stale = runner.invoke(main, [*args, "--check"])
