@@ -44,12 +44,17 @@ class LoadQueue:
             wait_futures(futures, timeout=timeout, return_when="FIRST_COMPLETED")
 
     @staticmethod
+    def finished(entries: Iterable[tuple[str, AdapterEntry]]) -> list[tuple[str, AdapterEntry]]:
+        """The entries whose load has finished (successfully or not), for ``collect``."""
+        return [(n, e) for n, e in entries if e.future is not None and e.future.done()]
+
+    @staticmethod
     def collect(entry: AdapterEntry) -> Fetched | None:
-        """The finished load's result; None while it runs, or when it failed (then ``entry.error``
-        says why: refused files are permanent, anything else backs off before the next try)."""
+        """A finished load's result (see ``finished``); None when it failed, and then
+        ``entry.error`` says why: refused files are permanent, anything else backs off before the
+        next try."""
         future = entry.future
-        if future is None or not future.done():
-            return None
+        assert future is not None and future.done()
         entry.future = None
         try:
             fetched = future.result()

@@ -75,9 +75,13 @@ class AdapterManager:
         self.retired: dict[str, AdapterEntry] = {}  # replaced versions still finishing running requests
         self._retired_count = 0
         self.placement = DevicePlacement(table, policy, self.entries, self._lookup, pages=pages, queued=queued)
-        self.device = self.placement.tier
         busy, on_evict = self.placement.busy, self._off_host
         self.host = eviction.Tier(max_cpu_loras, make_policy(policy), name="host", in_use=busy, on_evict=on_evict)
+
+    @property
+    def device(self) -> eviction.Tier:
+        """The device tier (the placement's own)."""
+        return self.placement.tier
 
     # registration ---------------------------------------------------------------------------
     def register(self, spec: AdapterSpec) -> None:
@@ -167,9 +171,7 @@ class AdapterManager:
     def poll(self) -> list[LoadFailure]:
         """Engine thread: move finished loads into the host tier; report the failed ones."""
         failures = []
-        for name, entry in self.entries.items():
-            if entry.future is None or not entry.future.done():
-                continue
+        for name, entry in self.loads.finished(self.entries.items()):
             fetched = self.loads.collect(entry)
             if fetched is not None:
                 loaded, tier, seconds = fetched

@@ -34,7 +34,7 @@ class DevicePlacement:
         """``entries`` is the manager's registry (read live), ``lookup`` also finds retired
         versions by their private key, and ``queued`` counts the requests waiting per adapter."""
         self.num_slots = table.num_slots
-        self.entries, self.lookup, self.queued = entries, lookup, queued
+        self.entries, self.lookup = entries, lookup
         # "demand" places by demand: a hot set that keeps its slots, and drains chosen by demand.
         # The other policies keep their own order for both (lru: recency, as vLLM's slots do).
         self.follows_demand = policy == "demand"
@@ -121,7 +121,7 @@ class DevicePlacement:
         if not self.follows_demand:  # the policy's own order, as the device tier would evict
             victim = self.tier.policy.victim(lambda k: k in self.tier.pinned)
             return None if victim is None else str(victim)
-        queued = self.queued()
+        queued = self.demands.queued()
         return drain_victim(self.entries.items(), waiter, now, self.hot_set(), lambda n: self.demand(n, queued))
 
     def _on_device(self, name: str) -> bool:
