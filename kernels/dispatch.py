@@ -256,11 +256,15 @@ def add_lora(
     y_offset: int = 0,
     backend: Backend = "auto",
     check: bool = True,
+    max_seg_len: int | None = None,
 ) -> torch.Tensor:
     """Semantics: ``y[i, off:off+N] += scale * (x[i] @ A.T) @ B.T`` with each row's adapter.
 
     Pass ``row_slots`` for BGMV (decode) or ``seg_starts``/``seg_slots`` for SGMV (prefill).
     For a fused projection, call once per slice with that slice's slots and ``y_offset``.
+    ``max_seg_len`` is the longest segment when the caller knows it (the engine builds the
+    segments on the host): the segments are then trusted as they are, and nothing is read back
+    from a device to size the SGMV grid.
     """
     if (row_slots is None) == (seg_starts is None or seg_slots is None):
         raise ValueError("give either row_slots (BGMV) or seg_starts and seg_slots (SGMV)")
@@ -291,6 +295,15 @@ def add_lora(
             y, buf, slots.lora_b, slots.ranks, slots.scalings, row_slots, y_offset=y_offset, backend=backend, check=False
         )
     assert seg_starts is not None and seg_slots is not None
+    if max_seg_len is not None:  # segments built by the engine: launch without reading them back
+        from loraplane.kernels import sgmv
+
+        _check_x(x, slots.lora_a)
+        _check_y(y, slots.lora_b, y_offset)
+        buf = _new_buffer(x, slots.lora_a, None)
+        sgmv.sgmv_shrink(x, slots.lora_a, slots.ranks, seg_starts, seg_slots, buf, max_seg_len)
+        sgmv.sgmv_expand(y, buf, slots.lora_b, slots.ranks, slots.scalings, seg_starts, seg_slots, y_offset, max_seg_len)
+        return y
     buf = sgmv_shrink(x, slots.lora_a, slots.ranks, seg_starts, seg_slots, backend=backend, check=check)
     return sgmv_expand(
         y, buf, slots.lora_b, slots.ranks, slots.scalings, seg_starts, seg_slots, y_offset=y_offset, backend=backend, check=False

@@ -38,10 +38,10 @@ class PagedLoraSlots:
             raise SlotLayoutError(f"the pool must be a flat float32 tensor, got {pool.dtype} {list(pool.shape)}")
         return cls(
             pool,
-            torch.zeros(num_slots, max_rank, dtype=torch.int64),
-            torch.zeros(num_slots, max_rank, dtype=torch.int64),
-            torch.zeros(num_slots, dtype=torch.int32),
-            torch.zeros(num_slots, dtype=torch.float32),
+            torch.zeros(num_slots, max_rank, dtype=torch.int64, device=pool.device),
+            torch.zeros(num_slots, max_rank, dtype=torch.int64, device=pool.device),
+            torch.zeros(num_slots, dtype=torch.int32, device=pool.device),
+            torch.zeros(num_slots, dtype=torch.float32, device=pool.device),
             in_features,
             out_features,
         )
@@ -72,10 +72,14 @@ class PagedLoraSlots:
         end = self.pool.numel()
         if any(o < 0 or o + self.in_features > end for o in a_rows) or any(o < 0 or o + self.out_features > end for o in b_rows):
             raise SlotLayoutError("a row offset points outside the pool")
-        bt = b.T.to(torch.float32)
-        for r in range(rank):
-            self.pool[a_rows[r] : a_rows[r] + self.in_features] = a[r].to(torch.float32)
-            self.pool[b_rows[r] : b_rows[r] + self.out_features] = bt[r]
+        # One scatter per matrix (its rows' flat positions in the pool) rather than a copy per row:
+        # on a GPU each copy is a launch, and an adapter has thousands of rows.
+        device = self.pool.device
+        for rows, width, values in ((a_rows, self.in_features, a), (b_rows, self.out_features, b.T)):
+            starts = torch.tensor(rows, dtype=torch.int64)
+            index = (starts[:, None] + torch.arange(width)).reshape(-1)
+            flat = values.to(torch.float32).reshape(-1)
+            self.pool.index_copy_(0, index.to(device, non_blocking=True), flat.to(device, non_blocking=True))
         self.a_offsets[slot, :rank] = torch.tensor(a_rows, dtype=torch.int64)
         self.b_offsets[slot, :rank] = torch.tensor(b_rows, dtype=torch.int64)
         self.ranks[slot] = rank

@@ -24,13 +24,28 @@ class EngineConfig(EngineSizing):
     model: str = Field(default="embedded", description="'embedded', a .gguf file, or a Hugging Face checkpoint folder")
     base_name: str | None = Field(default=None, description="model id adapters declare as base_model_name_or_path")
     base_revision: str | None = Field(default=None, description="revision adapters must declare, if they declare one")
+    device: Literal["auto", "cuda", "cpu"] = Field(
+        default="auto", description="where the weights, KV cache and adapter slots live; auto: cuda when torch sees a GPU"
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto", description="auto: bfloat16 where the hardware computes it natively, else float32"
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="share of the GPU's memory the engine may use; the KV cache (or page pool) gets what the weights, "
+        "adapter slots and activations leave of it, unless kv_cache_memory_mb or num_kv_blocks is set",
+    )
+    kernel_backend: Literal["auto", "triton", "cpu"] = Field(
+        default="auto",
+        description="auto: the Triton kernels on CUDA, the numba LoRA path and SDPA on a CPU; triton on a CPU runs "
+        "Triton's interpreter (TRITON_INTERPRET=1), for tests",
     )
     quantization: Literal["fp8"] | None = Field(default=None, description="fp8: float8_e4m3fn base weights, per-channel scales")
     block_size: int = Field(default=16, gt=0)
     num_kv_blocks: int | None = Field(default=None, gt=0, description="overrides kv_cache_memory_mb")
-    kv_cache_memory_mb: int = Field(default=512, gt=0)
+    kv_cache_memory_mb: int = Field(default=512, gt=0, description="the KV cache's size on a CPU (and on a GPU when set)")
     enable_prefix_caching: bool = True
     fair_scheduling: bool = Field(default=True, description="admit waiting requests least-served tenant first, not FIFO")
     max_adapter_bytes: int = Field(default=2 * 2**30, gt=0, description="largest adapter weights file accepted")

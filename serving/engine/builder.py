@@ -6,7 +6,10 @@ read (and tested) on its own, and every part is chosen in one place.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -15,6 +18,7 @@ from loraplane.adapter_format.sources import S3Settings
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.adapter_gate import AdapterGate
 from loraplane.serving.engine.block_manager import BlockManager
+from loraplane.serving.engine.device_memory import GpuBudget, activation_bytes, gpu_budget, log_sizing, resolve_device
 from loraplane.serving.engine.llm_engine import EngineParts, LLMEngine
 from loraplane.serving.engine.model_runner import ModelRunner
 from loraplane.serving.engine.sampler import Sampler
@@ -34,40 +38,91 @@ from loraplane.serving.weights.checkpoint import iter_tensors, load_weights
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_dtype(name: str) -> torch.dtype:
+def resolve_dtype(name: str, device: torch.device | None = None) -> torch.dtype:
     """``auto`` picks bfloat16 on CUDA and on CPUs with native bf16 (AVX512-BF16 or AMX), where it
     halves the weight bytes each step streams; elsewhere bf16 matmuls are emulated and slower."""
     if name != "auto":
         return DTYPES[name]
-    if torch.cuda.is_available() or torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    device = device or resolve_device("auto")
+    if device.type == "cuda" or torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return torch.bfloat16
     return torch.float32
 
 
-def build_model(base: BaseCheckpoint, config: EngineConfig, max_positions: int) -> LlamaModel:
-    model = LlamaModel(base.config, max_positions)
-    load_weights(model, iter_tensors(base.folder))
-    model.to(resolve_dtype(config.dtype))
-    model.rotary.to(torch.float32)
+@contextmanager
+def _creating(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
+    """New parameters straight on ``device`` in ``dtype``: an 8B base never exists in float32 or
+    on the host as a whole (the rotary tables ask for float32 themselves)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def build_model(base: BaseCheckpoint, config: EngineConfig, max_positions: int, device: torch.device | None = None) -> LlamaModel:
+    device = device or resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    with _creating(device, dtype):
+        model = LlamaModel(base.config, max_positions)
+    load_weights(model, iter_tensors(base.folder))  # copy_ casts into the parameters' dtype
     if config.quantization == "fp8":
         for _, proj in model.linear_layers():
             proj.to_fp8()
     return model.eval()
 
 
-def kv_blocks(config: EngineConfig, base: BaseCheckpoint, dtype: torch.dtype, max_model_len: int) -> tuple[int, int]:
-    """How many KV blocks the cache holds (``num_kv_blocks``, or as many as fit in
-    ``kv_cache_memory_mb``) and the bytes of one; a cache that cannot hold one whole sequence of
-    ``max_model_len`` is refused at startup rather than failing its first long request."""
+def static_slot_bytes(model: LlamaModel, config: EngineConfig, dtype: torch.dtype) -> int:
+    """Device bytes of ``max_loras`` static slots of ``max_lora_rank`` rows for every target slice."""
+    per_rank = sum(proj.in_features + size for _, proj in model.linear_layers() for size in proj.slice_sizes)
+    return config.max_loras * config.max_lora_rank * per_rank * torch.empty((), dtype=dtype).element_size()
+
+
+def kv_blocks(
+    config: EngineConfig,
+    base: BaseCheckpoint,
+    dtype: torch.dtype,
+    max_model_len: int,
+    gpu: GpuBudget | None = None,
+) -> tuple[int, int]:
+    """How many KV blocks the cache holds and the bytes of one: ``num_kv_blocks``, else what
+    ``gpu`` leaves for the cache on a GPU (unless ``kv_cache_memory_mb`` is set), else
+    ``kv_cache_memory_mb``. A cache that cannot hold one whole sequence of ``max_model_len`` is
+    refused at startup rather than failing its first long request."""
     cfg = base.config
     per_block = KVCache.bytes_per_block(cfg.num_hidden_layers, config.block_size, cfg.num_key_value_heads, cfg.head_dim, dtype)
-    num_blocks = config.num_kv_blocks or max(1, config.kv_cache_memory_mb * 2**20 // per_block)
+    if config.num_kv_blocks:
+        num_blocks = config.num_kv_blocks
+    elif gpu is not None and "kv_cache_memory_mb" not in config.model_fields_set:
+        num_blocks = max(0, gpu.kv_bytes // per_block)
+    else:
+        num_blocks = max(1, config.kv_cache_memory_mb * 2**20 // per_block)
     if num_blocks * config.block_size < max_model_len:
+        hint = (
+            "raise gpu_memory_utilization, lower max_loras, max_lora_rank or max_num_batched_tokens, or lower max_model_len"
+            if gpu is not None
+            else "raise kv_cache_memory_mb or lower max_model_len"
+        )
         raise ValueError(
             f"{num_blocks} KV blocks of {config.block_size} tokens cannot hold one sequence of max_model_len="
-            f"{max_model_len}; raise kv_cache_memory_mb or lower max_model_len"
+            f"{max_model_len}; {hint}"
         )
     return num_blocks, per_block
+
+
+def kernel_backend(config: EngineConfig, device: torch.device) -> str:
+    """ "triton" or "cpu" for this device. The CPU path reads host memory, so it cannot run on a
+    GPU; Triton on a CPU needs its interpreter, switched on before Triton is first imported."""
+    backend = config.kernel_backend
+    if backend == "auto":
+        return "triton" if device.type == "cuda" else "cpu"
+    if backend == "cpu" and device.type != "cpu":
+        raise ValueError(f"kernel_backend='cpu' runs on host memory, not on {device}")
+    if backend == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("kernel_backend='triton' on a CPU needs TRITON_INTERPRET=1 (Triton's interpreter)")
+    return backend
 
 
 def s3_settings(config: EngineConfig) -> S3Settings:
@@ -102,20 +157,36 @@ def build_parts(config: EngineConfig) -> EngineParts:
     if config.max_model_len and config.max_model_len > limit:
         raise ValueError(f"max_model_len={config.max_model_len} is above this model's context ({limit} tokens)")
     max_model_len = config.max_model_len or min(limit, 4096)
-    dtype = resolve_dtype(config.dtype)
-    model = build_model(base, config, max_model_len)
+    device = resolve_device(config.device)
+    backend = kernel_backend(config, device)
+    dtype = resolve_dtype(config.dtype, device)
+    max_num_seqs, max_num_batched_tokens = config.batch_limits("cuda" if device.type == "cuda" else "cpu")
+    model = build_model(base, config, max_model_len, device)
     tokenizer = Tokenizer(base.folder)
-    num_blocks, per_block = kv_blocks(config, base, dtype, max_model_len)
-    pool = PagePool(num_blocks, per_block) if config.lora_memory == "unified" else None
-    cache = KVCache(cfg.num_hidden_layers, num_blocks, config.block_size, cfg.num_key_value_heads, cfg.head_dim, dtype, pool=pool)
+    # Adapter weights stay float32 on the CPU whatever the base dtype: the CPU kernels compute in
+    # float32, and converting the slot tables on every call would cost more than the product.
+    # On a GPU they take the model's dtype, halving what each decode step streams; the Triton
+    # kernels accumulate in float32 either way.
+    slot_dtype = dtype if device.type == "cuda" else torch.float32
+    static = static_slot_bytes(model, config, slot_dtype) if config.lora_memory == "static" else 0
+    gpu = None
+    if device.type == "cuda" and torch._guards.detect_fake_mode() is None:
+        act = activation_bytes(cfg, max_num_batched_tokens, max_num_seqs, dtype, config.max_lora_rank)
+        gpu = gpu_budget(device, config.gpu_memory_utilization, static, act)
+    num_blocks, per_block = kv_blocks(config, base, dtype, max_model_len, gpu)
+    pool = PagePool(num_blocks, per_block, device) if config.lora_memory == "unified" else None
+    cache = KVCache(
+        cfg.num_hidden_layers, num_blocks, config.block_size, cfg.num_key_value_heads, cfg.head_dim, dtype, pool=pool,
+        device=device,
+    )  # fmt: skip
     blocks = BlockManager(num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
-    # Adapter weights stay float32 on the CPU whatever the base dtype: the CPU kernels compute
-    # in float32, and converting the slot tables on every call would cost more than the product.
     slots = (
         PagedSlotTable(model, config.max_loras, config.max_lora_rank, pool.flat_f32(), pool.page_floats)
         if pool is not None
-        else SlotTable(model, config.max_loras, config.max_lora_rank, torch.float32)
+        else SlotTable(model, config.max_loras, config.max_lora_rank, slot_dtype)
     )
+    where = f"{config.max_loras} in the KV pool's pages" if pool is not None else f"{config.max_loras} ({static / 2**30:.2f} GiB)"
+    log_sizing(device, num_blocks, config.block_size, per_block, where, max_num_seqs, max_num_batched_tokens)
     metrics = EngineMetrics(max_adapter_labels=config.metrics_max_adapter_labels)
 
     def queued() -> Counter[str]:  # the scheduler's queue (built below), part of each adapter's demand
@@ -137,8 +208,6 @@ def build_parts(config: EngineConfig) -> EngineParts:
     )
     metrics.registry.register(AdapterStateCollector(metrics, adapters))
     gate = AdapterGate(adapters, metrics)
-    # Every tensor is on the CPU today: its batch defaults apply (EngineSizing.batch_limits).
-    max_num_seqs, max_num_batched_tokens = config.batch_limits("cpu")
     scheduler = Scheduler(
         blocks,
         max_num_seqs=max_num_seqs,
@@ -168,5 +237,5 @@ def build_parts(config: EngineConfig) -> EngineParts:
         eos_ids=eos_ids,
         sampler=sampler,
         grammars=Grammars(tokenizer.hf, cfg.vocab_size, eos_ids),
-        runner=ModelRunner(model, cache, slots, sampler),
+        runner=ModelRunner(model, cache, slots, sampler, backend),
     )

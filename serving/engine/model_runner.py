@@ -1,99 +1,145 @@
 """Build one forward pass's tensors from the scheduled sequences, run the model, sample.
 
 Rows are the scheduled tokens of every sequence back to back. A sequence with one new token is
-a decode row (attended together with the other decode rows); more than one is a prefill span.
-Each row carries its adapter slot, and runs of rows with the same slot form the SGMV segments.
+a decode row; more than one is a prefill span (a prompt, a chunk of one, or the rest after a
+cached prefix). Each row carries its adapter slot, and runs of rows with the same slot form the
+SGMV segments.
+
+The metadata is built on the host as lists and crosses to the device in one copy
+(:func:`~loraplane.serving.engine.transfers.to_device`), once per step for every layer. What
+the attention needs depends on the backend: the Triton kernel reads every sequence through its
+block table (``PagedBatch``); the CPU path attends prefill spans one at a time and gathers the
+decode rows' blocks into one padded batch.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+
 import torch
 
+from loraplane.serving.engine import transfers
 from loraplane.serving.engine.sampler import SampleFailure, Sampler
 from loraplane.serving.engine.sequence import Sequence, TokenLogprob
 from loraplane.serving.lora.slot_table import SlotTable
 from loraplane.serving.model.attention import KVCache
-from loraplane.serving.model.context import LoraBatch, PrefillSpan, StepContext
+from loraplane.serving.model.context import LoraBatch, PagedBatch, PrefillSpan, StepContext
 from loraplane.serving.model.llama import LlamaModel
 
 
+@dataclass
+class _Rows:
+    """A step's metadata as host lists, before it crosses to the device."""
+
+    ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slot_mapping: list[int] = field(default_factory=list)
+    row_slots: list[int] = field(default_factory=list)
+    query_starts: list[int] = field(default_factory=lambda: [0])
+    seq_lens: list[int] = field(default_factory=list)
+    tables: list[list[int]] = field(default_factory=list)
+    logit_rows: list[int] = field(default_factory=list)
+    sampled: list[Sequence] = field(default_factory=list)
+
+
+def _segments(row_slots: list[int]) -> tuple[list[int], list[int]]:
+    """Runs of equal slots: (starts, one more than runs; the slot of each run)."""
+    starts, seg_slots = [0], []
+    for i, s in enumerate(row_slots):
+        if i and s == row_slots[i - 1]:
+            continue
+        if i:
+            starts.append(i)
+        seg_slots.append(s)
+    starts.append(len(row_slots))
+    return starts, seg_slots
+
+
 class ModelRunner:
-    def __init__(self, model: LlamaModel, cache: KVCache, slots: SlotTable, sampler: Sampler) -> None:
-        self.model, self.cache, self.slots, self.sampler = model, cache, slots, sampler
+    def __init__(self, model: LlamaModel, cache: KVCache, slots: SlotTable, sampler: Sampler, backend: str = "cpu") -> None:
+        """``backend``: "triton" (the paged-attention kernel and the Triton LoRA kernels) or
+        "cpu" (SDPA and the numba LoRA path), resolved by the builder from the device."""
+        self.model, self.cache, self.slots, self.sampler, self.backend = model, cache, slots, sampler, backend
         self.block_size = cache.block_size
+        self.device = model.embed_tokens.weight.device
 
-    def _lora_batch(self, row_slots: list[int]) -> LoraBatch | None:
-        used = set(row_slots) - {-1}
-        if not used:
-            return None
-        starts, seg_slots = [0], []
-        for i, s in enumerate(row_slots):
-            if i and s == row_slots[i - 1]:
-                continue
-            if i:
-                starts.append(i)
-            seg_slots.append(s)
-        starts.append(len(row_slots))
-        long_runs = len(seg_slots) < len(row_slots)
-        return LoraBatch(
-            row_slots=torch.tensor(row_slots, dtype=torch.int32),
-            seg_starts=torch.tensor(starts, dtype=torch.int32) if long_runs else None,
-            seg_slots=torch.tensor(seg_slots, dtype=torch.int32) if long_runs else None,
-            active_modules=self.slots.active_modules(used),
-        )
-
-    def build(self, items: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, StepContext, list[int], list[Sequence]]:
-        bs = self.block_size
-        ids: list[int] = []
-        positions: list[int] = []
-        slot_mapping: list[int] = []
-        row_slots: list[int] = []
-        prefills: list[PrefillSpan] = []
-        decode_rows: list[int] = []
-        decode_tables: list[list[int]] = []
-        decode_lens: list[int] = []
-        logit_rows: list[int] = []
-        sampled: list[Sequence] = []
+    def _rows(self, items: list[tuple[Sequence, int]]) -> _Rows:
+        bs, r = self.block_size, _Rows()
         for seq, n in items:
-            start, first = len(ids), seq.num_computed_tokens
-            ids += seq.tokens(first, first + n)
+            start, first = len(r.ids), seq.num_computed_tokens
+            r.ids += seq.tokens(first, first + n)
             span = range(first, first + n)
-            positions += span
+            r.positions += span
             table = seq.block_table
-            slot_mapping += [table[p // bs] * bs + p % bs for p in span]
-            row_slots += [seq.adapter_slot] * n
+            r.slot_mapping += [table[p // bs] * bs + p % bs for p in span]
+            r.row_slots += [seq.adapter_slot] * n
             context = first + n
-            if n == 1:
-                decode_rows.append(start)
-                decode_tables.append(table[: -(-context // bs)])
-                decode_lens.append(context)
-            else:
-                blocks = torch.tensor(table[: -(-context // bs)], dtype=torch.long)
-                prefills.append(PrefillSpan(start, n, context, blocks))
+            r.query_starts.append(start + n)
+            r.seq_lens.append(context)
+            r.tables.append(table[: -(-context // bs)])
             if context == len(seq):
-                logit_rows.append(start + n - 1)
-                sampled.append(seq)
-        decode_kwargs = {}
-        if decode_rows:
-            width = max(len(t) for t in decode_tables)
-            padded = [t + [0] * (width - len(t)) for t in decode_tables]
-            lens = torch.tensor(decode_lens, dtype=torch.long)
-            mask = torch.arange(width * bs).unsqueeze(0) < lens.unsqueeze(1)
-            decode_kwargs = {
-                "decode_rows": torch.tensor(decode_rows, dtype=torch.long),
-                "decode_block_tables": torch.tensor(padded, dtype=torch.long),
-                "decode_mask": mask.view(len(decode_rows), 1, 1, width * bs),
-            }
-        slots = torch.tensor(slot_mapping, dtype=torch.long)
-        ctx = StepContext(
-            positions=torch.tensor(positions, dtype=torch.long),
-            slot_blocks=slots // bs,
-            slot_offsets=slots % bs,
-            prefills=tuple(prefills),
-            lora=self._lora_batch(row_slots),
-            **decode_kwargs,
+                r.logit_rows.append(start + n - 1)
+                r.sampled.append(seq)
+        return r
+
+    def build(self, items: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, StepContext, torch.Tensor, list[Sequence]]:
+        """(input ids, the step's context, the rows to compute logits for, the sequences sampled)."""
+        r = self._rows(items)
+        bs, num_rows = self.block_size, len(r.ids)
+        used = set(r.row_slots) - {-1}
+        starts, seg_slots = _segments(r.row_slots) if used else ([0], [])
+        long_runs = bool(used) and len(seg_slots) < num_rows
+        width = max(len(t) for t in r.tables)
+        padded = [x for t in r.tables for x in t + [0] * (width - len(t))]
+        decode = [i for i, (_, n) in enumerate(items) if n == 1]
+        arrays: list[tuple[list[int], tuple[int, ...]]] = [
+            (r.ids, (num_rows,)),
+            (r.positions, (num_rows,)),
+            ([s // bs for s in r.slot_mapping], (num_rows,)),
+            ([s % bs for s in r.slot_mapping], (num_rows,)),
+            (r.logit_rows, (len(r.logit_rows),)),
+            (r.row_slots, (num_rows,)),
+            (starts, (len(starts),)),
+            (seg_slots, (len(seg_slots),)),
+            (padded, (len(items), width)),
+            (r.query_starts, (len(items) + 1,)),
+            (r.seq_lens, (len(items),)),
+            ([r.query_starts[i] for i in decode], (len(decode),)),
+        ]
+        ids, positions, blocks, offsets, logit_rows, row_slots, seg_starts, seg_slot_ids, tables, qstarts, lens, drows = (
+            transfers.to_device(arrays, self.device)
         )
-        return torch.tensor(ids, dtype=torch.long), ctx, logit_rows, sampled
+        lora = None
+        if used:
+            self.slots.wait_for_writes(used)  # adapter copies on their own stream, before the first layer reads them
+            lora = LoraBatch(
+                row_slots=row_slots,
+                seg_starts=seg_starts if long_runs else None,
+                seg_slots=seg_slot_ids if long_runs else None,
+                active_modules=self.slots.active_modules(used),
+                max_seg_len=max(b - a for a, b in itertools.pairwise(starts)),
+                backend=self.backend,
+            )
+        if self.backend == "triton":
+            max_query = max(n for _, n in items)
+            paged = PagedBatch(block_tables=tables, query_starts=qstarts, seq_lens=lens, max_query_len=max_query)
+            ctx = StepContext(positions=positions, slot_blocks=blocks, slot_offsets=offsets, lora=lora, paged=paged)
+            return ids, ctx, logit_rows, r.sampled
+        prefills = tuple(
+            PrefillSpan(r.query_starts[i], n, r.seq_lens[i], tables[i, : len(r.tables[i])])
+            for i, (_, n) in enumerate(items)
+            if n > 1
+        )
+        ctx = StepContext(positions=positions, slot_blocks=blocks, slot_offsets=offsets, prefills=prefills, lora=lora)
+        if decode:
+            # One padded gather for every decode row; the mask hides each row's padding.
+            mask = torch.arange(width * bs, device=self.device).unsqueeze(0) < lens[decode].unsqueeze(1)
+            ctx = dataclasses.replace(
+                ctx, decode_rows=drows, decode_block_tables=tables[decode], decode_mask=mask.view(len(decode), 1, 1, width * bs)
+            )
+        return ids, ctx, logit_rows, r.sampled
 
     @torch.inference_mode()
     def run(self, items: list[tuple[Sequence, int]]) -> dict[int, tuple[int, TokenLogprob | None] | SampleFailure]:

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
+from loraplane.serving.engine import transfers
 from loraplane.serving.engine.penalties import apply_penalties
 from loraplane.serving.engine.sequence import Sequence, TokenLogprob
 from loraplane.serving.engine.structured import mask_guided
+from loraplane.serving.host_side import host_side
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class Sampler:
         """logits [len(seqs), vocab] float32, one row per sequence. A row that cannot be sampled
         (its logits processor raised, its distribution is not one) gives a ``SampleFailure`` for
         that sequence alone: the others in the batch still get their token."""
+        if logits.device.type != "cpu":
+            return self._sample_from_device(logits, seqs)
         out: list[tuple[int, TokenLogprob | None] | SampleFailure] = []
         broken: dict[int, SampleFailure] = {}
         try:
@@ -65,6 +69,29 @@ class Sampler:
                 out.append(self._sample_row(row, seq))
             except Exception as err:
                 out.append(SampleFailure(f"sampling failed: {type(err).__name__}: {err}"))
+        return out
+
+    def _sample_from_device(
+        self, logits: torch.Tensor, seqs: list[Sequence]
+    ) -> list[tuple[int, TokenLogprob | None] | SampleFailure]:
+        """Plain greedy rows (no processors, penalties, grammar or log-probabilities) take their
+        argmax on the device and only the token ids come back; the other rows come back whole and
+        go through the host path, with their seeded generators, penalties and grammars. At most
+        two transfers, both through ``transfers.to_host``."""
+        plain = [i for i, s in enumerate(seqs) if _plain_greedy(s)]
+        rest = [i for i, s in enumerate(seqs) if not _plain_greedy(s)]
+        out: list[tuple[int, TokenLogprob | None] | SampleFailure] = [SampleFailure("not sampled")] * len(seqs)
+        if plain:
+            rows = _rows(logits, plain)
+            tokens = transfers.to_host(rows.argmax(dim=-1))
+            with host_side():
+                for i, token in zip(plain, tokens.tolist(), strict=True):
+                    out[i] = (token, None)
+        if rest:
+            host = transfers.to_host(_rows(logits, rest))
+            with host_side():
+                for i, result in zip(rest, self.sample(host, [seqs[i] for i in rest]), strict=True):
+                    out[i] = result
         return out
 
     def _sample_row(self, row: torch.Tensor, seq: Sequence) -> tuple[int, TokenLogprob | None]:
@@ -97,3 +124,15 @@ class Sampler:
             scaled = scaled.scatter(0, index[drop], float("-inf"))
         probs = torch.softmax(scaled, dim=-1)
         return int(torch.multinomial(probs, 1, generator=self._generator(seq)))
+
+
+def _plain_greedy(seq: Sequence) -> bool:
+    p = seq.params
+    return p.greedy and not (p.logits_processors or p.penalised or p.guide is not None or p.logprobs is not None)
+
+
+def _rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """These rows of ``logits``: a view when they are consecutive (no index to copy over)."""
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return logits[rows[0] : rows[0] + len(rows)]
+    return logits[torch.tensor(rows, dtype=torch.long).to(logits.device, non_blocking=True)]

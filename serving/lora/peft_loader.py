@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from loraplane.adapter_format import AdapterManifest, BaseShape, ValidationLimits, validate_adapter_dir
 from loraplane.adapter_format.validation import WEIGHTS_FILE
+from loraplane.serving.host_side import host_side
 from loraplane.serving.lora.rank_cap import truncate_adapter
 
 _NAME = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[\w-]+)?\.weight$")
@@ -48,7 +49,8 @@ def load_peft_adapter(
 ) -> LoadedAdapter:
     folder = Path(folder)
     manifest = validate_adapter_dir(folder, base, limits, expected_digest=expected_digest, weights_digest=weights_digest)
-    raw = load_file(str(folder / WEIGHTS_FILE))
+    with host_side():
+        raw = load_file(str(folder / WEIGHTS_FILE))
     pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for name, tensor in raw.items():
         m = _NAME.search(name)

@@ -14,10 +14,13 @@ Two layouts, one interface (vLLM-style static slots for comparison, S-LoRA-style
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from loraplane.adapter_format import LLAMA_TARGETS
 from loraplane.kernels import LoraSlots, PagedLoraSlots
+from loraplane.serving.lora.slot_writes import SlotWrites
 from loraplane.serving.model.layers import LoraLinear
 from loraplane.serving.model.llama import LlamaModel
 
@@ -26,7 +29,11 @@ Weights = dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
 
 class SlotTable:
     def __init__(self, model: LlamaModel, num_slots: int, max_rank: int, dtype: torch.dtype = torch.float32) -> None:
+        """Slots on the model's device, in ``dtype``; writes copy from the host tier on their own
+        stream (:class:`SlotWrites`)."""
         self.num_slots, self.max_rank, self.dtype = num_slots, max_rank, dtype
+        self.device = model.embed_tokens.weight.device
+        self.writes = SlotWrites(self.device)
         self.slots: dict[tuple[int, str], LoraSlots | PagedLoraSlots] = {}
         for layer, proj in model.linear_layers():
             for i, name in enumerate(proj.slice_names):
@@ -37,16 +44,23 @@ class SlotTable:
         self.occupied: dict[str, set[int]] = {m: set() for m in LLAMA_TARGETS}
 
     def _make(self, proj: LoraLinear, i: int) -> LoraSlots | PagedLoraSlots:
-        return LoraSlots.empty(self.num_slots, self.max_rank, proj.in_features, proj.slice_sizes[i], dtype=self.dtype)
+        return LoraSlots.empty(
+            self.num_slots, self.max_rank, proj.in_features, proj.slice_sizes[i], dtype=self.dtype, device=self.device
+        )
 
     def write(self, slot: int, weights: Weights, scaling: float) -> None:
         """``weights[(layer, module)] = (A [r, in], B [out, r])``; modules the adapter leaves out get rank 0."""
         self.clear(slot)
-        for key, (a, b) in weights.items():
-            dense = self.slots[key]
-            assert isinstance(dense, LoraSlots)
-            dense.write(slot, a, b, scaling)
-            self.occupied[key[1]].add(slot)
+        with self.writes.writing(slot, weights):
+            for key, (a, b) in weights.items():
+                dense = self.slots[key]
+                assert isinstance(dense, LoraSlots)
+                dense.write(slot, a, b, scaling)
+                self.occupied[key[1]].add(slot)
+
+    def wait_for_writes(self, slots: Iterable[int] | None = None) -> None:
+        """Before a step reads these slots (all by default), its stream waits for their copies."""
+        self.writes.wait(range(self.num_slots) if slots is None else slots)
 
     def clear(self, slot: int) -> None:
         for slots in self.slots.values():
@@ -97,11 +111,12 @@ class PagedSlotTable(SlotTable):
         self.clear(slot)
         _, offsets = self._pack(self._rows(weights), pages)
         cursor = 0
-        for key in sorted(weights):
-            a, b = weights[key]
-            r = a.shape[0]
-            table = self.slots[key]
-            assert isinstance(table, PagedLoraSlots)
-            table.write(slot, a, b, scaling, offsets[cursor : cursor + r], offsets[cursor + r : cursor + 2 * r])
-            cursor += 2 * r
-            self.occupied[key[1]].add(slot)
+        with self.writes.writing(slot, weights):
+            for key in sorted(weights):
+                a, b = weights[key]
+                r = a.shape[0]
+                table = self.slots[key]
+                assert isinstance(table, PagedLoraSlots)
+                table.write(slot, a, b, scaling, offsets[cursor : cursor + r], offsets[cursor + r : cursor + 2 * r])
+                cursor += 2 * r
+                self.occupied[key[1]].add(slot)

@@ -9,8 +9,10 @@ and values are scattered into their slots first, then:
 - decode rows (one new token each) are attended together: their block tables are gathered into
   one padded batch and a mask hides the padding.
 
-Plain ``scaled_dot_product_attention`` with grouped-query heads does the arithmetic; a GPU
-deployment would swap this module for a paged-attention kernel without touching the rest.
+On a CPU, plain ``scaled_dot_product_attention`` with grouped-query heads does the arithmetic.
+With the Triton backend (CUDA), one kernel (``loraplane::paged_attention``, see
+:mod:`loraplane.kernels.paged_attention`) attends every sequence of the step, prefill spans and
+decode rows alike, reading keys through the block tables in place.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from loraplane.kernels import ops  # noqa: F401  (registers torch.ops.loraplane.*)
 from loraplane.serving.model.context import PrefillSpan, StepContext
 from loraplane.serving.model.page_pool import PagePool
 
@@ -34,11 +37,13 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         pool: PagePool | None = None,
+        device: torch.device | str = "cpu",
     ) -> None:
         """Its own tensors, or views of a shared page pool (one page per block) for unified paging."""
         if pool is None:
             shape = (num_layers, num_blocks, block_size, kv_heads, head_dim)
-            self.k, self.v = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+            self.k = torch.zeros(shape, dtype=dtype, device=device)
+            self.v = torch.zeros(shape, dtype=dtype, device=device)
         else:
             self.k, self.v = pool.kv_views(num_layers, block_size, kv_heads, head_dim, dtype)
         self.block_size = block_size
@@ -98,6 +103,13 @@ def paged_attention(
     k_cache[ctx.slot_blocks, ctx.slot_offsets] = k
     v_cache[ctx.slot_blocks, ctx.slot_offsets] = v
     out = torch.empty_like(q)
+    if ctx.paged is not None:  # the Triton kernel: every sequence through its block table, no padded copy
+        p = ctx.paged
+        scale = q.shape[-1] ** -0.5
+        torch.ops.loraplane.paged_attention(
+            out, q, k_cache, v_cache, p.block_tables, p.query_starts, p.seq_lens, scale, p.max_query_len
+        )  # fmt: skip
+        return out
     for span in ctx.prefills:
         out[span.start : span.start + span.num_new] = _prefill(q, k, v, span, k_cache, v_cache)
     if ctx.decode_rows is not None and ctx.decode_rows.numel():

@@ -38,10 +38,27 @@ class LoraBatch:
     seg_starts: torch.Tensor | None
     seg_slots: torch.Tensor | None
     active_modules: frozenset[str]
+    max_seg_len: int = 1  # the longest segment, known on the host: the SGMV grid never reads the device
+    backend: str = "auto"  # the kernels' backend (kernels.dispatch.Backend)
+
+
+@dataclass(frozen=True)
+class PagedBatch:
+    """Every sequence of the step in the form the paged-attention kernel reads (prefill spans and
+    decode rows alike): sequence ``b``'s new tokens are rows ``query_starts[b]:query_starts[b+1]``
+    and its whole context is ``seq_lens[b]`` tokens in the blocks ``block_tables[b]`` lists."""
+
+    block_tables: torch.Tensor  # [B, max_blocks] int32, padded with block 0
+    query_starts: torch.Tensor  # [B + 1] int32
+    seq_lens: torch.Tensor  # [B] int32
+    max_query_len: int  # known on the host: sizes the kernel's grid
 
 
 @dataclass(frozen=True)
 class StepContext:
+    """One forward pass's metadata. The attention kernel reads ``paged``; the CPU path reads
+    ``prefills`` and the ``decode_*`` fields (one padded gather for the decode rows)."""
+
     positions: torch.Tensor
     slot_blocks: torch.Tensor  # KV block of each new token
     slot_offsets: torch.Tensor  # its position inside the block
@@ -50,3 +67,4 @@ class StepContext:
     decode_block_tables: torch.Tensor | None = None
     decode_mask: torch.Tensor | None = None  # [n, 1, 1, max_blocks * block_size], True where a key exists
     lora: LoraBatch | None = None
+    paged: PagedBatch | None = None

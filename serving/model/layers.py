@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from loraplane.kernels import LoraSlots, PagedLoraSlots, add_lora
+from loraplane.kernels import LoraSlots, PagedLoraSlots, ops
 from loraplane.serving.model.context import LoraBatch
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn value
@@ -106,10 +106,7 @@ class LoraLinear(nn.Module):
         xs = x if x.dtype == slot_dtype else x.to(slot_dtype)
         acc = y if y.dtype == slot_dtype else torch.zeros(y.shape, dtype=slot_dtype, device=y.device)
         for offset, slots in active:
-            if lora.seg_starts is not None:
-                add_lora(acc, xs, slots, seg_starts=lora.seg_starts, seg_slots=lora.seg_slots, y_offset=offset, check=False)
-            else:
-                add_lora(acc, xs, slots, row_slots=lora.row_slots, y_offset=offset, check=False)
+            ops.lora(acc, xs, slots, lora.row_slots, lora.seg_starts, lora.seg_slots, lora.max_seg_len, offset, lora.backend)
         if acc is not y:
             y += acc.to(y.dtype)
         return y

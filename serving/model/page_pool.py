@@ -13,10 +13,10 @@ import torch
 
 
 class PagePool:
-    def __init__(self, num_pages: int, page_bytes: int) -> None:
+    def __init__(self, num_pages: int, page_bytes: int, device: torch.device | str = "cpu") -> None:
         if page_bytes % 4:
             raise ValueError(f"page size {page_bytes} bytes is not a whole number of float32 values")
-        self.data = torch.zeros(num_pages, page_bytes, dtype=torch.uint8)
+        self.data = torch.zeros(num_pages, page_bytes, dtype=torch.uint8, device=device)
         self.num_pages, self.page_bytes = num_pages, page_bytes
 
     @property

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from loraplane.serving.host_side import host_side
 from loraplane.serving.model.layers import LoraLinear
 from loraplane.serving.model.llama import DecoderLayer, LlamaModel
 
@@ -44,7 +45,9 @@ def iter_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
     for path in shard_files(folder):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                yield name, f.get_tensor(name)
+                with host_side():
+                    tensor = f.get_tensor(name)
+                yield name, tensor
 
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp|input_layernorm|post_attention_layernorm)\.?(\w*)\.(weight|bias)$")
@@ -92,7 +95,7 @@ def _target(model: LlamaModel, name: str) -> torch.Tensor:
 
 
 def load_weights(model: LlamaModel, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
-    written: dict[int, int] = {}
+    written: dict[str, int] = {}  # by name, not data pointer: a fake (traced) tensor has none
     for name, tensor in tensors:
         if name.endswith("rotary_emb.inv_freq"):
             continue
@@ -100,8 +103,7 @@ def load_weights(model: LlamaModel, tensors: Iterator[tuple[str, torch.Tensor]])
         if tuple(target.shape) != tuple(tensor.shape):
             raise CheckpointError(f"{name} has shape {list(tensor.shape)}, the config needs {list(target.shape)}")
         target.copy_(tensor)
-        key = target.data_ptr()
-        written[key] = written.get(key, 0) + target.numel()
+        written[name] = target.numel()
     expected = sum(p.numel() for p in model.parameters())
     if sum(written.values()) != expected:
         raise CheckpointError(f"the checkpoint filled {sum(written.values())} of the model's {expected} weights")

@@ -1,0 +1,188 @@
+"""The engine's kernels as torch custom ops, so the model traces under ``FakeTensorMode`` and
+``torch.compile`` and a CUDA graph sees one opaque node per launch.
+
+Semantics (each op is the function of the same name in :mod:`loraplane.kernels.dispatch`, or
+:mod:`loraplane.kernels.paged_attention` for attention)::
+
+    add_lora(y, x, A, B, ranks, scalings, row_slots, seg_starts, seg_slots, y_offset, max_seg_len, backend)
+        y[i, off:off+N] += scalings[s] * (x[i] @ A[s, :r].T) @ B[s, :r]     s = the row's slot
+    add_lora_paged(y, x, pool, a_offsets, b_offsets, ranks, scalings, row_slots, y_offset, out_features, backend)
+        the same with each adapter row read at its offset in the page pool
+    paged_attention(out, q, k_cache, v_cache, block_tables, query_starts, seq_lens, scale, max_query_len, backend)
+        out = causal attention of each sequence's new queries over its paged context
+
+Why custom ops rather than plain Python calls: a Triton launch on a fake tensor has no data to
+read, so a traced model would fail at the first kernel; the fake implementations below say
+only what each op does to shapes and devices. They also check that every tensor sits on the
+output's device, which is the mistake a fake CUDA trace is meant to catch and which a custom
+op would otherwise hide (a real kernel handed a host pointer faults on the GPU instead).
+
+Every op mutates its output in place and returns nothing, as the launchers do. ``backend`` is
+``"auto"`` (Triton on CUDA tensors, the CPU path otherwise), ``"triton"`` or ``"cpu"``.
+Segments are passed with their longest length, known on the host, so no launch reads a
+device tensor back (see ``dispatch.add_lora``'s ``max_seg_len``).
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+
+from loraplane.kernels import dispatch
+from loraplane.kernels.layout import LoraSlots, SlotLayoutError
+from loraplane.kernels.paged_layout import PagedLoraSlots
+
+
+def _same_device(out: torch.Tensor, *tensors: torch.Tensor | None) -> None:
+    for t in tensors:
+        if t is not None and t.device != out.device:
+            raise SlotLayoutError(f"a {list(t.shape)} tensor is on {t.device}, the output on {out.device}")
+
+
+@torch.library.custom_op("loraplane::add_lora", mutates_args=("y",))
+def add_lora(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    ranks: torch.Tensor,
+    scalings: torch.Tensor,
+    row_slots: torch.Tensor,
+    seg_starts: torch.Tensor | None,
+    seg_slots: torch.Tensor | None,
+    y_offset: int,
+    max_seg_len: int,
+    backend: str,
+) -> None:
+    _same_device(y, x, lora_a, lora_b, ranks, scalings, row_slots, seg_starts, seg_slots)
+    slots = LoraSlots(lora_a, lora_b, ranks, scalings)
+    mode = cast(dispatch.Backend, backend)
+    if seg_starts is not None:
+        dispatch.add_lora(
+            y, x, slots, seg_starts=seg_starts, seg_slots=seg_slots, y_offset=y_offset, backend=mode, check=False,
+            max_seg_len=max_seg_len,
+        )  # fmt: skip
+    else:
+        dispatch.add_lora(y, x, slots, row_slots=row_slots, y_offset=y_offset, backend=mode, check=False)
+
+
+@add_lora.register_fake
+def _(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    ranks: torch.Tensor,
+    scalings: torch.Tensor,
+    row_slots: torch.Tensor,
+    seg_starts: torch.Tensor | None,
+    seg_slots: torch.Tensor | None,
+    y_offset: int,
+    max_seg_len: int,
+    backend: str,
+) -> None:
+    _same_device(y, x, lora_a, lora_b, ranks, scalings, row_slots, seg_starts, seg_slots)
+    if x.shape[1] != lora_a.shape[2] or y.shape[1] < y_offset + lora_b.shape[2] or x.shape[0] != y.shape[0]:
+        raise SlotLayoutError(f"x {list(x.shape)}, y {list(y.shape)} do not fit A {list(lora_a.shape)}, B {list(lora_b.shape)}")
+
+
+@torch.library.custom_op("loraplane::add_lora_paged", mutates_args=("y",))
+def add_lora_paged(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    pool: torch.Tensor,
+    a_offsets: torch.Tensor,
+    b_offsets: torch.Tensor,
+    ranks: torch.Tensor,
+    scalings: torch.Tensor,
+    row_slots: torch.Tensor,
+    y_offset: int,
+    in_features: int,
+    out_features: int,
+    backend: str,
+) -> None:
+    _same_device(y, x, pool, a_offsets, b_offsets, ranks, scalings, row_slots)
+    slots = PagedLoraSlots(pool, a_offsets, b_offsets, ranks, scalings, in_features, out_features)
+    dispatch.add_lora(y, x, slots, row_slots=row_slots, y_offset=y_offset, backend=cast(dispatch.Backend, backend), check=False)
+
+
+@add_lora_paged.register_fake
+def _(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    pool: torch.Tensor,
+    a_offsets: torch.Tensor,
+    b_offsets: torch.Tensor,
+    ranks: torch.Tensor,
+    scalings: torch.Tensor,
+    row_slots: torch.Tensor,
+    y_offset: int,
+    in_features: int,
+    out_features: int,
+    backend: str,
+) -> None:
+    _same_device(y, x, pool, a_offsets, b_offsets, ranks, scalings, row_slots)
+    if x.shape[1] != in_features or y.shape[1] < y_offset + out_features or x.shape[0] != y.shape[0]:
+        raise SlotLayoutError(f"x {list(x.shape)}, y {list(y.shape)} do not fit in={in_features}, out={out_features}")
+
+
+def lora(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    slots: LoraSlots | PagedLoraSlots,
+    row_slots: torch.Tensor,
+    seg_starts: torch.Tensor | None,
+    seg_slots: torch.Tensor | None,
+    max_seg_len: int,
+    y_offset: int,
+    backend: str,
+) -> None:
+    """The op for this slot layout: the paged one always runs by rows (it has no segment kernel)."""
+    if isinstance(slots, PagedLoraSlots):
+        torch.ops.loraplane.add_lora_paged(
+            y, x, slots.pool, slots.a_offsets, slots.b_offsets, slots.ranks, slots.scalings, row_slots, y_offset,
+            slots.in_features, slots.out_features, backend,
+        )  # fmt: skip
+        return
+    torch.ops.loraplane.add_lora(
+        y, x, slots.lora_a, slots.lora_b, slots.ranks, slots.scalings, row_slots, seg_starts, seg_slots, y_offset,
+        max_seg_len, backend,
+    )  # fmt: skip
+
+
+@torch.library.custom_op("loraplane::paged_attention", mutates_args=("out",))
+def paged_attention(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_starts: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+) -> None:
+    _same_device(out, q, k_cache, v_cache, block_tables, query_starts, seq_lens)
+    from loraplane.kernels.paged_attention import paged_attention as launch
+
+    launch(q, k_cache, v_cache, block_tables, query_starts, seq_lens, out, scale=scale, max_query_len=max_query_len)
+
+
+@paged_attention.register_fake
+def _(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_starts: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+) -> None:
+    _same_device(out, q, k_cache, v_cache, block_tables, query_starts, seq_lens)
+    if out.shape != q.shape or k_cache.shape != v_cache.shape or q.shape[2] != k_cache.shape[3]:
+        raise SlotLayoutError(f"q {list(q.shape)}, out {list(out.shape)} and caches {list(k_cache.shape)} do not agree")
+    if block_tables.shape[0] != seq_lens.shape[0] or query_starts.shape[0] != seq_lens.shape[0] + 1:
+        raise SlotLayoutError("block_tables, query_starts and seq_lens must describe the same sequences")

@@ -1,0 +1,43 @@
+"""A step's traffic between host and device: one copy in, and the declared copies out.
+
+In: the runner builds a step's integer metadata (token ids, positions, KV slots, block tables,
+adapter slots and segments) as Python lists, and :func:`to_device` sends them in one
+host-to-device copy of one int32 buffer (page-locked when CUDA is present, so the copy is
+asynchronous), then hands out views of it. Every layer reads those views; nothing per layer
+crosses the bus.
+
+Out: :func:`to_host` is the only place the engine waits for the device during a step: the
+sampled token ids (and the logits rows of requests whose sampling runs on the host) come back
+through it. A test steps the engine on fake CUDA tensors, where any other read-back
+(``.item()``, ``.tolist()``, ``int()`` of a device tensor) raises, and counts the calls here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+Shape = tuple[int, ...]
+
+
+def to_device(arrays: Sequence[tuple[Sequence[int], Shape]], device: torch.device) -> list[torch.Tensor]:
+    """``[(flat values, shape)]`` as int32 tensors on ``device``, copied in one transfer."""
+    flat = [v for values, _ in arrays for v in values]
+    host = torch.tensor(flat, dtype=torch.int32)
+    if device.type == "cuda" and torch.cuda.is_available():
+        host = host.pin_memory()
+    buffer = host.to(device, non_blocking=True)
+    out, start = [], 0
+    for values, shape in arrays:
+        n = len(values)
+        assert n == math.prod(shape), f"{n} values do not fill {shape}"
+        out.append(buffer[start : start + n].view(shape))
+        start += n
+    return out
+
+
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the host: the step's declared synchronisation with the device."""
+    return t.cpu()
