@@ -39,6 +39,13 @@ class EngineSizing(BaseModel):
         description="tokens in one scheduler step (decodes plus prefill chunks); default 8192 on a GPU, 2048 on a CPU",
     )
     max_model_len: int | None = Field(default=None, ge=1, description="context length; default: min(the model's context, 4096)")
+    gpu_memory_utilization: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="share of the GPU's memory the engine may use; the KV cache (or page pool) gets what the weights, "
+        "adapter slots and activations leave of it, unless kv_cache_memory_mb or num_kv_blocks is set",
+    )
     lora_memory: Literal["static", "unified"] = Field(
         default="static",
         description="static: every device slot reserves the largest rank (vLLM); unified: adapters take pages of the "

@@ -45,6 +45,9 @@ def engine_config(spec: BaseModelSpec) -> dict[str, Any]:
         "base_revision": spec.source.revision,
         "dtype": spec.source.dtype,
         "quantization": spec.source.quantization,
+        # A pod that requests GPUs runs the engine on one, or fails at start if none is visible:
+        # never silently on its CPU (what "auto" would do). Without GPUs it is a CPU pod.
+        "device": "cuda" if spec.resources.gpus else "cpu",
         # The sizing knobs carry the engine's own names (one model, admin_api.engine_sizing).
         **e.model_dump(include=set(engine_sizing.EngineSizing.model_fields)),
         "disk_cache_max_bytes": int(parse_quantity(e.disk_cache_size)) if e.disk_cache_size else None,  # type: ignore[no-untyped-call]

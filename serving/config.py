@@ -30,13 +30,6 @@ class EngineConfig(EngineSizing):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto", description="auto: bfloat16 where the hardware computes it natively, else float32"
     )
-    gpu_memory_utilization: float = Field(
-        default=0.9,
-        gt=0,
-        le=1,
-        description="share of the GPU's memory the engine may use; the KV cache (or page pool) gets what the weights, "
-        "adapter slots and activations leave of it, unless kv_cache_memory_mb or num_kv_blocks is set",
-    )
     kernel_backend: Literal["auto", "triton", "cpu"] = Field(
         default="auto",
         description="auto: the Triton kernels on CUDA, the numba LoRA path and SDPA on a CPU; triton on a CPU runs "

@@ -20,22 +20,28 @@ from pydantic.fields import FieldInfo
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _param_type(field: FieldInfo) -> click.Choice[str] | click.IntRange:
+def _param_type(field: FieldInfo) -> click.Choice[str] | click.IntRange | click.FloatRange:
     ann = field.annotation
     if get_origin(ann) in (Union, types.UnionType):
         ann = next(a for a in get_args(ann) if a is not type(None))
     if get_origin(ann) is Literal:
         return click.Choice([str(a) for a in get_args(ann)])
-    if ann is not int:
+    if ann not in (int, float):
         raise TypeError(f"no flag type for {ann!r}")  # a new kind of knob needs a line here
-    low = high = None
+    low: Any = None
+    high: Any = None
+    low_open = False
     for bound in field.metadata:
         if isinstance(bound, annotated_types.Ge):
-            low = int(bound.ge)  # type: ignore[call-overload]
+            low = bound.ge
         elif isinstance(bound, annotated_types.Gt):
-            low = int(bound.gt) + 1  # type: ignore[call-overload]
+            low, low_open = bound.gt, True
         elif isinstance(bound, annotated_types.Le):
-            high = int(bound.le)  # type: ignore[call-overload]
+            high = bound.le
+    if ann is float:
+        return click.FloatRange(low, high, min_open=low_open)
+    if low is not None and low_open:
+        low = int(low) + 1
     return click.IntRange(low, high)
 
 

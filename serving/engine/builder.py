@@ -29,6 +29,7 @@ from loraplane.serving.lora.slot_table import PagedSlotTable, SlotTable
 from loraplane.serving.lora.state_metrics import AdapterStateCollector
 from loraplane.serving.metrics import EngineMetrics
 from loraplane.serving.model.attention import KVCache
+from loraplane.serving.model.layers import fp8_gemm_supported
 from loraplane.serving.model.llama import LlamaModel
 from loraplane.serving.model.page_pool import PagePool
 from loraplane.serving.tokenizer import Tokenizer
@@ -69,8 +70,9 @@ def build_model(base: BaseCheckpoint, config: EngineConfig, max_positions: int, 
         model = LlamaModel(base.config, max_positions)
     load_weights(model, iter_tensors(base.folder))  # copy_ casts into the parameters' dtype
     if config.quantization == "fp8":
+        native = fp8_gemm_supported(device, dtype)
         for _, proj in model.linear_layers():
-            proj.to_fp8()
+            proj.to_fp8(native)
     return model.eval()
 
 

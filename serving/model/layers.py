@@ -61,8 +61,10 @@ class LoraLinear(nn.Module):
 
     ``slice_names`` are the PEFT target-module names of the slices in output order (for example
     ``q_proj, k_proj, v_proj``). The weight is either dense or float8_e4m3fn with one scale per
-    output channel (:meth:`to_fp8`), dequantised per call so that only one layer's weight is
-    ever held at full precision.
+    output channel (:meth:`to_fp8`). An FP8 weight runs as a native FP8 GEMM where the hardware
+    has one (``torch._scaled_mm`` with the activations quantised per token, see
+    :func:`fp8_linear`); elsewhere it is dequantised per call, so that only one layer's weight
+    is ever held at full precision.
     """
 
     def __init__(self, in_features: int, slice_sizes: list[int], slice_names: list[str], *, bias: bool = False) -> None:
@@ -75,13 +77,17 @@ class LoraLinear(nn.Module):
         self.weight = nn.Parameter(torch.zeros(out, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.zeros(out), requires_grad=False) if bias else None
         self.weight_scale: torch.Tensor | None = None
+        self.fp8_gemm = False  # whether an FP8 weight runs as a native FP8 GEMM
         self.lora: list[LoraSlots | PagedLoraSlots | None] = [None] * len(slice_names)
 
-    def to_fp8(self) -> None:
+    def to_fp8(self, native: bool = False) -> None:
+        """Quantise the weight to float8_e4m3fn per output channel; ``native`` runs it as an FP8
+        GEMM (where :func:`fp8_gemm_supported` says so), else it is dequantised per call."""
         w = self.weight.data.float()
         scale = (w.abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX).to(torch.float32)
         self.weight = nn.Parameter((w / scale[:, None]).to(torch.float8_e4m3fn), requires_grad=False)
         self.weight_scale = scale
+        self.fp8_gemm = native and self.in_features % 16 == 0 and sum(self.slice_sizes) % 16 == 0
 
     def base_weight(self, dtype: torch.dtype) -> torch.Tensor:
         if self.weight_scale is None:
@@ -89,7 +95,10 @@ class LoraLinear(nn.Module):
         return self.weight.to(dtype) * self.weight_scale.to(dtype)[:, None]
 
     def forward(self, x: torch.Tensor, lora: LoraBatch | None) -> torch.Tensor:
-        y = F.linear(x, self.base_weight(x.dtype), self.bias)
+        if self.fp8_gemm and self.weight_scale is not None:
+            y = fp8_linear(x, self.weight, self.weight_scale, self.bias)
+        else:
+            y = F.linear(x, self.base_weight(x.dtype), self.bias)
         if lora is None:
             return y
         active = [
@@ -110,3 +119,25 @@ class LoraLinear(nn.Module):
         if acc is not y:
             y += acc.to(y.dtype)
         return y
+
+
+def fp8_gemm_supported(device: torch.device, dtype: torch.dtype) -> bool:
+    """FP8 tensor cores (compute capability 8.9: Ada, Hopper and later) and a bfloat16 model: the
+    row-wise scaled GEMM writes bfloat16."""
+    if device.type != "cuda" or dtype != torch.bfloat16:
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ (weight * weight_scale[:, None]).T`` as one FP8 GEMM: each token's activations are
+    quantised with their own scale (dynamic, per token; a per-tensor scale would let one outlier
+    token flatten every other row), and the GEMM applies both scales to its float32 accumulator.
+
+    Semantics: ``y[t, n] = sum_k (xq[t, k] * sx[t]) * (wq[n, k] * sw[n])`` with xq, wq float8_e4m3fn.
+    Shapes: x [T, K] bf16, weight [N, K] float8_e4m3fn, weight_scale [N] float32; y [T, N] in x's dtype.
+    """
+    x_scale = (x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX).contiguous()
+    xq = (x.float() / x_scale).to(torch.float8_e4m3fn)
+    y = torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=weight_scale[None, :], out_dtype=x.dtype)
+    return y if bias is None else y + bias

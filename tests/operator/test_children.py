@@ -102,6 +102,11 @@ def test_the_deployment_carries_secrets_by_reference_and_the_sizing() -> None:
     pod = built(gpu)["Deployment/smollm2-serving"]["spec"]["template"]["spec"]
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2" and pod["nodeSelector"] == {"gpu": "h100"}
     assert pod["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+    # The engine runs on the GPU the pod requests (never falling back to its CPU), and a pod
+    # without one runs on its CPU; both read by the engine's own settings model.
+    for spec, device in ((gpu, "cuda"), (BASE["spec"], "cpu")):
+        engine_yaml = yaml.safe_load(built(spec)["ConfigMap/smollm2-engine"]["data"]["engine.yaml"])
+        assert EngineConfig.model_validate(engine_yaml).device == device
     serving = built()
     selector = serving["Deployment/smollm2-serving"]["spec"]["selector"]["matchLabels"]
     assert serving["Service/smollm2-serving"]["spec"]["selector"] == selector
