@@ -27,8 +27,17 @@ class EngineConfig(EngineSizing):
     device: Literal["auto", "cuda", "cpu"] = Field(
         default="auto", description="where the weights, KV cache and adapter slots live; auto: cuda when torch sees a GPU"
     )
+    load_format: Literal["auto", "dummy"] = Field(
+        default="auto",
+        description="auto: the checkpoint's weights; dummy: random weights of the checkpoint's shape (vLLM's, for "
+        "benchmarks: the folder needs only config.json and a tokenizer)",
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto", description="auto: bfloat16 where the hardware computes it natively, else float32"
+    )
+    enforce_eager: bool = Field(
+        default=False,
+        description="run every step eagerly; by default decode steps replay CUDA graphs (the Triton backend only)",
     )
     kernel_backend: Literal["auto", "triton", "cpu"] = Field(
         default="auto",

@@ -29,7 +29,7 @@ from loraplane.cli.usage import make_metering, usage_options
 @click.option("--base-revision", help="The base's revision; adapters that declare another are refused.")
 @click.option("--lora-modules", multiple=True, metavar="NAME=SOURCE", help="Adapter to load at start (folder, file:// or s3://).")
 @engine_flags(
-    "device", "gpu_memory_utilization", "max_loras", "max_lora_rank", "max_cpu_loras", "max_num_seqs",
+    "device", "gpu_memory_utilization", "enforce_eager", "max_loras", "max_lora_rank", "max_cpu_loras", "max_num_seqs",
     "max_num_batched_tokens", "max_model_len", "dtype", "quantization", "lora_memory", "eviction_policy",
 )  # fmt: skip
 @admin_token_option("Bearer token the admin calls require.")

@@ -18,6 +18,7 @@ from loraplane.adapter_format.sources import S3Settings
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.adapter_gate import AdapterGate
 from loraplane.serving.engine.block_manager import BlockManager
+from loraplane.serving.engine.decode_graphs import DecodeGraphs
 from loraplane.serving.engine.device_memory import GpuBudget, activation_bytes, gpu_budget, log_sizing, resolve_device
 from loraplane.serving.engine.llm_engine import EngineParts, LLMEngine
 from loraplane.serving.engine.model_runner import ModelRunner
@@ -34,7 +35,7 @@ from loraplane.serving.model.llama import LlamaModel
 from loraplane.serving.model.page_pool import PagePool
 from loraplane.serving.tokenizer import Tokenizer
 from loraplane.serving.weights.base import BaseCheckpoint, resolve_base
-from loraplane.serving.weights.checkpoint import iter_tensors, load_weights
+from loraplane.serving.weights.checkpoint import iter_tensors, load_weights, random_weights
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -68,7 +69,10 @@ def build_model(base: BaseCheckpoint, config: EngineConfig, max_positions: int, 
     dtype = resolve_dtype(config.dtype, device)
     with _creating(device, dtype):
         model = LlamaModel(base.config, max_positions)
-    load_weights(model, iter_tensors(base.folder))  # copy_ casts into the parameters' dtype
+    if config.load_format == "dummy":
+        random_weights(model)
+    else:
+        load_weights(model, iter_tensors(base.folder))  # copy_ casts into the parameters' dtype
     if config.quantization == "fp8":
         native = fp8_gemm_supported(device, dtype)
         for _, proj in model.linear_layers():
@@ -153,7 +157,10 @@ def build_parts(config: EngineConfig) -> EngineParts:
     """Every part of an engine, each chosen here once: unified paging puts the adapter slots in
     the KV cache's page pool (``lora_memory``), static slots keep their own tensors. One function
     on purpose: the order of construction is the wiring, read top to bottom."""
-    base = resolve_base(config.model, config.cache_dir, name=config.base_name, revision=config.base_revision)
+    base = resolve_base(
+        config.model, config.cache_dir, name=config.base_name, revision=config.base_revision,
+        weights=config.load_format != "dummy",
+    )  # fmt: skip
     cfg = base.config
     limit = cfg.context_limit()
     if config.max_model_len and config.max_model_len > limit:
@@ -176,9 +183,13 @@ def build_parts(config: EngineConfig) -> EngineParts:
         act = activation_bytes(cfg, max_num_batched_tokens, max_num_seqs, dtype, config.max_lora_rank)
         gpu = gpu_budget(device, config.gpu_memory_utilization, static, act)
     num_blocks, per_block = kv_blocks(config, base, dtype, max_model_len, gpu)
-    pool = PagePool(num_blocks, per_block, device) if config.lora_memory == "unified" else None
+    # Decode graphs pad their batch with rows that write one more block, which the block
+    # manager never hands out (its id is num_blocks).
+    graphed = backend == "triton" and not config.enforce_eager
+    physical = num_blocks + 1 if graphed else num_blocks
+    pool = PagePool(physical, per_block, device) if config.lora_memory == "unified" else None
     cache = KVCache(
-        cfg.num_hidden_layers, num_blocks, config.block_size, cfg.num_key_value_heads, cfg.head_dim, dtype, pool=pool,
+        cfg.num_hidden_layers, physical, config.block_size, cfg.num_key_value_heads, cfg.head_dim, dtype, pool=pool,
         device=device,
     )  # fmt: skip
     blocks = BlockManager(num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
@@ -219,6 +230,12 @@ def build_parts(config: EngineConfig) -> EngineParts:
         on_preempt=gate.drop,
         fair=config.fair_scheduling,
     )
+    graphs = None
+    if graphed:
+        max_blocks = -(-max_model_len // config.block_size)
+        graphs = DecodeGraphs(model, cache, num_blocks, max_num_seqs, max_blocks, backend)
+        if graphs.real:
+            graphs.capture_all()
     eos = tokenizer.eos_token_id
     eos_ids = frozenset(cfg.eos_token_ids) | ({eos} if eos is not None else frozenset())
     sampler = Sampler(eos_ids=eos_ids)
@@ -239,5 +256,5 @@ def build_parts(config: EngineConfig) -> EngineParts:
         eos_ids=eos_ids,
         sampler=sampler,
         grammars=Grammars(tokenizer.hf, cfg.vocab_size, eos_ids),
-        runner=ModelRunner(model, cache, slots, sampler, backend),
+        runner=ModelRunner(model, cache, slots, sampler, backend, graphs),
     )

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from loraplane.serving.engine import transfers
+from loraplane.serving.engine.decode_graphs import DecodeGraphs
 from loraplane.serving.engine.sampler import SampleFailure, Sampler
 from loraplane.serving.engine.sequence import Sequence, TokenLogprob
 from loraplane.serving.lora.slot_table import SlotTable
@@ -58,10 +59,20 @@ def _segments(row_slots: list[int]) -> tuple[list[int], list[int]]:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, cache: KVCache, slots: SlotTable, sampler: Sampler, backend: str = "cpu") -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        cache: KVCache,
+        slots: SlotTable,
+        sampler: Sampler,
+        backend: str = "cpu",
+        graphs: DecodeGraphs | None = None,
+    ) -> None:
         """``backend``: "triton" (the paged-attention kernel and the Triton LoRA kernels) or
-        "cpu" (SDPA and the numba LoRA path), resolved by the builder from the device."""
+        "cpu" (SDPA and the numba LoRA path), resolved by the builder from the device; ``graphs``
+        replays decode-only steps (absent: every step runs eagerly)."""
         self.model, self.cache, self.slots, self.sampler, self.backend = model, cache, slots, sampler, backend
+        self.graphs = graphs
         self.block_size = cache.block_size
         self.device = model.embed_tokens.weight.device
 
@@ -141,14 +152,35 @@ class ModelRunner:
             )
         return ids, ctx, logit_rows, r.sampled
 
+    def _decode_rows(self, items: list[tuple[Sequence, int]]) -> list[tuple[int, int, int, int, int, list[int]]] | None:
+        """The step as graph rows, when it can replay one: every sequence decodes its last token
+        and a bucket holds them all; else None (the step runs eagerly)."""
+        if self.graphs is None or self.graphs.bucket(len(items)) is None:
+            return None
+        bs, rows = self.block_size, []
+        for seq, n in items:
+            p = seq.num_computed_tokens
+            if n != 1 or p + 1 != len(seq):
+                return None
+            table = seq.block_table[: p // bs + 1]
+            rows.append((seq.tokens(p, p + 1)[0], p, table[p // bs] * bs + p % bs, seq.adapter_slot, p + 1, table))
+        return rows
+
     @torch.inference_mode()
     def run(self, items: list[tuple[Sequence, int]]) -> dict[int, tuple[int, TokenLogprob | None] | SampleFailure]:
         """Next token (and log-probability) for every sequence that reached its last token, by seq
         id; a ``SampleFailure`` for one whose row could not be sampled."""
-        input_ids, ctx, logit_rows, sampled = self.build(items)
-        hidden = self.model(input_ids, ctx, self.cache)
-        if not sampled:
-            return {}
-        logits = self.model.logits(hidden[logit_rows])
+        rows = self._decode_rows(items)
+        if rows is not None:
+            assert self.graphs is not None
+            self.slots.wait_for_writes({r[3] for r in rows} - {-1})
+            sampled = [seq for seq, _ in items]
+            logits = self.graphs.run(rows)
+        else:
+            input_ids, ctx, logit_rows, sampled = self.build(items)
+            hidden = self.model(input_ids, ctx, self.cache)
+            if not sampled:
+                return {}
+            logits = self.model.logits(hidden[logit_rows])
         results = self.sampler.sample(logits, sampled)
         return {seq.seq_id: r for seq, r in zip(sampled, results, strict=True)}

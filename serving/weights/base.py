@@ -44,7 +44,11 @@ def fingerprint(config: LlamaConfig, weight_digests: list[str]) -> str:
     return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
 
 
-def resolve_base(model: str, cache_dir: Path, *, name: str | None = None, revision: str | None = None) -> BaseCheckpoint:
+def resolve_base(
+    model: str, cache_dir: Path, *, name: str | None = None, revision: str | None = None, weights: bool = True
+) -> BaseCheckpoint:
+    """The base's folder, config and identity. ``weights=False`` (``load_format="dummy"``) needs
+    only the folder's config.json and tokenizer; the fingerprint then covers the shapes alone."""
     default_name = None
     if model == EMBEDDED:
         folder = convert_gguf(embedded_gguf(), cache_dir)
@@ -60,7 +64,7 @@ def resolve_base(model: str, cache_dir: Path, *, name: str | None = None, revisi
         else:
             raise ConfigError(f"model {model!r} is neither 'embedded', a .gguf file nor a folder with config.json")
     config = LlamaConfig.from_file(folder / "config.json")
-    digests = [_memo_digest(p, cache_dir) for p in shard_files(folder)]
+    digests = [_memo_digest(p, cache_dir) for p in shard_files(folder)] if weights else ["dummy"]
     shape = BaseShape(
         name=name or default_name or folder.name,
         revision=revision,

@@ -107,3 +107,15 @@ def load_weights(model: LlamaModel, tensors: Iterator[tuple[str, torch.Tensor]])
     expected = sum(p.numel() for p in model.parameters())
     if sum(written.values()) != expected:
         raise CheckpointError(f"the checkpoint filled {sum(written.values())} of the model's {expected} weights")
+
+
+def random_weights(model: LlamaModel, seed: int = 0) -> None:
+    """Fill every weight at random (``load_format="dummy"``), on its own device: projections and
+    embeddings from N(0, 0.02) as Llama initialises them, norms at one. Outputs are meaningless;
+    shapes, memory and speed are the real model's."""
+    g = torch.Generator(device=model.embed_tokens.weight.device).manual_seed(seed)
+    for p in model.parameters():
+        if p.dim() == 1:
+            p.data.fill_(1.0)
+        else:
+            p.data.normal_(0.0, 0.02, generator=g)

@@ -50,3 +50,15 @@ def test_serve_flags_carry_the_models_bounds_and_rule() -> None:
     out = runner.invoke(main, ["serve", "--max-loras", "4", "--max-cpu-loras", "2"])
     assert out.exit_code == 1 and "max_cpu_loras must be at least max_loras" in out.output
     assert "Adapters resident at once (device slots)." in runner.invoke(main, ["serve", "--help"]).output
+
+
+def test_serve_takes_the_gpu_flags_with_their_bounds() -> None:
+    runner = CliRunner()
+    out = runner.invoke(main, ["serve", "--gpu-memory-utilization", "0"])  # (0, 1]: an empty GPU budget is refused
+    assert out.exit_code == 2 and "--gpu-memory-utilization" in out.output
+    out = runner.invoke(main, ["serve", "--gpu-memory-utilization", "1.5"])
+    assert out.exit_code == 2 and "--gpu-memory-utilization" in out.output
+    out = runner.invoke(main, ["serve", "--device", "tpu"])
+    assert out.exit_code == 2 and "'auto', 'cuda', 'cpu'" in out.output
+    help = runner.invoke(main, ["serve", "--help"]).output
+    assert "--enforce-eager" in help and "--device [auto|cuda|cpu]" in help

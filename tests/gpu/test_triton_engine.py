@@ -21,7 +21,8 @@ from engine_helpers import engine_greedy, tiny_engine
 from peft_reference import hf_greedy
 
 STEPS = 12
-MIX = ["qv4", "all8", None, "mlp16", "ku2", "all8", None, "qv4"]
+# Seven requests: decode steps run in the graph bucket of 8, with one pad row.
+MIX = ["qv4", "all8", None, "mlp16", "ku2", "all8", None]
 
 
 def _prompts(n: int, seed: int) -> list[list[int]]:
@@ -29,16 +30,23 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(3, 320) for _ in range(rng.randrange(3, 30))] for _ in range(n)]
 
 
-@pytest.mark.parametrize("lora_memory", ["static", "unified"])
-def test_the_triton_path_matches_peft(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path: Path, lora_memory: str) -> None:
+@pytest.mark.parametrize(("lora_memory", "enforce_eager"), [("static", False), ("unified", True)], ids=["graphs", "eager"])
+def test_the_triton_path_matches_peft(
+    tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path: Path, lora_memory: str, enforce_eager: bool
+) -> None:
     requests = list(zip(_prompts(len(MIX), seed=11), MIX, strict=True))
     ref_tokens, ref_logits = hf_greedy(tiny_llama, tiny_adapters, requests, STEPS)
     # 16 tokens a step: the longer prompts are prefilled in chunks beside other sequences' decodes.
     engine = tiny_engine(
-        tiny_llama, tmp_path, tiny_adapters, kernel_backend="triton", lora_memory=lora_memory, max_num_batched_tokens=16
-    )
+        tiny_llama, tmp_path, tiny_adapters, kernel_backend="triton", lora_memory=lora_memory, max_num_batched_tokens=16,
+        enforce_eager=enforce_eager,
+    )  # fmt: skip
     assert engine.runner.backend == "triton"
     tokens, logits = engine_greedy(engine, requests, STEPS, eos_id=2)
+    graphs = engine.runner.graphs
+    # Decode-only steps replayed graphs (the bucket of 8 holds 7 rows and a pad row; smaller ones
+    # as requests finish), or nothing did.
+    assert (graphs is None) if enforce_eager else (graphs is not None and 8 in graphs.graphs)
     for i, (adapter, ours, ref) in enumerate(zip(MIX, logits, ref_logits, strict=True)):
         assert ours.shape == ref.shape == (STEPS, 320)
         err = (ours - ref).abs().max().item()
