@@ -4,6 +4,7 @@ install, everything the operator then creates from it finds the Secrets and stor
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +13,9 @@ from crd_schema import errors
 
 from loraplane.operator.api import BaseModelResource
 from loraplane.operator.children import children
+from loraplane.serving.config import EngineConfig
 
+CHART = Path(__file__).resolve().parents[2] / "charts" / "loraplane"
 SELF_CONTAINED = {"baseModel": {"enabled": True}, "objectStore": {"enabled": True}}
 
 
@@ -94,3 +97,15 @@ def test_what_the_operator_creates_from_it_finds_the_charts_secrets_and_store(re
     port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "s3")
     assert engine["s3_endpoint"] == f"http://loraplane-object-store.lp.svc:{port}"
     assert all(base64.b64decode(v) for data in secrets.values() for v in data.values())
+
+
+def test_the_gpu_base_model_runs_its_engine_on_the_gpu_it_requests(render: Any) -> None:
+    """The chart's GPU value set: the operator's serving pod requests the GPU and its engine
+    config says cuda (no silent fallback to the CPU) with the chart's memory utilization."""
+    values = yaml.safe_load((CHART / "ci" / "base-model-values.yaml").read_text())
+    spec = BaseModelResource.model_validate(render(values).one("BaseModel")).spec
+    objects = {f"{o['kind']}/{o['metadata']['name']}": o for o in children("llama", "ml", spec, "admin")}
+    container = objects["Deployment/llama-serving"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    engine = EngineConfig.model_validate(yaml.safe_load(objects["ConfigMap/llama-engine"]["data"]["engine.yaml"]))
+    assert engine.device == "cuda" and engine.gpu_memory_utilization == 0.92 and engine.dtype == "bfloat16"
