@@ -103,7 +103,10 @@ class ModelRunner:
         starts, seg_slots = _segments(r.row_slots) if used else ([0], [])
         long_runs = bool(used) and len(seg_slots) < num_rows
         width = max(len(t) for t in r.tables)
-        padded = [x for t in r.tables for x in t + [0] * (width - len(t))]
+        # Padding repeats the sequence's own first block: the CPU path's padded gather reads it
+        # (masked), and under unified paging block 0 may hold an adapter's float32 rows, whose
+        # bits can be NaN in the KV dtype, and 0 x NaN is NaN. The Triton kernel never reads it.
+        padded = [x for t in r.tables for x in t + t[:1] * (width - len(t))]
         decode = [i for i, (_, n) in enumerate(items) if n == 1]
         arrays: list[tuple[list[int], tuple[int, ...]]] = [
             (r.ids, (num_rows,)),

@@ -86,6 +86,7 @@ class UnifiedPages(StaticSlots):
     def clear(self, placement: Placement) -> None:
         super().clear(placement)
         if placement.pages:
+            self.paged.zero_pages(placement.pages)
             self.pages.return_pages(placement.pages)
 
 

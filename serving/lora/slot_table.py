@@ -104,6 +104,13 @@ class PagedSlotTable(SlotTable):
             fill += w
         return used, offsets
 
+    def zero_pages(self, pages: list[int]) -> None:
+        """Clear pages an adapter gives back before KV blocks take them: float32 rows read as
+        bfloat16 or float16 KV can be NaN, and a masked position still multiplies by zero."""
+        if pages:
+            index = torch.tensor(pages, dtype=torch.int64).to(self.pool.device, non_blocking=True)
+            self.pool.view(-1, self.page_floats).index_fill_(0, index, 0.0)
+
     def pages_needed(self, weights: Weights) -> int:
         return self._pack(self._rows(weights), None)[0]
 
