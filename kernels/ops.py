@@ -138,7 +138,17 @@ def lora(
     y_offset: int,
     backend: str,
 ) -> None:
-    """The op for this slot layout: the paged one always runs by rows (it has no segment kernel)."""
+    """The op for this slot layout: the paged one always runs by rows (it has no segment kernel).
+
+    The CPU backend calls the dispatcher directly: its path is never traced or captured, and a
+    custom op's dispatch costs about 45 us a call on a CPU, some 200 calls a step for a 30-layer
+    model (measured on the embedded base, against 20 us for the whole call without it)."""
+    if backend == "cpu":
+        segments = {"seg_starts": seg_starts, "seg_slots": seg_slots} if seg_starts is not None else {"row_slots": row_slots}
+        if isinstance(slots, PagedLoraSlots):
+            segments = {"row_slots": row_slots}
+        dispatch.add_lora(y, x, slots, y_offset=y_offset, backend="cpu", check=False, **segments)
+        return
     if isinstance(slots, PagedLoraSlots):
         torch.ops.loraplane.add_lora_paged(
             y, x, slots.pool, slots.a_offsets, slots.b_offsets, slots.ranks, slots.scalings, row_slots, y_offset,
