@@ -37,10 +37,11 @@ class _Reply(BaseModel):
 
 class Quotas(_Request):
     """An adapter's own quotas, as its registration carries them; the router enforces them at
-    the edge as well, read back from the replicas' stats."""
+    the edge as well, read back from the replicas' stats. The CRDs' ``quotas`` fields are this
+    model in camelCase (``operator/api/common.py``), so the two cannot disagree."""
 
-    max_concurrent: int | None = Field(default=None, ge=1)
-    tokens_per_minute: int | None = Field(default=None, ge=1)
+    max_concurrent: int | None = Field(default=None, ge=1, description="requests in flight at once; beyond: 429")
+    tokens_per_minute: int | None = Field(default=None, ge=1, description="prompt + completion tokens; beyond: 429")
 
 
 class LoadLoraRequest(_Request):

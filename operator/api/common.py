@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from loraplane import admin_api
+
 GROUP = "loraplane.dev"
 VERSION = "v1alpha1"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -40,9 +42,10 @@ class SecretRef(KubeModel):
     name: str = Field(min_length=1, max_length=253)
 
 
-class Quotas(KubeModel):
-    max_concurrent: int | None = Field(default=None, ge=1, description="requests in flight at once; beyond: 429")
-    tokens_per_minute: int | None = Field(default=None, ge=1, description="prompt + completion tokens; beyond: 429")
+# The admin API's quotas in camelCase: one definition of the names, bounds and meaning. No
+# docstring: the CRD reference's notes describe where each resource uses it.
+class Quotas(KubeModel, admin_api.Quotas):
+    pass
 
 
 class ObjectMeta(BaseModel):

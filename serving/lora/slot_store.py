@@ -57,12 +57,14 @@ class StaticSlots:
 
 
 class UnifiedPages(StaticSlots):
+    table: PagedSlotTable
+
     def __init__(self, table: PagedSlotTable, pages: SharedPages) -> None:
         super().__init__(table)
-        self.paged, self.pages = table, pages
+        self.pages = pages
 
     def make_room(self, loaded: LoadedAdapter, evict_one: Callable[[], bool]) -> bool:
-        need = self.paged.pages_needed(loaded.weights)
+        need = self.table.pages_needed(loaded.weights)
         while self.pages.num_free < need and evict_one():
             pass
         return self.pages.num_free >= need  # else KV and busy adapters hold the pool: retry later
@@ -77,16 +79,16 @@ class UnifiedPages(StaticSlots):
         self.pages.reclaim = reclaim
 
     def place(self, loaded: LoadedAdapter) -> Placement:
-        pages = self.pages.take_pages(self.paged.pages_needed(loaded.weights))
+        pages = self.pages.take_pages(self.table.pages_needed(loaded.weights))
         assert pages is not None, "make_room said it fits"
         slot = heapq.heappop(self._free)
-        self.paged.write_paged(slot, loaded.weights, loaded.manifest.scaling, pages)
+        self.table.write_paged(slot, loaded.weights, loaded.manifest.scaling, pages)
         return Placement(slot, pages)
 
     def clear(self, placement: Placement) -> None:
         super().clear(placement)
         if placement.pages:
-            self.paged.zero_pages(placement.pages)
+            self.table.zero_pages(placement.pages)
             self.pages.return_pages(placement.pages)
 
 
