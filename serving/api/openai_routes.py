@@ -37,10 +37,9 @@ def cards(engine: AsyncEngine, tenant: TenantConfig | None) -> list[ModelCard]:
     source it is served from as ``root`` (vLLM's field)."""
     base = engine.engine.base.shape.name
     found = [ModelCard(id=base, root=engine.engine.config.model)] if tenant is None or tenant.allow_base else []
-    entries = list(engine.engine.adapters.entries.items())  # a copy: the engine thread may register meanwhile
-    for name, entry in sorted(entries):
-        if Tenants.may_use(tenant, entry.spec.tenant):
-            found.append(ModelCard(id=name, root=entry.spec.source, parent=base))
+    for name, spec in sorted(engine.engine.adapters.catalog.items()):  # the engine thread's published snapshot
+        if Tenants.may_use(tenant, spec.tenant):
+            found.append(ModelCard(id=name, root=spec.source, parent=base))
     return found
 
 
@@ -49,8 +48,8 @@ def resolve_model(engine: AsyncEngine, model: str, tenant: TenantConfig | None) 
     tenant without base access, answers exactly as a missing model."""
     if model == engine.engine.base.shape.name and (tenant is None or tenant.allow_base):
         return None
-    entry = engine.engine.adapters.entries.get(model)
-    if entry is not None and Tenants.may_use(tenant, entry.spec.tenant):
+    spec = engine.engine.adapters.catalog.get(model)
+    if spec is not None and Tenants.may_use(tenant, spec.tenant):
         return model
     raise _missing(model)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 from loraplane import eviction
 from loraplane.adapter_format import BaseShape, ValidationLimits, check_adapter_name
@@ -72,6 +73,12 @@ class AdapterManager:
         self.loads = LoadQueue(self.loader, max_loads_in_flight)
         self.metrics = metrics or EngineMetrics()
         self.entries: dict[str, AdapterEntry] = {}
+        # What the server's event loop may read without going through the engine thread: an
+        # immutable snapshot of the registered names and their specs, replaced (never changed)
+        # by the engine thread whenever a registration changes, so a reader sees one whole
+        # version of it. Routing each lookup through the engine thread would add up to a step's
+        # length to every request's admission.
+        self.catalog: Mapping[str, AdapterSpec] = MappingProxyType({})
         self.retired: dict[str, AdapterEntry] = {}  # replaced versions still finishing running requests
         self._retired_count = 0
         self.placement = DevicePlacement(table, policy, self.entries, self._lookup, pages=pages, queued=queued)
@@ -96,6 +103,7 @@ class AdapterManager:
             else:
                 self._drop(spec.name)
         self.entries[spec.name] = AdapterEntry(spec, pinned=old.pinned if old else False)
+        self._publish()
 
     def unregister(self, name: str) -> None:
         """New requests stop finding the adapter at once; running ones finish on it first."""
@@ -105,7 +113,11 @@ class AdapterManager:
         else:
             self._drop(name)
         del self.entries[name]
+        self._publish()
         self.placement.demands.forget(name)
+
+    def _publish(self) -> None:
+        self.catalog = MappingProxyType({name: entry.spec for name, entry in self.entries.items()})
 
     def _retire(self, name: str) -> None:
         """Move a replaced (or removed) version with running requests aside under a private key: it

@@ -14,7 +14,7 @@ from tiny_models import make_peft_adapter
 from loraplane.adapter_format import AdapterValidationError, ErrorCode
 from loraplane.serving.engine.llm_engine import RequestError
 from loraplane.serving.engine.sampling_params import SamplingParams
-from loraplane.serving.lora.entries import AdapterBusy, AdapterNotFound
+from loraplane.serving.lora.entries import AdapterBusy, AdapterNotFound, AdapterSpec
 
 
 @pytest.fixture
@@ -114,3 +114,17 @@ def test_a_base_folder_called_base_still_checks_what_adapters_declare(
     assert err.value.code is ErrorCode.BASE_MISMATCH and "someone/another-model" in str(err.value)
     named = tiny_engine(folder, tmp_path / "cache-b", base_name="someone/another-model")
     assert named.load_lora("other", str(adapter)).name == "other"
+
+
+def test_the_server_reads_registrations_from_a_published_snapshot(engine, tiny_adapters) -> None:
+    """The event loop reads ``catalog`` without the engine thread: each registration replaces it
+    whole, so a reader holding one sees a consistent version that never changes under it."""
+    before = engine.adapters.catalog
+    engine.register_lora(AdapterSpec("snapshot-a", str(tiny_adapters["qv4"]), tenant="acme"))
+    after = engine.adapters.catalog
+    assert "snapshot-a" not in before and after["snapshot-a"].tenant == "acme"
+    with pytest.raises(TypeError):
+        after["x"] = after["snapshot-a"]  # type: ignore[index]
+    engine.unload_lora("snapshot-a")
+    assert "snapshot-a" in after and "snapshot-a" not in engine.adapters.catalog
+    assert set(engine.adapters.catalog) == set(engine.adapters.entries)
