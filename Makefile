@@ -51,7 +51,8 @@ test: lint kube
 e2e-cluster: $(STAMP)
 	LORAPLANE_E2E_CLUSTER=1 $(BIN)/pytest -m cluster e2e
 
-# The CRDs from the operator's models, and the chart's copies of them (tests fail when they differ).
+# The CRDs and the chart's values.schema.json from the operator's models, and the chart's copies of
+# the CRDs (tests fail when they differ).
 crds: $(STAMP)
 	$(BIN)/loraplane crds
 	cp crds/*.loraplane.dev.yaml crds/rbac.yaml charts/loraplane/files/crds/

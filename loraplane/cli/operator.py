@@ -1,4 +1,5 @@
-"""``loraplane crds`` and ``loraplane operator``: the CRDs from the typed models, and the kopf operator."""
+"""``loraplane crds`` and ``loraplane operator``: the CRDs (and the chart's values schema) from the typed models, and the
+kopf operator."""
 
 from __future__ import annotations
 
@@ -17,9 +18,23 @@ import click
     show_default=True,
     help="The Markdown reference rendered from the same models.",
 )
-@click.option("--check", is_flag=True, help="Fail if the files in --out or --doc differ from the models instead of writing them.")
-def crds(folder: Path, doc_path: Path, check: bool) -> None:
-    """Generate the CustomResourceDefinitions and their Markdown reference from the operator's pydantic models."""
+@click.option(
+    "--values-schema",
+    "values_path",
+    default="charts/loraplane/values.schema.json",
+    type=click.Path(dir_okay=False, path_type=Path),
+    show_default=True,
+    help="The Helm chart's values schema, from the chart's values model (its baseModel.spec is the CRD's).",
+)
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Fail if the files in --out, --doc or --values-schema differ from the models instead of writing them.",
+)
+def crds(folder: Path, doc_path: Path, values_path: Path, check: bool) -> None:
+    """Generate the CustomResourceDefinitions, their Markdown reference and the chart's values.schema.json from the
+    operator's pydantic models."""
+    from loraplane.operator.chart_values import values_schema_drifted, write_values_schema
     from loraplane.operator.crd_docs import doc_drifted, write_doc
     from loraplane.operator.crdgen import drifted, write_crds
 
@@ -27,11 +42,13 @@ def crds(folder: Path, doc_path: Path, check: bool) -> None:
         stale = [f"{name} in {folder}" for name in drifted(folder)]
         if doc_drifted(doc_path):
             stale.append(str(doc_path))
+        if values_schema_drifted(values_path):
+            stale.append(str(values_path))
         if stale:
             raise click.ClickException(f"out of date: {', '.join(stale)}; run `loraplane crds`")
-        click.echo(f"{folder}, {doc_path}: up to date")
+        click.echo(f"{folder}, {doc_path}, {values_path}: up to date")
         return
-    for path in [*write_crds(folder), write_doc(doc_path)]:
+    for path in [*write_crds(folder), write_doc(doc_path), write_values_schema(values_path)]:
         click.echo(f"wrote {path}")
 
 

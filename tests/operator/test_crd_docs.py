@@ -14,6 +14,7 @@ from crd_schema import ROOT
 from pydantic import BaseModel
 
 from loraplane.cli import main
+from loraplane.operator.chart_values import write_values_schema
 from loraplane.operator.crd_docs import NOTES, doc_drifted, fields, render, schema_of
 from loraplane.operator.crdgen import KINDS, write_crds
 
@@ -79,12 +80,13 @@ def test_notes_name_real_fields_the_models_leave_undescribed(kind: Any) -> None:
 
 
 def test_crds_check_fails_on_a_stale_reference_and_writing_fixes_it(tmp_path: Path) -> None:
-    folder, doc = tmp_path / "crds", tmp_path / "docs" / "crd-reference.md"
+    folder, doc, values = tmp_path / "crds", tmp_path / "docs" / "crd-reference.md", tmp_path / "values.schema.json"
     write_crds(folder)
+    write_values_schema(values)
     doc.parent.mkdir()
     doc.write_text(render().replace("adapters resident at once (device slots)", "something else"))
     runner = CliRunner()
-    args = ["crds", "--out", str(folder), "--doc", str(doc)]
+    args = ["crds", "--out", str(folder), "--doc", str(doc), "--values-schema", str(values)]
     stale = runner.invoke(main, [*args, "--check"])
     assert stale.exit_code != 0 and str(doc) in stale.output and "loraplane crds" in stale.output
     assert runner.invoke(main, args).exit_code == 0
@@ -94,9 +96,11 @@ def test_crds_check_fails_on_a_stale_reference_and_writing_fixes_it(tmp_path: Pa
 
 
 def test_crds_check_still_names_drifted_crds(tmp_path: Path) -> None:
-    folder, doc = tmp_path / "crds", tmp_path / "crd-reference.md"
+    folder, doc, values = tmp_path / "crds", tmp_path / "crd-reference.md", tmp_path / "values.schema.json"
     write_crds(folder)
+    write_values_schema(values)
     doc.write_text(render())
     (folder / "basemodels.loraplane.dev.yaml").write_text("# edited\n")
-    result = CliRunner().invoke(main, ["crds", "--out", str(folder), "--doc", str(doc), "--check"])
+    args = ["crds", "--out", str(folder), "--doc", str(doc), "--values-schema", str(values), "--check"]
+    result = CliRunner().invoke(main, args)
     assert result.exit_code != 0 and "basemodels.loraplane.dev" in result.output and str(doc) not in result.output
