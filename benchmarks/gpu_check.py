@@ -1002,7 +1002,6 @@ def part_serving(ctx: Ctx) -> dict[str, Any]:
         f"{w.output_len} output) tokens over {len(used)} distinct adapters (mean rank {statistics.mean(used_ranks):.1f}; "
         f"only their files written, in {time.perf_counter() - start:.1f} s), {w.max_loras} device slots, greedy, EOS ignored"
     )
-    has_graphs = "enforce_eager" in EngineConfig.model_fields
     max_model_len = -(-(w.prompt_len + w.output_len) // 16) * 16
     head_dim = raw["hidden_size"] // raw["num_attention_heads"]
     per_block = KVCache.bytes_per_block(raw["num_hidden_layers"], 16, raw["num_key_value_heads"], head_dim, ctx.dtype)
@@ -1020,10 +1019,8 @@ def part_serving(ctx: Ctx) -> dict[str, Any]:
             model=str(folder), load_format="dummy", device=ctx.device.type, dtype=ctx.dtype_name, kernel_backend=ctx.backend,
             quantization=quantization, max_loras=w.max_loras, max_cpu_loras=w.num_adapters, max_lora_rank=64,
             max_model_len=max_model_len, kv_cache_memory_mb=kv_mb, max_loads_in_flight=8, enable_prefix_caching=False,
-            cache_dir=cache,
+            cache_dir=cache, enforce_eager=eager,
         )  # fmt: skip
-        if has_graphs:
-            settings["enforce_eager"] = eager
         began = time.perf_counter()
         engine = build_engine(EngineConfig(**settings))
         caches[id(engine)] = cache
@@ -1044,7 +1041,7 @@ def part_serving(ctx: Ctx) -> dict[str, Any]:
         warm = serve(engine, warm_trace, 4, a.serving_timeout)  # compiles the kernels' variants before the clock runs
         if warm["num_errors"]:
             raise RuntimeError(f"warm-up: {warm['errors'][0]}")
-        graphs = "" if not has_graphs else ", graphs off" if eager else ", graphs on (captured while building)"
+        graphs = ", graphs off" if eager else ", graphs on (captured while building)"
         print(
             f"  built {quantization or ctx.dtype_name}{graphs} in {built:.1f} s; {len(used)} adapters into host memory "
             f"in {loaded:.1f} s; warm-up {time.perf_counter() - began:.1f} s",
@@ -1078,10 +1075,8 @@ def part_serving(ctx: Ctx) -> dict[str, Any]:
                     flush=True,
                 )
 
-    if not has_graphs:
-        print("cuda graphs: not built (EngineConfig has no enforce_eager): every step runs eagerly")
-    dense_name = f"{ctx.dtype_name}, graphs on" if has_graphs else ctx.dtype_name
-    fp8_name = "fp8, graphs on" if has_graphs else "fp8"
+    dense_name = f"{ctx.dtype_name}, graphs on"
+    fp8_name = "fp8, graphs on"
     info: dict[str, Any] = {}
     error: str | None = None
     live: list[Any] = []
@@ -1105,14 +1100,14 @@ def part_serving(ctx: Ctx) -> dict[str, Any]:
             live.remove(engines[fp8_name])
             close(engines.pop(fp8_name))
             release()
-        if has_graphs:  # graphs off beside graphs on, the FP8 engine gone to make room
-            if time.perf_counter() + 3 * longest() > deadline:
-                notes.append("graphs off: skipped (part 4's time budget, --serving-budget)")
-                print(f"  graphs off: skipped, too little of the {a.serving_budget:.0f} s budget left (--serving-budget)")
-            else:
-                eager = build(None, True)
-                live.append(eager)
-                timed_rounds({dense_name: dense, f"{ctx.dtype_name}, graphs off": eager})
+        # Graphs off beside graphs on, the FP8 engine gone to make room.
+        if time.perf_counter() + 3 * longest() > deadline:
+            notes.append("graphs off: skipped (part 4's time budget, --serving-budget)")
+            print(f"  graphs off: skipped, too little of the {a.serving_budget:.0f} s budget left (--serving-budget)")
+        else:
+            eager = build(None, True)
+            live.append(eager)
+            timed_rounds({dense_name: dense, f"{ctx.dtype_name}, graphs off": eager})
     except Exception as err:  # keep the runs that finished
         traceback.print_exc()
         error = f"{type(err).__name__}: {err}"
@@ -1148,7 +1143,6 @@ def part_serving(ctx: Ctx) -> dict[str, Any]:
         "ok": error is None,
         "model": label,
         "workload": w.__dict__ | {"distinct_adapters": len(used)},
-        "cuda_graphs": "built" if has_graphs else "not built",
         "runs": runs,
         "summary": summary,
         "notes": notes,

@@ -87,6 +87,12 @@ class LoraSlots:
                 f"adapter shapes A{list(a.shape)} B{list(b.shape)} do not fit slots of "
                 f"in={self.in_features}, out={self.out_features}"
             )
+        device = self.lora_a.device
+        if a.device != device:
+            # Across to the device as they are (from page-locked memory that is asynchronous), then
+            # the dtype conversion and B's transpose on the device: converting on the host would
+            # go through a pageable temporary, and a copy from pageable memory blocks the host.
+            a, b = a.to(device, non_blocking=True), b.to(device, non_blocking=True)
         self.lora_a[slot, :rank].copy_(a)
         self.lora_b[slot, :rank].copy_(b.T)
         self.ranks[slot] = rank

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch._guards import detect_fake_mode
 
 from loraplane.kernels.layout import SlotLayoutError
 
@@ -73,15 +74,18 @@ class PagedLoraSlots:
         if any(o < 0 or o + self.in_features > end for o in a_rows) or any(o < 0 or o + self.out_features > end for o in b_rows):
             raise SlotLayoutError("a row offset points outside the pool")
         # One scatter per matrix (its rows' flat positions in the pool) rather than a copy per row:
-        # on a GPU each copy is a launch, and an adapter has thousands of rows.
+        # on a GPU each copy is a launch, and an adapter has thousands of rows. The weights cross
+        # as they are and are converted and transposed on the device; the row offsets cross from
+        # page-locked memory, and the scatter's index is built from them there.
         device = self.pool.device
-        for rows, width, values in ((a_rows, self.in_features, a), (b_rows, self.out_features, b.T)):
-            starts = torch.tensor(rows, dtype=torch.int64)
-            index = (starts[:, None] + torch.arange(width)).reshape(-1)
-            flat = values.to(torch.float32).reshape(-1)
-            self.pool.index_copy_(0, index.to(device, non_blocking=True), flat.to(device, non_blocking=True))
-        self.a_offsets[slot, :rank] = torch.tensor(a_rows, dtype=torch.int64)
-        self.b_offsets[slot, :rank] = torch.tensor(b_rows, dtype=torch.int64)
+        a, b = a.to(device, non_blocking=True), b.to(device, non_blocking=True)
+        for rows, width, values, offsets in (
+            (a_rows, self.in_features, a, self.a_offsets), (b_rows, self.out_features, b.T, self.b_offsets)
+        ):  # fmt: skip
+            starts = _to_device(rows, device)
+            index = (starts[:, None] + torch.arange(width, device=device)).reshape(-1)
+            self.pool.index_copy_(0, index, values.to(torch.float32).reshape(-1))
+            offsets[slot, :rank] = starts
         self.ranks[slot] = rank
         self.scalings[slot] = scaling
 
@@ -99,3 +103,12 @@ class PagedLoraSlots:
             else torch.zeros(0, self.out_features)
         )
         return a, b
+
+
+def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """int64 ``values`` on ``device`` without blocking the host: through page-locked memory when
+    a real GPU is there (not while fake tensors are traced, where nothing can be pinned)."""
+    host = torch.tensor(values, dtype=torch.int64)
+    if device.type == "cuda" and torch.cuda.is_available() and detect_fake_mode() is None:
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)

@@ -47,7 +47,9 @@ class EngineConfig(EngineSizing):
     quantization: Literal["fp8"] | None = Field(default=None, description="fp8: float8_e4m3fn base weights, per-channel scales")
     block_size: int = Field(default=16, gt=0)
     num_kv_blocks: int | None = Field(default=None, gt=0, description="overrides kv_cache_memory_mb")
-    kv_cache_memory_mb: int = Field(default=512, gt=0, description="the KV cache's size on a CPU (and on a GPU when set)")
+    kv_cache_memory_mb: int | None = Field(
+        default=None, gt=0, description="the KV cache's size; unset: 512 on a CPU, gpu_memory_utilization's share on a GPU"
+    )
     enable_prefix_caching: bool = True
     fair_scheduling: bool = Field(default=True, description="admit waiting requests least-served tenant first, not FIFO")
     max_adapter_bytes: int = Field(default=2 * 2**30, gt=0, description="largest adapter weights file accepted")

@@ -15,6 +15,7 @@ import torch
 
 from loraplane.adapter_format import ValidationLimits
 from loraplane.adapter_format.sources import S3Settings
+from loraplane.serving import cuda_runtime
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.adapter_gate import AdapterGate
 from loraplane.serving.engine.block_manager import BlockManager
@@ -38,6 +39,7 @@ from loraplane.serving.weights.base import BaseCheckpoint, resolve_base
 from loraplane.serving.weights.checkpoint import iter_tensors, load_weights, random_weights
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CPU_KV_CACHE_MB = 512  # the KV cache on a CPU when kv_cache_memory_mb is unset
 
 
 def resolve_dtype(name: str, device: torch.device | None = None) -> torch.dtype:
@@ -101,10 +103,10 @@ def kv_blocks(
     per_block = KVCache.bytes_per_block(cfg.num_hidden_layers, config.block_size, cfg.num_key_value_heads, cfg.head_dim, dtype)
     if config.num_kv_blocks:
         num_blocks = config.num_kv_blocks
-    elif gpu is not None and "kv_cache_memory_mb" not in config.model_fields_set:
+    elif config.kv_cache_memory_mb is None and gpu is not None:
         num_blocks = max(0, gpu.kv_bytes // per_block)
     else:
-        num_blocks = max(1, config.kv_cache_memory_mb * 2**20 // per_block)
+        num_blocks = max(1, (config.kv_cache_memory_mb or CPU_KV_CACHE_MB) * 2**20 // per_block)
     if num_blocks * config.block_size < max_model_len:
         hint = (
             "raise gpu_memory_utilization, lower max_loras, max_lora_rank or max_num_batched_tokens, or lower max_model_len"
@@ -179,7 +181,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
     slot_dtype = dtype if device.type == "cuda" else torch.float32
     static = static_slot_bytes(model, config, slot_dtype) if config.lora_memory == "static" else 0
     gpu = None
-    if device.type == "cuda" and torch._guards.detect_fake_mode() is None:
+    if cuda_runtime.available(device):
         act = activation_bytes(cfg, max_num_batched_tokens, max_num_seqs, dtype, config.max_lora_rank)
         gpu = gpu_budget(device, config.gpu_memory_utilization, static, act)
     num_blocks, per_block = kv_blocks(config, base, dtype, max_model_len, gpu)

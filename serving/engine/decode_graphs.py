@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from loraplane.adapter_format import LLAMA_TARGETS
+from loraplane.serving import cuda_runtime
+from loraplane.serving.host_side import host_side
 from loraplane.serving.model.attention import KVCache
 from loraplane.serving.model.context import LoraBatch, PagedBatch, StepContext
 from loraplane.serving.model.llama import LlamaModel
@@ -41,7 +43,7 @@ def bucket_sizes(max_num_seqs: int) -> list[int]:
 
 @dataclass
 class StaticInputs:
-    """Views of one int32 device buffer, ``max_rows`` rows each (``tables`` has ``width`` columns)."""
+    """Views of one int32 buffer, ``max_rows`` rows each (``tables`` has ``width`` columns)."""
 
     buffer: torch.Tensor
     ids: torch.Tensor
@@ -54,15 +56,18 @@ class StaticInputs:
     query_starts: torch.Tensor
 
     @classmethod
-    def allocate(cls, max_rows: int, width: int, device: torch.device) -> StaticInputs:
+    def views(cls, buffer: torch.Tensor, max_rows: int, width: int) -> StaticInputs:
         sizes = [max_rows] * 6 + [max_rows * width, max_rows + 1]
-        buffer = torch.zeros(sum(sizes), dtype=torch.int32, device=device)
-        views, start = [], 0
+        parts, start = [], 0
         for n in sizes:
-            views.append(buffer[start : start + n])
+            parts.append(buffer[start : start + n])
             start += n
-        views[6] = views[6].view(max_rows, width)
-        return cls(buffer, *views)
+        parts[6] = parts[6].view(max_rows, width)
+        return cls(buffer, *parts)
+
+    @staticmethod
+    def size(max_rows: int, width: int) -> int:
+        return max_rows * (7 + width) + 1
 
 
 class DecodeGraphs:
@@ -79,16 +84,32 @@ class DecodeGraphs:
         self.device = model.embed_tokens.weight.device
         self.scratch_block, self.width = scratch_block, max_blocks
         self.sizes = bucket_sizes(max_num_seqs)
-        self.static = StaticInputs.allocate(self.sizes[-1], max_blocks, self.device)
-        # Each decode row is one query: the starts are fixed for every bucket. Until the first
-        # step fills them, rows point at the scratch block (the warm-up before capture runs them).
-        self.static.query_starts.copy_(torch.arange(self.sizes[-1] + 1, dtype=torch.int32))
-        self.static.blocks.fill_(scratch_block)
-        self.static.tables.fill_(scratch_block)
-        self.static.seq_lens.fill_(1)
-        self.static.row_slots.fill_(-1)
-        self.real = self.device.type == "cuda" and torch.cuda.is_available()
+        rows = self.sizes[-1]
+        self.real = cuda_runtime.available(self.device)
         self.pool = torch.cuda.graph_pool_handle() if self.real else None
+        # The host side of the static buffer: filled in place each step (only the bucket's rows,
+        # only each row's own blocks) and sent whole in one copy; real, and page-locked on a GPU,
+        # even while fake tensors are traced. Until a step fills them, rows point at the scratch
+        # block (the warm-up before capture runs them); each decode row is one query, so the
+        # query starts never change.
+        with host_side():
+            staging = torch.zeros(StaticInputs.size(rows, max_blocks), dtype=torch.int32)
+            self.staging = staging.pin_memory() if self.real else staging
+            host = StaticInputs.views(self.staging, rows, max_blocks)
+            host.query_starts.copy_(torch.arange(rows + 1, dtype=torch.int32))
+            for field, value in (
+                (host.blocks, scratch_block),
+                (host.tables, scratch_block),
+                (host.seq_lens, 1),
+                (host.row_slots, -1),
+            ):
+                field.fill_(value)
+            self.host = {
+                name: getattr(host, name).numpy()
+                for name in ("ids", "positions", "blocks", "offsets", "row_slots", "seq_lens", "tables")
+            }
+        self.static = StaticInputs.views(torch.empty_like(self.staging, device=self.device), rows, max_blocks)
+        self.static.buffer.copy_(self.staging)
         self.graphs: dict[int, Callable[[], None]] = {}
         self.outputs: dict[int, torch.Tensor] = {}
 
@@ -96,7 +117,9 @@ class DecodeGraphs:
         return next((s for s in self.sizes if s >= rows), None)
 
     def _forward(self, size: int) -> torch.Tensor:
-        """The decode step of ``size`` padded rows, on the static buffers: logits [size, vocab]."""
+        """The decode step of ``size`` padded rows on the static buffers: hidden states [size,
+        hidden]. Logits stay outside the graph, for the real rows only: a float32 [size, vocab]
+        output kept per bucket would hold gigabytes for a 128k vocabulary."""
         s = self.static
         lora = LoraBatch(
             row_slots=s.row_slots[:size], seg_starts=None, seg_slots=None, active_modules=frozenset(LLAMA_TARGETS),
@@ -108,8 +131,8 @@ class DecodeGraphs:
         ctx = StepContext(
             positions=s.positions[:size], slot_blocks=s.blocks[:size], slot_offsets=s.offsets[:size], lora=lora, paged=paged
         )
-        hidden = self.model(s.ids[:size], ctx, self.cache)
-        return self.model.logits(hidden)
+        hidden: torch.Tensor = self.model(s.ids[:size], ctx, self.cache)
+        return hidden
 
     def capture(self, size: int) -> None:
         """Record the bucket's graph (after one eager run, which compiles the Triton kernels and
@@ -135,38 +158,39 @@ class DecodeGraphs:
             for size in reversed(self.sizes):
                 self.capture(size)
 
-    def host_rows(self, rows: list[tuple[int, int, int, int, int, list[int]]], size: int) -> list[int]:
-        """The static buffer's contents for these decode rows, padded to ``size``: (token id,
-        position, KV slot, adapter slot, context length, block table) per row."""
-        n, width, bs = len(rows), self.width, self.cache.block_size
-        pad = size - n
-        scratch = self.scratch_block * bs
-        ids = [r[0] for r in rows] + [0] * pad
-        positions = [r[1] for r in rows] + [0] * pad
-        slots = [r[2] for r in rows] + [scratch] * pad
-        row_slots = [r[3] for r in rows] + [-1] * pad
-        lens = [r[4] for r in rows] + [1] * pad
-        tables = [b for r in rows for b in r[5] + [0] * (width - len(r[5]))] + [self.scratch_block] * (pad * width)
-        total = self.sizes[-1]
-        fill = total - size
-
-        def field(values: list[int]) -> list[int]:
-            return values + [0] * fill
-
-        return (
-            field(ids) + field(positions) + field([s // bs for s in slots]) + field([s % bs for s in slots])
-            + field(row_slots) + field(lens) + tables + [0] * (fill * width) + list(range(total + 1))
-        )  # fmt: skip
+    def fill(self, rows: list[tuple[int, int, int, int, int, list[int]]], size: int) -> None:
+        """Write these decode rows, padded to ``size``, into the host buffer: (token id, position,
+        KV slot, adapter slot, context length, block table) per row. Rows past ``size`` and table
+        columns past a row's context are never read (the kernel stops at each row's length)."""
+        h, n, bs = self.host, len(rows), self.cache.block_size
+        for name, column in (("ids", 0), ("positions", 1), ("row_slots", 3), ("seq_lens", 4)):
+            h[name][:n] = [r[column] for r in rows]
+        h["blocks"][:n] = [r[2] // bs for r in rows]
+        h["offsets"][:n] = [r[2] % bs for r in rows]
+        for i, r in enumerate(rows):
+            h["tables"][i, : len(r[5])] = r[5]
+        # Pad rows: no adapter, one token at position 0 of the scratch block.
+        for name, value in (
+            ("ids", 0),
+            ("positions", 0),
+            ("row_slots", -1),
+            ("seq_lens", 1),
+            ("blocks", self.scratch_block),
+            ("offsets", 0),
+        ):
+            h[name][n:size] = value
+        h["tables"][n:size, 0] = self.scratch_block
 
     def run(self, rows: list[tuple[int, int, int, int, int, list[int]]]) -> torch.Tensor:
-        """Logits [len(rows), vocab] of one decode step, replayed from its bucket's graph."""
+        """Logits [len(rows), vocab] of one decode step, replayed from its bucket's graph. The
+        host buffer is free to refill: the previous step's copy was waited for when its tokens
+        came back."""
         size = self.bucket(len(rows))
         assert size is not None, "the runner checks the bucket first"
-        host = torch.tensor(self.host_rows(rows, size), dtype=torch.int32)
-        if self.real:
-            host = host.pin_memory()
-        self.static.buffer.copy_(host, non_blocking=True)
+        with host_side():
+            self.fill(rows, size)
+        self.static.buffer.copy_(self.staging, non_blocking=True)
         if size not in self.graphs:
             self.capture(size)
         self.graphs[size]()
-        return self.outputs[size][: len(rows)]
+        return self.model.logits(self.outputs[size][: len(rows)])

@@ -148,10 +148,12 @@ class ModelRunner:
         )
         ctx = StepContext(positions=positions, slot_blocks=blocks, slot_offsets=offsets, prefills=prefills, lora=lora)
         if decode:
-            # One padded gather for every decode row; the mask hides each row's padding.
-            mask = torch.arange(width * bs, device=self.device).unsqueeze(0) < lens[decode].unsqueeze(1)
+            # One padded gather for every decode row, as wide as the longest decode row (not a
+            # prefill's context beside them); the mask hides each row's padding.
+            dw = max(len(r.tables[i]) for i in decode)
+            mask = torch.arange(dw * bs, device=self.device).unsqueeze(0) < lens[decode].unsqueeze(1)
             ctx = dataclasses.replace(
-                ctx, decode_rows=drows, decode_block_tables=tables[decode], decode_mask=mask.view(len(decode), 1, 1, width * bs)
+                ctx, decode_rows=drows, decode_block_tables=tables[decode, :dw], decode_mask=mask.view(len(decode), 1, 1, dw * bs)
             )
         return ids, ctx, logit_rows, r.sampled
 

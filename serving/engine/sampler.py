@@ -135,4 +135,5 @@ def _rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """These rows of ``logits``: a view when they are consecutive (no index to copy over)."""
     if rows == list(range(rows[0], rows[0] + len(rows))):
         return logits[rows[0] : rows[0] + len(rows)]
-    return logits[torch.tensor(rows, dtype=torch.long).to(logits.device, non_blocking=True)]
+    (index,) = transfers.to_device([(rows, (len(rows),))], logits.device)
+    return logits[index]

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 import torch
 
+from loraplane.serving import cuda_runtime
+
 Shape = tuple[int, ...]
 
 
@@ -26,7 +28,7 @@ def to_device(arrays: Sequence[tuple[Sequence[int], Shape]], device: torch.devic
     """``[(flat values, shape)]`` as int32 tensors on ``device``, copied in one transfer."""
     flat = [v for values, _ in arrays for v in values]
     host = torch.tensor(flat, dtype=torch.int32)
-    if device.type == "cuda" and torch.cuda.is_available():
+    if cuda_runtime.available(device):
         host = host.pin_memory()
     buffer = host.to(device, non_blocking=True)
     out, start = [], 0

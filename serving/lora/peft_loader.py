@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from loraplane.adapter_format import AdapterManifest, BaseShape, ValidationLimits, validate_adapter_dir
 from loraplane.adapter_format.validation import WEIGHTS_FILE
+from loraplane.serving import cuda_runtime
 from loraplane.serving.host_side import host_side
 from loraplane.serving.lora.rank_cap import truncate_adapter
 
@@ -57,7 +58,7 @@ def load_peft_adapter(
         assert m, f"validation accepted {name!r}"  # the validator uses the same pattern
         pairs.setdefault((int(m.group(1)), m.group(2)), {})[m.group(3)] = tensor.to(dtype)
     weights = {key: (p["A"], p["B"]) for key, p in pairs.items()}
-    if torch.cuda.is_available():
+    if cuda_runtime.available():
         # The host tier in page-locked memory: host -> device copies then run asynchronously at full bus speed.
         weights = {key: (a.pin_memory(), b.pin_memory()) for key, (a, b) in weights.items()}
     if manifest.needs_truncation:

@@ -20,6 +20,7 @@ import torch
 
 from loraplane.adapter_format import LLAMA_TARGETS
 from loraplane.kernels import LoraSlots, PagedLoraSlots
+from loraplane.serving import cuda_runtime
 from loraplane.serving.lora.slot_writes import SlotWrites
 from loraplane.serving.model.layers import LoraLinear
 from loraplane.serving.model.llama import LlamaModel
@@ -63,6 +64,9 @@ class SlotTable:
         self.writes.wait(range(self.num_slots) if slots is None else slots)
 
     def clear(self, slot: int) -> None:
+        # Copies into this slot may still be on the side stream (placed, then evicted before a
+        # step read it): the compute stream's clear must come after them.
+        self.writes.wait([slot])
         for slots in self.slots.values():
             slots.ranks[slot] = 0
             slots.scalings[slot] = 0.0
@@ -108,8 +112,10 @@ class PagedSlotTable(SlotTable):
         """Clear pages an adapter gives back before KV blocks take them: float32 rows read as
         bfloat16 or float16 KV can be NaN, and a masked position still multiplies by zero."""
         if pages:
-            index = torch.tensor(pages, dtype=torch.int64).to(self.pool.device, non_blocking=True)
-            self.pool.view(-1, self.page_floats).index_fill_(0, index, 0.0)
+            index = torch.tensor(pages, dtype=torch.int64)
+            if cuda_runtime.available(self.pool.device):
+                index = index.pin_memory()  # a copy from pageable memory would block the host
+            self.pool.view(-1, self.page_floats).index_fill_(0, index.to(self.pool.device, non_blocking=True), 0.0)
 
     def pages_needed(self, weights: Weights) -> int:
         return self._pack(self._rows(weights), None)[0]

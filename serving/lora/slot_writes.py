@@ -22,11 +22,12 @@ from contextlib import contextmanager
 
 import torch
 
+from loraplane.serving import cuda_runtime
+
 
 class SlotWrites:
     def __init__(self, device: torch.device) -> None:
-        cuda = device.type == "cuda" and torch.cuda.is_available()
-        self.stream = torch.cuda.Stream(device) if cuda else None  # type: ignore[no-untyped-call]
+        self.stream = torch.cuda.Stream(device) if cuda_runtime.available(device) else None  # type: ignore[no-untyped-call]
         # slot -> (the copy's event, the host tensors it reads, kept alive until a step waits on it)
         self.pending: dict[int, tuple[torch.cuda.Event, object]] = {}
 

@@ -48,7 +48,7 @@ class PagedBatch:
     decode rows alike): sequence ``b``'s new tokens are rows ``query_starts[b]:query_starts[b+1]``
     and its whole context is ``seq_lens[b]`` tokens in the blocks ``block_tables[b]`` lists."""
 
-    block_tables: torch.Tensor  # [B, max_blocks] int32, padded with block 0
+    block_tables: torch.Tensor  # [B, max_blocks] int32; past a sequence's length never read
     query_starts: torch.Tensor  # [B + 1] int32
     seq_lens: torch.Tensor  # [B] int32
     max_query_len: int  # known on the host: sizes the kernel's grid

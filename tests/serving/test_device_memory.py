@@ -24,9 +24,12 @@ def test_the_kv_cache_gets_what_the_utilization_leaves(tiny_llama: Path, tmp_pat
     assert gpu.kv_bytes == 72 * GiB - 22 * GiB
     assert blocks == gpu.kv_bytes // per_block
     # An explicit size or block count wins over the utilization, as in vLLM.
-    sized = config.model_copy(update={"kv_cache_memory_mb": 64})
-    sized = EngineConfig.model_validate(sized.model_dump())  # as a user would set it: the field counts as set
+    sized = EngineConfig(model=str(tiny_llama), cache_dir=tmp_path, block_size=16, kv_cache_memory_mb=64)
     assert kv_blocks(sized, base, torch.bfloat16, 512, gpu)[0] == 64 * 2**20 // per_block
+    # A config written out and read back (what the operator's engine.yaml is) still sizes from the GPU.
+    again = EngineConfig.model_validate(config.model_dump())
+    assert kv_blocks(again, base, torch.bfloat16, 512, gpu)[0] == blocks
+    assert kv_blocks(config, base, torch.bfloat16, 512, None)[0] == 512 * 2**20 // per_block  # a CPU's default
     counted = EngineConfig(model=str(tiny_llama), cache_dir=tmp_path, num_kv_blocks=100)
     assert kv_blocks(counted, base, torch.bfloat16, 512, gpu)[0] == 100
 
