@@ -330,43 +330,15 @@ class LogitsRecorder:
 def peft_greedy(
     ctx: Ctx, folder: Path, adapters: dict[str, Path], requests: list[tuple[list[int], str | None]], eos_ids: frozenset[int]
 ) -> tuple[list[list[int]], list[Any]]:
-    """tests/helpers/peft_reference.hf_greedy, on the check's device and dtype: PEFT's own mixed
-    batch (``adapter_names``), left-padded, EOS suppressed for every step; the adapters are cast to
-    the model's dtype, as the engine's GPU slots hold them."""
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=ctx.dtype).eval()
-    names = list(adapters)
-    peft = PeftModel.from_pretrained(model, str(adapters[names[0]]), adapter_name=names[0])
-    for name in names[1:]:
-        peft.load_adapter(str(adapters[name]), adapter_name=name)
-    peft = peft.to(device=ctx.device, dtype=ctx.dtype).eval()
-    width = max(len(p) for p, _ in requests)
-    ids = torch.zeros((len(requests), width), dtype=torch.long)
-    mask = torch.zeros((len(requests), width), dtype=torch.long)
-    for i, (prompt, _) in enumerate(requests):
-        ids[i, width - len(prompt) :] = torch.tensor(prompt)
-        mask[i, width - len(prompt) :] = 1
-    with torch.inference_mode():
-        out = peft.generate(
-            input_ids=ids.to(ctx.device),
-            attention_mask=mask.to(ctx.device),
-            adapter_names=[a or "__base__" for _, a in requests],
-            max_new_tokens=PARITY_STEPS,
-            min_new_tokens=PARITY_STEPS,
-            eos_token_id=sorted(eos_ids) or None,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-            pad_token_id=0,
-        )
-    tokens = out.sequences[:, width:].tolist()
-    logits = torch.stack(out.logits, dim=1).float().cpu()
-    del peft, model
+    """The tests' reference (tests/helpers/peft_reference.hf_greedy: PEFT's own mixed batch,
+    left-padded, EOS suppressed for every step) on the check's device and dtype; the adapters are
+    cast to the model's dtype, as the engine's GPU slots hold them."""
+    reference = helpers("peft_reference")
+    tokens, logits = reference.hf_greedy(
+        folder, adapters, requests, PARITY_STEPS, device=ctx.device, dtype=ctx.dtype, eos_ids=eos_ids
+    )
     release()
-    return tokens, [logits[i] for i in range(len(requests))]
+    return tokens, logits
 
 
 def compare(ours: list[int], ours_logits: Any, ref: list[int], ref_logits: Any) -> dict[str, Any]:
