@@ -96,7 +96,9 @@ class ModelRunner:
         return r
 
     def build(self, items: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, StepContext, torch.Tensor, list[Sequence]]:
-        """(input ids, the step's context, the rows to compute logits for, the sequences sampled)."""
+        """(input ids, the step's context, the rows to compute logits for, the sequences sampled).
+        One function: every host list crosses to the device in one transfer, and both backends'
+        contexts are cut from those same tensors."""
         r = self._rows(items)
         bs, num_rows = self.block_size, len(r.ids)
         used = set(r.row_slots) - {-1}

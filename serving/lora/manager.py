@@ -12,6 +12,10 @@ and the engine); pinned adapters and adapters with running sequences are never e
 tier always holds every device-resident adapter (as vLLM requires ``max_cpu_loras >= max_loras``),
 so a device eviction never costs a cold load, and a host eviction takes an idle adapter off the
 device as well.
+
+The manager composes the parts that do each job: names and versions (``registry``), loads
+(``load_queue`` and ``loader``), device slots (``placement``, with its drain and demand), and the
+host tier itself.
 """
 
 from __future__ import annotations
@@ -19,10 +23,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import MappingProxyType
 
 from loraplane import eviction
-from loraplane.adapter_format import BaseShape, ValidationLimits, check_adapter_name
+from loraplane.adapter_format import BaseShape, ValidationLimits
 from loraplane.adapter_format.sources import S3Settings
 from loraplane.admin_api import Tier
 from loraplane.eviction import TierFullError, make_policy
@@ -30,7 +33,6 @@ from loraplane.serving.lora.disk_cache import DiskCache
 from loraplane.serving.lora.entries import (
     AdapterEntry,
     AdapterInfo,
-    AdapterNotFound,
     AdapterSpec,
     AdapterUnavailable,
     Fetched,
@@ -41,6 +43,7 @@ from loraplane.serving.lora.load_queue import LoadQueue
 from loraplane.serving.lora.loader import AdapterLoader
 from loraplane.serving.lora.peft_loader import LoadedAdapter
 from loraplane.serving.lora.placement import DevicePlacement
+from loraplane.serving.lora.registry import AdapterRegistry
 from loraplane.serving.lora.shared_pages import SharedPages
 from loraplane.serving.lora.slot_table import SlotTable
 from loraplane.serving.metrics import EngineMetrics
@@ -72,16 +75,9 @@ class AdapterManager:
         self.loader = AdapterLoader(base, limits, self.disk, s3)
         self.loads = LoadQueue(self.loader, max_loads_in_flight)
         self.metrics = metrics or EngineMetrics()
-        self.entries: dict[str, AdapterEntry] = {}
-        # What the server's event loop may read without going through the engine thread: an
-        # immutable snapshot of the registered names and their specs, replaced (never changed)
-        # by the engine thread whenever a registration changes, so a reader sees one whole
-        # version of it. Routing each lookup through the engine thread would add up to a step's
-        # length to every request's admission.
-        self.catalog: Mapping[str, AdapterSpec] = MappingProxyType({})
-        self.retired: dict[str, AdapterEntry] = {}  # replaced versions still finishing running requests
-        self._retired_count = 0
-        self.placement = DevicePlacement(table, policy, self.entries, self._lookup, pages=pages, queued=queued)
+        self.registry = AdapterRegistry(on_drop=self._drop, on_retire=self._retire, on_retired_done=self._free_retired)
+        self.entries, self.retired = self.registry.entries, self.registry.retired  # read live, never rebound
+        self.placement = DevicePlacement(table, policy, self.entries, self.registry.lookup, pages=pages, queued=queued)
         busy, on_evict = self.placement.busy, self._off_host
         self.host = eviction.Tier(max_cpu_loras, make_policy(policy), name="host", in_use=busy, on_evict=on_evict)
 
@@ -90,44 +86,24 @@ class AdapterManager:
         """The device tier (the placement's own)."""
         return self.placement.tier
 
-    # registration ---------------------------------------------------------------------------
+    @property
+    def catalog(self) -> Mapping[str, AdapterSpec]:
+        """The registry's immutable snapshot of names and specs, safe to read off the engine thread."""
+        return self.registry.catalog
+
+    # registration (names and versions live in the registry; their residency here) -----------
     def register(self, spec: AdapterSpec) -> None:
         """Declare an adapter (or a new version of one: a new source or digest). Nothing is loaded."""
-        check_adapter_name(spec.name)
-        old = self.entries.get(spec.name)
-        if old is not None:
-            if old.spec == spec:
-                return
-            if old.running:
-                self._retire(spec.name)  # its running requests finish on it; new ones get this spec
-            else:
-                self._drop(spec.name)
-        self.entries[spec.name] = AdapterEntry(spec, pinned=old.pinned if old else False)
-        self._publish()
+        self.registry.register(spec)
 
     def unregister(self, name: str) -> None:
         """New requests stop finding the adapter at once; running ones finish on it first."""
-        entry = self._get(name)
-        if entry.running:
-            self._retire(name)
-        else:
-            self._drop(name)
-        del self.entries[name]
-        self._publish()
+        self.registry.unregister(name)
         self.placement.demands.forget(name)
 
-    def _publish(self) -> None:
-        self.catalog = MappingProxyType({name: entry.spec for name, entry in self.entries.items()})
-
-    def _retire(self, name: str) -> None:
-        """Move a replaced (or removed) version with running requests aside under a private key: it
-        keeps its device slot and weights until its last running request releases it, while the
-        name is free for the new version. This is how a promotion never fails a request in flight."""
-        entry = self.entries[name]
-        self._retired_count += 1
-        key = f"{name}#retired-{self._retired_count}"
-        entry.retired_key = key
-        self.retired[key] = entry
+    def _retire(self, name: str, key: str, entry: AdapterEntry) -> None:
+        """A replaced version with running requests keeps its device slot and weights under its
+        private key until its last request releases it."""
         if entry.slot is not None:
             self.device.remove(name)
             self.device.insert(key)  # the room it just left: nothing is evicted
@@ -136,17 +112,12 @@ class AdapterManager:
     def _drop(self, name: str) -> None:
         self.placement.remove(name)
         self.host.remove(name)
-        self.entries[name].loaded = None
+
+    def _free_retired(self, key: str) -> None:
+        self.placement.remove(key)
 
     def _get(self, name: str) -> AdapterEntry:
-        try:
-            return self.entries[name]
-        except KeyError:
-            raise AdapterNotFound(name) from None
-
-    # tier callbacks -------------------------------------------------------------------------
-    def _lookup(self, key: object) -> AdapterEntry | None:
-        return self.entries.get(str(key)) or self.retired.get(str(key))
+        return self.registry.get(name)
 
     # demand ---------------------------------------------------------------------------------
     def note_arrival(self, name: str) -> None:
@@ -268,9 +239,7 @@ class AdapterManager:
     def acquire(self, name: str) -> object:
         """Count a running request against the adapter; returns the lease to release, which stays
         with this version even if the name is re-registered meanwhile."""
-        entry = self._get(name)
-        entry.running += 1
-        return entry
+        return self.registry.acquire(name)
 
     @staticmethod
     def lease_version(lease: object) -> tuple[str | None, str | None]:
@@ -280,12 +249,7 @@ class AdapterManager:
 
     def release(self, lease: object) -> None:
         assert isinstance(lease, AdapterEntry)
-        lease.running -= 1
-        key = lease.retired_key
-        if key is not None and lease.running == 0 and key in self.retired:
-            self.placement.remove(key)
-            del self.retired[key]
-            lease.loaded = None
+        self.registry.release(lease)
 
     # pinning and prefetch -------------------------------------------------------------------
     @property
