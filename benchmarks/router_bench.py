@@ -77,9 +77,10 @@ def main() -> None:
         for policy, sim_routing in (("round-robin", "round-robin"), ("affinity", "affinity")):
             print(f"{policy}: starting {args.replicas} replicas and the router...", flush=True)
             latency, tiers, spread = measure(config, adapters, tenants, requests, args.replicas, policy, args.epsilon)
-            predicted = simulate_replicas(
-                trace, args.replicas, args.max_loras, args.max_cpu_loras, sim_routing, epsilon=args.epsilon
-            )
+            predicted = simulate_replicas(  # the replicas' own eviction policy (the engine's default)
+                trace, args.replicas, args.max_loras, args.max_cpu_loras, sim_routing, epsilon=args.epsilon,
+                policy=config.eviction_policy,
+            )  # fmt: skip
             rows.append((policy, latency, tiers, spread, predicted))
 
     print(
