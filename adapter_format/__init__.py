@@ -6,7 +6,7 @@ neither may drag the other's dependencies in.
 """
 
 from loraplane.adapter_format.base_shape import LLAMA_TARGETS, BaseShape
-from loraplane.adapter_format.digest import file_digest, parse_digest
+from loraplane.adapter_format.digest import adapter_digest, file_digest, parse_digest
 from loraplane.adapter_format.errors import AdapterValidationError, ErrorCode
 from loraplane.adapter_format.names import check_adapter_name
 from loraplane.adapter_format.peft_config import PeftLoraConfig
@@ -22,6 +22,7 @@ __all__ = [
     "PeftLoraConfig",
     "TensorInfo",
     "ValidationLimits",
+    "adapter_digest",
     "check_adapter_name",
     "file_digest",
     "parse_digest",

@@ -15,10 +15,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from loraplane.adapter_format.digest import GOLDEN_FILE
 from loraplane.adapter_format.errors import AdapterValidationError, ErrorCode
-
-GOLDEN_FILE = "golden_outputs.json"
-
 
 # A replay runs on the serving engine beside real traffic: the file bounds what it may ask of it.
 MAX_CASES = 256

@@ -17,8 +17,7 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from loraplane.adapter_format import AdapterValidationError, ErrorCode
-from loraplane.adapter_format.golden import GOLDEN_FILE
-from loraplane.adapter_format.validation import CONFIG_FILE, WEIGHTS_FILE
+from loraplane.adapter_format.digest import CONFIG_FILE, GOLDEN_FILE, WEIGHTS_FILE
 
 ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
 

@@ -14,13 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from loraplane.adapter_format.base_shape import LLAMA_TARGETS, BaseShape
-from loraplane.adapter_format.digest import file_digest, parse_digest
+from loraplane.adapter_format.digest import CONFIG_FILE, WEIGHTS_FILE, adapter_digest, file_digests, parse_digest
 from loraplane.adapter_format.errors import AdapterValidationError, ErrorCode
 from loraplane.adapter_format.peft_config import PeftLoraConfig, load_peft_config
 from loraplane.adapter_format.safetensors_header import TensorInfo, read_safetensors_header
 
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 FLOAT_DTYPES = ("F32", "F16", "BF16")
 
@@ -35,6 +33,9 @@ class ValidationLimits:
     max_bytes: int = 2 * 2**30
     allow_rank_truncation: bool = False
     supported_modules: tuple[str, ...] = LLAMA_TARGETS
+    # Refuse a declared digest of the weights file alone (the earlier form), which leaves the
+    # config and the golden outputs free to change under it.
+    require_adapter_digest: bool = False
 
 
 @dataclass(frozen=True)
@@ -46,11 +47,15 @@ class AdapterManifest:
     scaling: float
     target_modules: tuple[str, ...]
     layers: tuple[int, ...]
-    digest: str
+    digest: str  # the weights file's
     size_bytes: int
     dtype: str
     needs_truncation: bool = False
     tensors: dict[str, TensorInfo] = field(default_factory=dict, repr=False)
+    adapter_digest: str = ""  # config, weights and golden outputs (adapter_format.digest)
+    # What the declared digest covered: "adapter", "weights" (the earlier form), or None when
+    # nothing was declared.
+    digest_scope: str | None = None
 
 
 def _fail(code: ErrorCode, message: str) -> AdapterValidationError:
@@ -153,6 +158,24 @@ def _check_finite(path: Path, tensors: dict[str, TensorInfo]) -> None:
             raise _fail(ErrorCode.CORRUPT_SAFETENSORS, f"tensor {name!r} contains NaN or Inf")
 
 
+def _digest_scope(declared: str, whole: str, weights: str, limits: ValidationLimits) -> str:
+    """Which digest the manifest declared; anything else is a mismatch naming both."""
+    if declared == whole:
+        return "adapter"
+    if declared == weights and not limits.require_adapter_digest:
+        return "weights"
+    if declared == weights:
+        raise _fail(
+            ErrorCode.DIGEST_MISMATCH,
+            f"the declared digest {declared} covers only {WEIGHTS_FILE}; this server requires the adapter's digest "
+            f"{whole} (config, weights and golden outputs; `loraplane digest FOLDER` prints it)",
+        )
+    raise _fail(
+        ErrorCode.DIGEST_MISMATCH,
+        f"the adapter's digest is {whole} (its {WEIGHTS_FILE}'s {weights}); the manifest declares {declared}",
+    )
+
+
 def validate_adapter_dir(
     folder: str | Path,
     base: BaseShape,
@@ -171,9 +194,9 @@ def validate_adapter_dir(
     size = weights.stat().st_size
     if size > limits.max_bytes:
         raise _fail(ErrorCode.TOO_LARGE, f"{WEIGHTS_FILE} is {size} bytes, the limit is {limits.max_bytes}")
-    digest = weights_digest or file_digest(weights)
-    if expected_digest is not None and parse_digest(expected_digest) != digest:
-        raise _fail(ErrorCode.DIGEST_MISMATCH, f"{WEIGHTS_FILE} has digest {digest}, the manifest declares {expected_digest}")
+    digests = file_digests(folder, weights_digest)
+    digest, whole = digests[WEIGHTS_FILE], adapter_digest(folder, digests)
+    scope = None if expected_digest is None else _digest_scope(parse_digest(expected_digest), whole, digest, limits)
     _check_base(config, base)
     needs_truncation = config.r > limits.max_lora_rank
     if needs_truncation and not limits.allow_rank_truncation:
@@ -198,6 +221,8 @@ def validate_adapter_dir(
         target_modules=tuple(m for m in limits.supported_modules if m in modules),
         layers=tuple(sorted(layers)),
         digest=digest,
+        adapter_digest=whole,
+        digest_scope=scope,
         size_bytes=size,
         dtype=dtype,
         needs_truncation=needs_truncation,

@@ -56,6 +56,11 @@ class EngineSizing(BaseModel):
         description="which idle, unpinned adapter leaves a tier first (device and host); demand also keeps the hottest "
         "adapters in their slots and drains the least-demanded busy one for a waiting adapter",
     )
+    require_adapter_digest: bool = Field(
+        default=False,
+        description="refuse an adapter whose declared digest is of adapter_model.safetensors alone (the earlier "
+        "form); the adapter digest also covers adapter_config.json and the golden outputs",
+    )
 
     @model_validator(mode="after")
     def _host_holds_device(self) -> EngineSizing:

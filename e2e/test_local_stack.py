@@ -63,7 +63,7 @@ def upload(
 
 
 def record_golden(base: Path, adapter: Path, cache: Path) -> None:
-    from loraplane.adapter_format.golden import GOLDEN_FILE
+    from loraplane.adapter_format.digest import GOLDEN_FILE
     from loraplane.serving.engine.builder import build_engine
     from loraplane.serving.engine.sampling_params import SamplingParams
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from loraplane.adapter_format import AdapterValidationError, BaseShape, ValidationLimits, validate_adapter_dir
 from loraplane.adapter_format.sources import S3Settings, open_source
 from loraplane.adapter_format.validation import AdapterManifest
+from loraplane.admin_api.engine_sizing import EngineSizing
 from loraplane.operator.api.loraadapter import LoraAdapterSpec
 
 
@@ -23,10 +24,13 @@ class CheckFailed(Exception):
         return f"{self.reason}: {self.message}"
 
 
-def check_adapter(spec: LoraAdapterSpec, base: BaseShape, max_lora_rank: int, s3: S3Settings | None = None) -> AdapterManifest:
-    """The manifest of a valid adapter, or :class:`CheckFailed`. Blocking (network and disk): run it
-    in a thread."""
-    limits = ValidationLimits(max_lora_rank=max_lora_rank, allow_rank_truncation=spec.rank_policy == "Truncate")
+def check_adapter(spec: LoraAdapterSpec, base: BaseShape, engine: EngineSizing, s3: S3Settings | None = None) -> AdapterManifest:
+    """The manifest of a valid adapter, or :class:`CheckFailed`, under the base's engine limits.
+    Blocking (network and disk): run it in a thread."""
+    limits = ValidationLimits(
+        max_lora_rank=engine.max_lora_rank, allow_rank_truncation=spec.rank_policy == "Truncate",
+        require_adapter_digest=engine.require_adapter_digest,
+    )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="loraplane-check-") as tmp:
         folder = Path(tmp) / "adapter"
         folder.mkdir()

@@ -178,7 +178,7 @@ async def _reconcile_on(
         shape = await clients[0].base()
         s3 = await s3_settings(namespace, base)
         try:
-            manifest = await asyncio.to_thread(check_adapter, spec, shape, base.engine.max_lora_rank, s3)
+            manifest = await asyncio.to_thread(check_adapter, spec, shape, base.engine, s3)
             gate = await quality_gate(clients[0], spec)
         except CheckFailed as err:
             if promoting:
@@ -196,8 +196,10 @@ async def _reconcile_on(
                 out.condition("Ready", "False", err.reason, err.message, generation)
             return out
         checked = f"rank {manifest.rank}, {len(manifest.target_modules)} target modules{gate}"
+        if manifest.digest_scope == "weights":  # the earlier form: say what to declare instead
+            checked += f"; the declared digest covers the weights only, declare {manifest.adapter_digest} to cover all"
         out.condition("Validated", "True", "Valid", checked, generation)
-        status.rank, status.size_bytes = manifest.rank, manifest.size_bytes
+        status.rank, status.size_bytes, status.adapter_digest = manifest.rank, manifest.size_bytes, manifest.adapter_digest
     served = spec.served_name or name
     pinned = spec.pinned
     quotas = spec.quotas or base.tenancy.default_quotas

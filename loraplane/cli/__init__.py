@@ -8,6 +8,7 @@ import click
 from loraplane import __version__
 from loraplane.cli.bench import bench
 from loraplane.cli.demo import demo
+from loraplane.cli.digest import digest
 from loraplane.cli.generate import generate
 from loraplane.cli.operator import crds, operator
 from loraplane.cli.router import router
@@ -32,5 +33,5 @@ def main() -> None:
     """
 
 
-for command in (sim, plan, generate, serve, demo, bench, router, crds, operator, usage):
+for command in (sim, plan, generate, serve, demo, bench, router, crds, operator, usage, digest):
     main.add_command(command)

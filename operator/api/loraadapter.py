@@ -66,6 +66,11 @@ class LoraAdapterStatus(KubeModel):
     serving_digest: str | None = Field(default=None, description="the version taking new requests")
     serving_uri: str | None = Field(default=None, description="where that version was fetched from")
     promoting_digest: str | None = Field(default=None, description="a new version being validated and staged")
+    adapter_digest: str | None = Field(
+        default=None,
+        description="the adapter digest of the version checked last (config, weights and golden outputs): the form "
+        "to declare in spec.source.digest",
+    )
     rank: int | None = None
     size_bytes: int | None = None
     pinned: bool = False

@@ -15,11 +15,12 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from loraplane.serving.api import admin_routes, openai_routes, ops_routes
 from loraplane.serving.api.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from loraplane.serving.api.deps import ServerState
-from loraplane.serving.api.errors import APIError, api_error_handler, validation_error_handler
+from loraplane.serving.api.errors import APIError, api_error_handler, http_error_handler, validation_error_handler
 from loraplane.serving.api.metrics_port import view as metrics_view
 from loraplane.serving.api.tenants import Tenants
 from loraplane.serving.api.usage_metrics import UsageCollector
@@ -55,6 +56,7 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_exception_handler(StarletteHTTPException, http_error_handler)
     app.state.server = state  # what every router's dependencies read (see deps)
     usage_registry = CollectorRegistry()
     usage_registry.register(UsageCollector(meters))

@@ -94,17 +94,19 @@ class AsyncEngine:
 
     async def generate(
         self, prompt: str | list[int], params: SamplingParams, adapter: str | None, request_id: str, tenant: str | None = None,
-        after: str | None = None,
+        after: str | None = None, cache_scope: str | None = None,
     ) -> AsyncIterator[RequestOutput]:  # fmt: skip
         """Outputs of one request as the engine produces them; the last one has ``finished``.
-        ``after``: the request whose prompt this one shares (``LLMEngine.add_request``)."""
+        ``after`` and ``cache_scope`` are ``LLMEngine.add_request``'s."""
         q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
         def add() -> str:
             self._streams[request_id] = (loop, q)
             try:
-                return self.engine.add_request(prompt, params, adapter=adapter, request_id=request_id, tenant=tenant, after=after)
+                return self.engine.add_request(
+                    prompt, params, adapter=adapter, request_id=request_id, tenant=tenant, after=after, cache_scope=cache_scope
+                )
             except BaseException:
                 self._streams.pop(request_id, None)
                 raise

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
 class APIError(Exception):
@@ -51,6 +52,15 @@ async def validation_error_handler(request: Request, exc: Exception) -> JSONResp
     """FastAPI answers 422; OpenAI answers 400 with the first problem spelled out."""
     assert isinstance(exc, RequestValidationError)
     return await api_error_handler(request, invalid_request(exc.errors()))
+
+
+async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """Starlette's own refusals (an unknown route or method, a body it cannot even decode) in
+    OpenAI's shape too, instead of ``{"detail": ...}``, keeping their headers (``Allow``)."""
+    assert isinstance(exc, StarletteHTTPException)
+    message = exc.detail if exc.status_code != 404 else f"Invalid URL ({request.method} {request.url.path})"
+    type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    return JSONResponse(error_body(str(message), type_), status_code=exc.status_code, headers=exc.headers)
 
 
 def bearer_matches(authorization: str | None, token: str) -> bool:

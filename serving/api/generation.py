@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from collections.abc import AsyncIterator
 
 from loraplane.serving.api.async_engine import AsyncEngine
@@ -28,6 +29,7 @@ from loraplane.serving.lora.entries import AdapterNotFound, AdapterUnavailable
 from loraplane.serving.tokenizer import PromptTooLong
 
 Request = CompletionRequest | ChatCompletionRequest
+COMPILE_DEADLINE_SECONDS = 10.0  # a response_format schema's compile, queueing included
 
 
 async def sampling(engine: AsyncEngine, req: Request, max_tokens: int, logprobs: int | None) -> SamplingParams:
@@ -55,16 +57,26 @@ async def sampling(engine: AsyncEngine, req: Request, max_tokens: int, logprobs:
 
 
 async def guide_for(engine: AsyncEngine, req: Request) -> Guide | None:
-    """The structured-output guide for ``response_format`` (None for plain text), compiled off
-    the event loop; a schema the grammar library cannot compile is a 400 with its message."""
+    """The structured-output guide for ``response_format`` (None for plain text), compiled on the
+    grammar compiler's own threads, so a flood of heavy schemas never delays another request's
+    tokenisation; a schema the grammar library cannot compile, or not within
+    ``COMPILE_DEADLINE_SECONDS``, is a 400 with the reason."""
     fmt = req.response_format
     if fmt is None or fmt.type == "text":
         return None
     schema = fmt.json_schema.schema_ if fmt.type == "json_schema" and fmt.json_schema is not None else None
+    grammars = engine.engine.grammars
+    work = asyncio.get_running_loop().run_in_executor(grammars.pool, grammars.compile, schema)
     try:
-        return await asyncio.to_thread(engine.engine.grammars.compile, schema)
+        return await asyncio.wait_for(work, COMPILE_DEADLINE_SECONDS)
     except GrammarError as err:
         raise APIError(400, f"response_format: {err}", param="response_format") from None
+    except TimeoutError:  # a compile already running finishes within llguidance's own fuel bounds
+        raise APIError(
+            400,
+            f"response_format: the schema did not compile within {COMPILE_DEADLINE_SECONDS:g} s; simplify it",
+            param="response_format",
+        ) from None
 
 
 async def tokenised(engine: AsyncEngine, prompts: list[str | list[int]]) -> list[str | list[int]]:
@@ -154,13 +166,23 @@ async def admit(
     return Choices([], meter, release)
 
 
+def cache_scope(tenant: str | None, cache_salt: str | None) -> str | None:
+    """Whose cached prompt blocks a request may reuse: its tenant's, narrowed by vLLM's
+    ``cache_salt``. A shared prefix cache would let one tenant learn another's prompts from the
+    cached token count or the time to first token; with no tenants and no salt, everyone shares."""
+    if tenant is None and cache_salt is None:
+        return None
+    return json.dumps([tenant, cache_salt])  # unambiguous whatever either string holds
+
+
 async def run(
     server: ServerState, engine: AsyncEngine, prompts: list[str | list[int]], params: SamplingParams, n: int,
-    meter: RequestMeter, tenant: TenantConfig | None,
+    meter: RequestMeter, tenant: TenantConfig | None, cache_salt: str | None = None,
 ) -> Choices:  # fmt: skip
     """Admit the request and start one engine sequence per choice. A choice refused at its start
     refuses the request, and the others are aborted."""
     request = await admit(server, prompts, params, n, meter, tenant)
+    scope = cache_scope(meter.tenant, cache_salt)
     total = len(prompts) * n
     for i, prompt in enumerate(prompts):
         leader: str | None = None
@@ -170,7 +192,7 @@ async def run(
             meter.expect(rid, i, index)
             # As vLLM: the samples of a seeded request differ from each other and are each reproducible.
             p = params if j == 0 or params.seed is None else dataclasses.replace(params, seed=params.seed + j)
-            stream = engine.generate(prompt, p, meter.adapter, rid, tenant=meter.tenant, after=leader)
+            stream = engine.generate(prompt, p, meter.adapter, rid, tenant=meter.tenant, after=leader, cache_scope=scope)
             request.choices.append(Choice(index, rid, stream))
             leader = leader or rid
     try:

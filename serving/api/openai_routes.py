@@ -75,7 +75,7 @@ async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, se
     rid, created = new_id("cmpl"), now()
     meter = meter_for(server, rid, "/v1/completions", req.model, adapter, tenant)
     prompts = await tokenised(engine, req.prompts())
-    request = await run(server, engine, prompts, params, req.n, meter, tenant)
+    request = await run(server, engine, prompts, params, req.n, meter, tenant, req.cache_salt)
 
     def logprobs_of(out: RequestOutput, start: int = 0) -> dict[str, Any] | None:
         """The entries of ``out``'s tokens from ``start`` on (a streamed chunk carries its new ones)."""
@@ -121,7 +121,7 @@ async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, serve
     params = await sampling(engine, req, limit, (req.top_logprobs or 0) if req.logprobs else None)
     rid, created = new_id("chatcmpl"), now()
     meter = meter_for(server, rid, "/v1/chat/completions", req.model, adapter, tenant)
-    request = await run(server, engine, [prompt], params, req.n, meter, tenant)
+    request = await run(server, engine, [prompt], params, req.n, meter, tenant, req.cache_salt)
 
     def logprobs_of(out: RequestOutput, start: int = 0) -> dict[str, Any] | None:
         if not req.logprobs:

@@ -80,6 +80,10 @@ class _Sampling(_Strict):
         default=None, max_length=300, description="token id (as a string) -> bias added to its logit"
     )
     response_format: ResponseFormat | None = None
+    cache_salt: str | None = Field(
+        default=None, min_length=1, max_length=256,
+        description="vLLM extension: only requests of the same tenant with the same salt share cached prompt blocks",
+    )  # fmt: skip
     # OpenAI fields that change nothing a model computes here: accepted, as OpenAI's own server does.
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -194,10 +198,15 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(description="prompt tokens whose KV came from the prefix cache")
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 def new_id(prefix: str) -> str:

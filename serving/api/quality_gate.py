@@ -18,7 +18,8 @@ import asyncio
 import uuid
 from pathlib import Path
 
-from loraplane.adapter_format.golden import GOLDEN_FILE, DriftLimits, DriftReport, GoldenOutputs, load_golden
+from loraplane.adapter_format.digest import GOLDEN_FILE
+from loraplane.adapter_format.golden import DriftLimits, DriftReport, GoldenOutputs, load_golden
 from loraplane.adapter_format.names import check_adapter_name
 from loraplane.admin_api import VerifyRequest
 from loraplane.serving.api.async_engine import AsyncEngine

@@ -14,7 +14,7 @@ from loraplane.serving.api.choices import Choices, CleanupResponse
 from loraplane.serving.api.errors import error_body
 from loraplane.serving.api.generation import Request, failure
 from loraplane.serving.api.metering import RequestMeter
-from loraplane.serving.api.protocol import Usage
+from loraplane.serving.api.protocol import PromptTokensDetails, Usage
 from loraplane.serving.engine.outputs import RequestOutput
 from loraplane.serving.engine.sequence import FinishReason
 
@@ -27,10 +27,14 @@ def finish_reason(out: RequestOutput) -> str | None:
     return "length" if out.finish_reason is FinishReason.LENGTH else "stop"
 
 
-def usage(meter: RequestMeter) -> dict[str, int]:
-    prompt_tokens, _, completion_tokens = meter.tokens()
+def usage(meter: RequestMeter) -> dict[str, Any]:
+    """OpenAI's usage block, with the prompt tokens the prefix cache served as OpenAI reports them."""
+    prompt_tokens, cached, completion_tokens = meter.tokens()
     total = prompt_tokens + completion_tokens
-    return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=total).model_dump()
+    details = PromptTokensDetails(cached_tokens=cached)
+    return Usage(
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=total, prompt_tokens_details=details
+    ).model_dump()
 
 
 def with_running_usage(req: Request, event: dict[str, Any], meter: RequestMeter) -> dict[str, Any]:

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from loraplane.adapter_format import AdapterValidationError, check_adapter_name
-from loraplane.adapter_format.golden import GOLDEN_FILE, DriftLimits, DriftReport, load_golden
+from loraplane.adapter_format.digest import GOLDEN_FILE
+from loraplane.adapter_format.golden import DriftLimits, DriftReport, load_golden
 from loraplane.adapter_format.names import INTERNAL_OWNER
 from loraplane.serving.engine.golden_replay import replay_golden
 from loraplane.serving.lora.entries import AdapterInfo, AdapterSpec

@@ -5,8 +5,11 @@ blocks holding its tokens in order). With prefix caching, a *full* block is also
 key: its parent's key, its token ids and the adapter key (adapter name and weights digest, or
 none for the bare base). KV depends on all three: the same system prompt under two adapters, or
 under one adapter name reloaded with new weights, produces different keys and never shares
-blocks. A freed block keeps its key and contents until the block is handed out again, oldest
-freed first, so a prompt that returns soon finds its prefix still cached.
+blocks. The key also holds the sequence's cache scope (its tenant and ``cache_salt``): KV would
+be the same, but a hit is visible (cached tokens, time to first token), so sharing across
+tenants would tell one tenant what another has sent. A freed block keeps its key and contents
+until the block is handed out again, oldest freed first, so a prompt that returns soon finds its
+prefix still cached.
 
 Torch-free on purpose: block accounting is plain bookkeeping that the scheduler tests drive
 without a model.
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 
 from loraplane.serving.engine.sequence import Sequence
 
-BlockKey = tuple[int, str | None, tuple[int, ...]]
+BlockKey = tuple[int, str | None, str | None, tuple[int, ...]]
 
 
 class OutOfBlocks(RuntimeError):
@@ -79,7 +82,7 @@ class BlockManager:
 
     def _key(self, parent: int, seq: Sequence, index: int) -> BlockKey:
         tokens = tuple(seq.tokens(index * self.block_size, (index + 1) * self.block_size))
-        return (parent, seq.adapter_key, tokens)
+        return (parent, seq.adapter_key, seq.cache_scope, tokens)
 
     def _prefix_hits(self, seq: Sequence) -> list[Block]:
         """Cached blocks that hold this sequence's leading full blocks. The last token is always

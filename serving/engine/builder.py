@@ -210,7 +210,11 @@ def build_parts(config: EngineConfig) -> EngineParts:
     adapters = AdapterManager(
         slots,
         base.shape,
-        ValidationLimits(max_lora_rank=config.max_lora_rank, max_bytes=config.max_adapter_bytes),
+        ValidationLimits(
+            max_lora_rank=config.max_lora_rank,
+            max_bytes=config.max_adapter_bytes,
+            require_adapter_digest=config.require_adapter_digest,
+        ),
         cache_dir=config.cache_dir,
         max_cpu_loras=config.host_slots,
         disk_cache_max_bytes=config.disk_cache_max_bytes,

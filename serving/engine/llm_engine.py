@@ -129,10 +129,12 @@ class LLMEngine:
         request_id: str | None = None,
         tenant: str | None = None,
         after: str | None = None,
+        cache_scope: str | None = None,
     ) -> str:
         """Queue a request. ``after`` names a request with the same prompt (another sample of an
         ``n`` > 1 call): this one waits until that one's prompt is in the KV cache and then shares
-        its blocks through the prefix cache instead of computing the prompt again."""
+        its blocks through the prefix cache instead of computing the prompt again. Only requests
+        of one ``cache_scope`` share cached prompt blocks (the server scopes them by tenant)."""
         params = params or SamplingParams()
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
@@ -149,7 +151,9 @@ class LLMEngine:
             raise RequestError(
                 f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds max_model_len={self.max_model_len}"
             )
-        seq = Sequence(request_id=request_id, prompt_token_ids=ids, params=params, adapter=adapter, tenant=tenant)
+        seq = Sequence(
+            request_id=request_id, prompt_token_ids=ids, params=params, adapter=adapter, tenant=tenant, cache_scope=cache_scope
+        )
         seq.detokenizer = Detokenizer(self.tokenizer.decode, params.stop)
         seq.leader = self.requests.get(after) if after is not None else None
         seq.arrival_time = time.monotonic()

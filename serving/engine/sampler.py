@@ -119,8 +119,11 @@ class Sampler:
         if p.top_p < 1.0:
             ordered, index = torch.sort(scaled, descending=True)
             cumulative = torch.softmax(ordered, dim=-1).cumsum(-1)
-            # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+            # Keep the smallest prefix whose mass reaches top_p. The first token always stays, said
+            # outright: the mass before it is 0 only in exact arithmetic, and a top_p as small as
+            # 5e-324 would otherwise drop every token.
             drop = cumulative - torch.softmax(ordered, dim=-1) >= p.top_p
+            drop[0] = False
             scaled = scaled.scatter(0, index[drop], float("-inf"))
         probs = torch.softmax(scaled, dim=-1)
         return int(torch.multinomial(probs, 1, generator=self._generator(seq)))

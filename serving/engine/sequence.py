@@ -47,6 +47,7 @@ class Sequence:
     adapter_slot: int = -1
     adapter_key: str | None = None
     tenant: str | None = None
+    cache_scope: str | None = None  # only sequences of one scope share cached prompt blocks
     arrival_time: float = 0.0
     arrival_tier: str | None = None  # where the adapter was when the request arrived
     first_scheduled_time: float | None = None  # when it was first admitted into a batch (vLLM's name)

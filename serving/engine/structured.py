@@ -18,6 +18,7 @@ CPU tests.
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import llguidance
@@ -56,6 +57,9 @@ class Grammars:
         self._tokenizer: llguidance.LLTokenizer | None = None
         self._lock = threading.Lock()
         self.executor = llguidance.LLExecutor()
+        # The server compiles schemas here, not on the shared default pool: two threads bound
+        # how much CPU schemas take at once (llguidance's fuel bounds each compile).
+        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar")
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:

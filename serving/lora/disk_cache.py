@@ -1,10 +1,10 @@
 """Node-local disk cache of adapter folders, content-addressed, bounded in bytes.
 
-Each fetched folder is stored under the sha256 of its contents (the config, the weights and the
-golden outputs together: two adapters with the same weights but different ``lora_alpha`` or
-target modules are different adapters). A small alias per source URI records which content that
-source last gave and the weights' digest, so a restart with the same registration (source and
-declared weights digest) is a local read.
+Each fetched folder is stored under its adapter digest (``adapter_format.digest``: the config,
+the weights and the golden outputs together; two adapters with the same weights but different
+``lora_alpha`` or target modules are different adapters). A small alias per source URI records
+which content that source last gave and the weights' digest, so a restart with the same
+registration (source and declared digest, of either form) is a local read.
 
 What a cache shared by replicas and outliving crashes needs:
 
@@ -40,13 +40,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from loraplane.adapter_format import file_digest, parse_digest
-from loraplane.adapter_format.golden import GOLDEN_FILE
-from loraplane.adapter_format.validation import CONFIG_FILE, WEIGHTS_FILE
+from loraplane.adapter_format import adapter_digest, parse_digest
+from loraplane.adapter_format.digest import WEIGHTS_FILE, file_digests
 from loraplane.eviction import Tier, make_policy
 from loraplane.usage.spool import fsync_path
 
-CONTENT_FILES = (CONFIG_FILE, WEIGHTS_FILE, GOLDEN_FILE)
 _CONTENT_NAME = re.compile(r"^[0-9a-f]{64}$")
 STALE_STAGING_SECONDS = 3600.0  # a temporary fetch folder this old is a crash's leftover
 
@@ -55,15 +53,9 @@ def _alias_name(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:40] + ".json"
 
 
-def _file_digests(folder: Path) -> dict[str, str]:
-    """Each content file's digest (``-`` for a missing one)."""
-    return {name: file_digest(folder / name) if (folder / name).is_file() else "-" for name in CONTENT_FILES}
-
-
 def content_address(folder: Path, digests: dict[str, str] | None = None) -> str:
-    """The sha256 over the digests of the content files."""
-    digests = digests or _file_digests(folder)
-    return hashlib.sha256("\n".join(f"{name}={digests[name]}" for name in CONTENT_FILES).encode()).hexdigest()
+    """A folder's name in the cache: the hex of its adapter digest."""
+    return adapter_digest(folder, digests).removeprefix("sha256:")
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -144,13 +136,14 @@ class DiskCache:
             self._pinned.discard(source)
 
     # reads ----------------------------------------------------------------------------------
-    def get(self, source: str, weights_digest: str) -> Path | None:
-        """The cached folder for this source if it holds weights with this digest and still matches
-        its content address; the caller then holds it for reading until :meth:`release`. A folder
-        that no longer matches is deleted and None returned, so the caller fetches it again."""
+    def get(self, source: str, digest: str) -> tuple[str, Path] | None:
+        """(weights digest, folder) of this source's cached copy if it has this digest (the
+        adapter's, or the earlier form's of the weights alone) and still matches its content
+        address; the caller then holds it for reading until :meth:`release`. A folder that no
+        longer matches is deleted and None returned, so the caller fetches it again."""
         alias = self._alias(source)
-        content = str(alias.get("content", ""))
-        if alias.get("weights") != parse_digest(weights_digest) or not _CONTENT_NAME.match(content):
+        content, weights = str(alias.get("content", "")), str(alias.get("weights", ""))
+        if parse_digest(digest) not in (weights, f"sha256:{content}") or not _CONTENT_NAME.match(content):
             return None
         folder = self.root / content
         with self._lock:
@@ -173,7 +166,7 @@ class DiskCache:
             else:  # written by another process sharing the directory
                 self.tier.insert(content, _folder_bytes(folder))
             self._enforce()
-        return folder
+        return weights, folder
 
     def release(self, folder: Path) -> None:
         """A load has finished reading ``folder``: it may be evicted again."""
@@ -190,7 +183,7 @@ class DiskCache:
     def commit(self, staged: Path, source: str) -> tuple[str, Path]:
         """Move a fetched folder into place under its content address, durably; returns (weights
         digest, folder), which the caller holds for reading until :meth:`release`."""
-        digests = _file_digests(staged)
+        digests = file_digests(staged)
         weights, content = digests[WEIGHTS_FILE], content_address(staged, digests)
         target = self.root / content
         for child in staged.iterdir():

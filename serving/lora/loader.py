@@ -5,6 +5,7 @@ touching no engine state."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from loraplane.adapter_format import BaseShape, ValidationLimits
@@ -20,9 +21,10 @@ class AdapterLoader:
 
     def load(self, spec: AdapterSpec) -> Fetched:
         start = time.perf_counter()
-        folder = self.disk.get(spec.source, spec.digest) if spec.digest else None
-        tier, weights = "disk", spec.digest  # a hit was verified against this digest
-        if folder is None:
+        hit = self.disk.get(spec.source, spec.digest) if spec.digest else None
+        if hit is not None:
+            tier, (weights, folder) = "disk", hit  # verified against its content address
+        else:
             tier = "cold"
             staged = self.disk.staging()
             try:
@@ -31,12 +33,7 @@ class AdapterLoader:
             except BaseException:
                 self.disk.discard(staged)
                 raise
-        limits = ValidationLimits(
-            max_lora_rank=self.limits.max_lora_rank,
-            max_bytes=self.limits.max_bytes,
-            allow_rank_truncation=spec.allow_rank_truncation,
-            supported_modules=self.limits.supported_modules,
-        )
+        limits = dataclasses.replace(self.limits, allow_rank_truncation=spec.allow_rank_truncation)
         try:
             # The cache hashed the weights as it wrote or verified the folder: not hashed twice.
             loaded = load_peft_adapter(folder, self.base, limits, expected_digest=spec.digest, weights_digest=weights)

@@ -232,9 +232,11 @@ class AdapterManager:
         return self._get(name).residency
 
     def cache_key(self, name: str) -> str:
+        """What the prefix cache keys this version's KV by: the adapter digest, since a new config
+        (``lora_alpha``) over the same weights computes different KV."""
         entry = self._get(name)
         assert entry.loaded is not None
-        return f"{name}@{entry.loaded.digest}"
+        return f"{name}@{entry.loaded.manifest.adapter_digest}"
 
     def acquire(self, name: str) -> object:
         """Count a running request against the adapter; returns the lease to release, which stays

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from loraplane.adapter_format import AdapterManifest, BaseShape, ValidationLimits, validate_adapter_dir
-from loraplane.adapter_format.validation import WEIGHTS_FILE
+from loraplane.adapter_format.digest import WEIGHTS_FILE
 from loraplane.serving import cuda_runtime
 from loraplane.serving.host_side import host_side
 from loraplane.serving.lora.rank_cap import truncate_adapter

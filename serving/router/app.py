@@ -13,9 +13,10 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from loraplane.serving.api.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
-from loraplane.serving.api.errors import APIError, api_error_handler, validation_error_handler
+from loraplane.serving.api.errors import APIError, api_error_handler, http_error_handler, validation_error_handler
 from loraplane.serving.api.tenants import Tenants
 from loraplane.serving.api.usage_metrics import UsageCollector
 from loraplane.serving.router.config import RouterConfig
@@ -83,6 +84,7 @@ def create_router_app(
     app.add_middleware(BodyLimit, max_bytes=DEFAULT_MAX_BODY_BYTES)  # the replicas' own cap: refused here first
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_exception_handler(StarletteHTTPException, http_error_handler)
     app.include_router(routes)
     return app
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import Request, Response
 from pydantic import ValidationError
@@ -57,6 +58,15 @@ def _body(raw: bytes, path: str) -> tuple[dict[str, Any], CompletionRequest | Ch
     return payload, request_model
 
 
+async def _replica_serves(state: RouterState, request: Request, model: str) -> bool:
+    """For a name no replica's stats list (the base, or an adapter registered since the last
+    read), the replica's own lookup decides, with the caller's key, as ``GET /v1/models/{model}``
+    answers it. A replica that cannot answer decides nothing: the request goes on, and the
+    forward reports what it finds."""
+    r = await state.forward().get_any(f"/v1/models/{quote(model, safe='')}", forwarded_headers(request))
+    return r is None or r.status_code != 404
+
+
 def estimate_tokens(request_model: CompletionRequest | ChatCompletionRequest) -> int:
     """The most a request may use, without tokenising: the completion tokens the body allows for
     every choice and the prompt at about four characters a token, as OpenAI estimates for its own
@@ -79,7 +89,8 @@ async def _admitted(
     payload, request_model = _body(await request.body(), path)
     adapter = seen["adapter"] = request_model.model
     listed, owner = state.table.owner(adapter)
-    if listed and not Tenants.may_use(tenant, owner):  # before any quota can reveal it
+    # Before any quota can tell a missing name from another tenant's adapter, both answer 404.
+    if (listed and not Tenants.may_use(tenant, owner)) or (not listed and not await _replica_serves(state, request, adapter)):
         raise APIError(404, f"The model `{adapter}` does not exist.", code="model_not_found", param="model")
     reservation = state.tenants.admit(tenant, adapter, estimate_tokens(request_model))
 

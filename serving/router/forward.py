@@ -72,6 +72,16 @@ class Forwarder:
             self.metrics.routed.labels(replica.name, decision).inc()
             return replica, response
 
+    async def get_any(self, path: str, headers: dict[str, str]) -> httpx.Response | None:
+        """A GET answered by one replica that is up, the least busy first (every replica serves
+        the same adapters; the operator sees to it); None when none answers."""
+        for replica in sorted(self.table.up(), key=lambda r: r.in_flight):
+            try:
+                return await self.client.get(f"{replica.url}{path}", headers=headers)
+            except httpx.TransportError as err:
+                self.table.mark_down(replica, repr(err))
+        return None
+
     async def post(self, path: str, payload: dict[str, Any], headers: dict[str, str], done: Done) -> Response:
         model = payload.get("model")
         if not isinstance(model, str):

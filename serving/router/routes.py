@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-import httpx
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -31,17 +30,11 @@ async def chat(request: Request, state: State) -> Response:
 
 
 async def _ask_any(state: RouterState, request: Request, path: str) -> Response:
-    """Every replica serves the same adapters (the operator sees to it); ask one that is up."""
     state.tenants.authenticate(request.headers.get("authorization"))
-    client = state.forward().client
-    for replica in sorted(state.table.up(), key=lambda r: r.in_flight):
-        try:
-            r = await client.get(f"{replica.url}{path}", headers=forwarded_headers(request))
-        except httpx.TransportError as err:
-            state.table.mark_down(replica, repr(err))
-            continue
-        return Response(r.content, status_code=r.status_code, media_type="application/json")
-    raise _no_replica()
+    r = await state.forward().get_any(path, forwarded_headers(request))
+    if r is None:
+        raise _no_replica()
+    return Response(r.content, status_code=r.status_code, media_type="application/json")
 
 
 @router.get("/v1/models")

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import struct
+import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +25,14 @@ from loraplane.adapter_format import (
     BaseShape,
     ErrorCode,
     ValidationLimits,
+    adapter_digest,
     check_adapter_name,
     file_digest,
     read_safetensors_header,
     validate_adapter_dir,
 )
-from loraplane.adapter_format.golden import GOLDEN_FILE, load_golden
+from loraplane.adapter_format.digest import GOLDEN_FILE
+from loraplane.adapter_format.golden import load_golden
 
 BASE = BaseShape(
     name="HuggingFaceTB/SmolLM2-135M-Instruct",
@@ -81,6 +86,29 @@ def test_a_good_adapter_yields_its_manifest(tmp_path: Path) -> None:
     assert (m.rank, m.alpha, m.scaling) == (4, 8, 2.0)
     assert m.target_modules == ("q_proj", "v_proj") and m.layers == (0, 1)
     assert m.digest == digest and m.dtype == "F32" and not m.needs_truncation
+
+
+def test_the_adapter_digest_covers_config_weights_and_golden_outputs(tmp_path: Path) -> None:
+    folder = make_adapter(tmp_path / "v1")
+    weights, whole = file_digest(folder / "adapter_model.safetensors"), adapter_digest(folder)
+    assert whole != weights
+    m = validate_adapter_dir(folder, BASE, expected_digest=whole)
+    assert (m.digest, m.adapter_digest, m.digest_scope) == (weights, whole, "adapter")
+    # The earlier form (the weights alone) is still accepted, and says so.
+    assert validate_adapter_dir(folder, BASE, expected_digest=weights).digest_scope == "weights"
+    # A new lora_alpha over the same weights is another adapter: the declared adapter digest refuses
+    # it, naming what the folder now hashes to; the weights-only digest cannot tell.
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": 64}))
+    expect(ErrorCode.DIGEST_MISMATCH, folder, f"adapter's digest is {adapter_digest(folder)}", expected_digest=whole)
+    assert validate_adapter_dir(folder, BASE, expected_digest=weights).scaling == 16.0
+    strict = ValidationLimits(require_adapter_digest=True)
+    expect(ErrorCode.DIGEST_MISMATCH, folder, "covers only adapter_model.safetensors", strict, expected_digest=weights)
+    assert validate_adapter_dir(folder, BASE, strict, expected_digest=adapter_digest(folder)).digest_scope == "adapter"
+    # So does a change of the golden outputs alone.
+    before = adapter_digest(folder)
+    (folder / GOLDEN_FILE).write_text("{}")
+    assert adapter_digest(folder) != before
 
 
 def test_rslora_scaling(tmp_path: Path) -> None:
@@ -226,7 +254,13 @@ def test_header_reader_agrees_with_the_safetensors_library(tmp_path: Path) -> No
             assert ours[key].shape == f.get_tensor(key).shape
 
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# Damaged files per fuzz test: 750 each (3,000 in a test run); a longer run sets more, e.g.
+# LORAPLANE_FUZZ_EXAMPLES=100000 (docs/security.md).
+EXAMPLES = int(os.environ.get("LORAPLANE_FUZZ_EXAMPLES", "750"))
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# What reading one damaged adapter may allocate at its peak. The files are a few KiB; a reader
+# that trusted a declared length (up to 2^64) would allocate that instead, or die trying.
+PEAK_BYTES = 64 << 20
 
 
 @pytest.fixture(scope="module")
@@ -241,8 +275,20 @@ def _copy(good: Path, into: Path) -> Path:
     return into
 
 
+@contextlib.contextmanager
+def _bounded_memory() -> Iterator[None]:
+    """Fails when the body's peak traced allocation (Python and numpy) passes ``PEAK_BYTES``."""
+    tracemalloc.start()
+    try:
+        yield
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < PEAK_BYTES, f"reading one damaged adapter allocated {peak / 2**20:.0f} MiB at its peak"
+
+
 def _refused_or_valid(folder: Path) -> None:
-    with contextlib.suppress(AdapterValidationError):
+    with _bounded_memory(), contextlib.suppress(AdapterValidationError):
         validate_adapter_dir(folder, BASE)
 
 
@@ -303,7 +349,7 @@ def test_damaged_configs_fail_with_a_validation_error(good: Path, tmp_path_facto
 def test_damaged_golden_outputs_fail_with_a_validation_error(tmp_path_factory, body: bytes) -> None:
     folder = tmp_path_factory.mktemp("golden")
     (folder / GOLDEN_FILE).write_bytes(body)
-    with contextlib.suppress(AdapterValidationError):
+    with _bounded_memory(), contextlib.suppress(AdapterValidationError):
         load_golden(folder)
 
 

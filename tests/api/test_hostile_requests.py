@@ -3,6 +3,8 @@ field, the other tenant's stream completes every token, and the server stays rea
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import json
 import threading
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ TENANTS = [TenantConfig(name="steady", api_keys=["key-steady"]), TenantConfig(na
 HOSTILE = [
     {"temperature": 1e-40},  # underflows: greedy, not a sampler crash
     {"temperature": 5e-324, "top_p": 1e-300},
+    {"top_p": 5e-324},  # rounding put the first token's preceding mass above it: every token dropped, a 500
     {"seed": 18446744073709551616},  # 2**64: reduced to the generator's range
     {"seed": -(2**70)},
     {"seed": 10**400},
@@ -132,3 +135,39 @@ def test_a_prompt_far_beyond_the_context_is_refused_before_it_is_encoded_in_full
         assert encoded and max(encoded) < len(huge) // 100  # a prefix, not the 5 MB
     ok = httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": "river stone", "max_tokens": 2})
     assert ok.status_code == 200
+
+
+def test_a_schema_that_compiles_too_long_is_a_400_and_delays_nobody(server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``response_format`` compiles on the grammar compiler's own threads under a deadline: with
+    more stuck compiles than the default thread pool has threads, each of their requests is a 400
+    naming the field, and another tenant's plain request (tokenised on the default pool) is served
+    while they are still stuck."""
+    from loraplane.serving.api import generation
+    from loraplane.serving.engine.structured import Grammars
+
+    real, release, started = Grammars.compile, threading.Event(), threading.Semaphore(0)
+
+    def stuck(self: Grammars, schema: object) -> object:
+        started.release()
+        release.wait(60)
+        return real(self, schema)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Grammars, "compile", stuck)
+    monkeypatch.setattr(generation, "COMPILE_DEADLINE_SECONDS", 0.5)
+    headers = {"Authorization": "Bearer key-hostile"}
+    model = httpx.get(f"{server}/v1/models", headers=headers).json()["data"][0]["id"]
+    body = {"model": model, "prompt": "hi", "max_tokens": 2, "response_format": {"type": "json_object"}}
+    post = functools.partial(httpx.post, f"{server}/v1/completions", timeout=30)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            stuck_ones = [pool.submit(post, json=body, headers=headers) for _ in range(12)]
+            assert started.acquire(timeout=30)
+            for future in stuck_ones:
+                r = future.result()
+                assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+                assert "did not compile within" in r.json()["error"]["message"]
+            plain = post(json={"model": model, "prompt": "hi", "max_tokens": 2}, headers={"Authorization": "Bearer key-steady"})
+            assert plain.status_code == 200
+            assert not release.is_set()  # all of it while the compiles were still stuck
+    finally:
+        release.set()

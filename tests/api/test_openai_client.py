@@ -101,9 +101,19 @@ def test_bad_requests_are_400s_and_the_server_lives_on(server: str, client: open
 
 
 def test_malformed_json_and_bad_utf8_are_400s(server: str) -> None:
-    for raw in (b"{not json", b'{"model": "qv4", "prompt": "\xff\xfe"}'):
+    # NUL bytes are a body the JSON decoder cannot even guess the encoding of (Starlette's own 400).
+    for raw in (b"{not json", b'{"model": "qv4", "prompt": "\xff\xfe"}', b"\x00" * 9):
         r = httpx.post(f"{server}/v1/completions", content=raw, headers={"content-type": "application/json"})
-        assert r.status_code == 400, r.text
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+
+
+def test_unknown_routes_and_methods_answer_in_openais_error_shape(server: str, client: openai.OpenAI) -> None:
+    r = httpx.post(f"{server}/v1/embeddings", json={"model": "qv4", "input": "hi"})
+    assert r.status_code == 404 and r.json()["error"]["message"] == "Invalid URL (POST /v1/embeddings)"
+    r = httpx.get(f"{server}/v1/completions")
+    assert r.status_code == 405 and r.json()["error"]["message"] and "POST" in r.headers["allow"]
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="qv4", input="hi")
 
 
 def test_load_and_unload_lora_need_the_admin_token(server: str, client: openai.OpenAI, tiny_adapters: dict[str, Path]) -> None:

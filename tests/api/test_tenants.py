@@ -31,6 +31,7 @@ TENANTS = {
         {"name": "globex", "api_keys": ["key-globex"], "allow_base": False, "max_concurrent": 1},
         {"name": "tiny", "api_keys": ["key-tiny"], "tokens_per_minute": 30},
         {"name": "metered", "api_keys": ["key-metered"], "tokens_per_minute": 80},
+        {"name": "initech", "api_keys": ["key-initech"]},
     ]
 }
 
@@ -94,6 +95,28 @@ def test_each_tenant_lists_and_calls_only_its_own(server, tiny_llama: Path) -> N
     assert theirs.value.body["message"].replace("globex-bot", "X") == missing.value.body["message"].replace("no-such-bot", "X")
     with pytest.raises(openai.NotFoundError):
         globex.completions.create(model=tiny_llama.name, prompt="hi", max_tokens=2)
+
+
+def test_one_tenants_cached_prompt_is_invisible_to_another(server, tiny_llama: Path) -> None:
+    """The prefix cache is scoped by tenant (and by vLLM's ``cache_salt`` within one): a cached
+    token count or a faster first token would otherwise tell a tenant what another one sent."""
+    url, _ = server
+    acme, initech = _client(url, "key-acme"), _client(url, "key-initech")
+    prompt = list(range(7, 7 + 70))
+
+    def cached(client: openai.OpenAI, **extra: object) -> int:
+        out = client.completions.create(model=tiny_llama.name, prompt=prompt, max_tokens=1, extra_body=extra)
+        assert out.usage is not None and out.usage.prompt_tokens_details is not None
+        return out.usage.prompt_tokens_details.cached_tokens or 0
+
+    cached(acme)
+    assert cached(acme) > 0  # the tenant's own repeat is served from the cache, and says so
+    assert cached(initech) == 0  # the same prompt from another tenant is computed anew
+    assert cached(acme, cache_salt="user-1") == 0
+    assert cached(acme, cache_salt="user-1") > 0
+    with pytest.raises(openai.BadRequestError) as empty:
+        cached(acme, cache_salt="")
+    assert "cache_salt" in str(empty.value)
 
 
 def test_concurrency_quota_answers_429_with_retry_after(server, monkeypatch) -> None:

@@ -28,7 +28,7 @@ from envtest import Kube, control_plane
 from operator_process import start_operator
 from s3_server import ACCESS, SECRET, moto_server, upload_folder
 
-from loraplane.adapter_format import file_digest
+from loraplane.adapter_format import adapter_digest, file_digest
 from loraplane.operator.cluster import ADMIN_URL_ANNOTATION, BASE_LABEL, COMPONENT_LABEL
 from loraplane.serving.api.app import create_app
 from loraplane.serving.api.loopback import serve_app
@@ -163,7 +163,7 @@ def stack(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory: py
                 s.stop_operator()
 
 
-def test_a_valid_adapter_is_validated_staged_and_ready_on_every_replica(stack: Stack) -> None:
+def test_a_valid_adapter_is_validated_staged_and_ready_on_every_replica(stack: Stack, tiny_adapters: dict[str, Path]) -> None:
     quotas = {"maxConcurrent": 50, "tokensPerMinute": 100_000}
     stack.apply(lora("support", stack.uris["qv4"], stack.digests["qv4"], rank=4, pinned=True, quotas=quotas))
     obj = stack.wait_phase("support", "Ready")
@@ -173,6 +173,10 @@ def test_a_valid_adapter_is_validated_staged_and_ready_on_every_replica(stack: S
         "Ready": ("True", "Serving"),
     }  # fmt: skip
     assert status["servingDigest"] == stack.digests["qv4"] and status["rank"] == 4 and status["pinned"] is True
+    # Declared by its weights alone (the earlier form): served, and told the adapter digest to declare.
+    validated = next(c for c in status["conditions"] if c["type"] == "Validated")
+    assert status["adapterDigest"] == adapter_digest(tiny_adapters["qv4"]) != stack.digests["qv4"]
+    assert f"declare {status['adapterDigest']}" in validated["message"]
     assert sorted(r["replica"] for r in status["replicas"]) == ["tiny-serving-0", "tiny-serving-1"]
     for url in stack.replicas.values():
         state = stack.on_replica(url, "support")

@@ -166,8 +166,11 @@ def test_the_edge_validates_like_a_replica_and_hides_other_tenants_adapters_befo
         bad = httpx.post(f"{url}/v1/completions", json={"model": "ku2", "prompt": "x", "temperature": 9},
                          headers={"Authorization": f"Bearer {globex}"}, timeout=30)  # fmt: skip
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "temperature"
-        # acme is over its quota, yet globex's adapter is still "not found" for acme, not "429".
+        # acme is over its quota, yet globex's adapter is still "not found" for acme, not "429",
+        # and so is a name no replica serves: the two cannot be told apart.
         assert complete(url, acme, "ku2").status_code == 404
+        assert complete(url, acme, "no-such-adapter").status_code == 404
+        assert complete(url, globex, "ku2").status_code == 200
 
 
 def test_a_replica_that_answers_garbage_does_not_stop_the_upkeep(fleet: Fleet) -> None:

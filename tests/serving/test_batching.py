@@ -3,7 +3,9 @@ scheduled, never what a request gets back."""
 
 from __future__ import annotations
 
+import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -125,3 +127,14 @@ def test_prefix_cache_is_shared_only_under_the_same_adapter_version(tiny_llama, 
     assert reloaded.num_cached_tokens == 0, "a reloaded adapter with new weights must not reuse old KV"
     assert reloaded.token_ids == run(fresh, [*system, 50, 51, 52], "qv4").token_ids
     assert not torch.allclose(logits[id(reloaded)], logits[id(same)], atol=1e-3), "the new weights change the answer"
+
+    # A new config over the very same weights (lora_alpha scales every product) is a new version too.
+    scaled = tmp_path / "qv4-v3"
+    shutil.copytree(spec_new, scaled)
+    config = json.loads((scaled / "adapter_config.json").read_text())
+    (scaled / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": 4 * config["lora_alpha"]}))
+    engine.load_lora("qv4", str(scaled))
+    fresh.load_lora("qv4", str(scaled))
+    rescaled = run(engine, [*system, 50, 51, 52], "qv4")
+    assert rescaled.num_cached_tokens == 0, "a new lora_alpha over the same weights must not reuse old KV"
+    assert rescaled.token_ids == run(fresh, [*system, 50, 51, 52], "qv4").token_ids

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from loraplane.adapter_format import file_digest
+from loraplane.adapter_format import adapter_digest, file_digest
 from loraplane.serving.lora.disk_cache import STALE_STAGING_SECONDS, DiskCache
 
 KB = 1024
@@ -29,7 +29,7 @@ def test_the_cache_stays_within_its_bound_evicting_the_least_wanted(tmp_path: Pa
     cache = DiskCache(tmp_path, max_bytes=250 * KB, policy="lru")
     a, folder_a = fetch(cache, "s3://b/a", 100 * KB, 1)
     b, _ = fetch(cache, "s3://b/b", 100 * KB, 2)
-    assert cache.get("s3://b/a", a) == folder_a  # a is used again: b is now the least recent
+    assert cache.get("s3://b/a", a) == (a, folder_a)  # a is used again: b is now the least recent
     cache.release(folder_a)
     fetch(cache, "s3://b/c", 100 * KB, 3)
     assert cache.used_bytes <= 250 * KB and len(cache) == 2
@@ -41,14 +41,14 @@ def test_the_cache_stays_within_its_bound_evicting_the_least_wanted(tmp_path: Pa
 def test_an_entry_being_read_or_pinned_is_not_evicted(tmp_path: Path) -> None:
     cache = DiskCache(tmp_path, max_bytes=150 * KB, policy="lru")
     a, folder_a = fetch(cache, "s3://b/a", 100 * KB, 1)
-    assert cache.get("s3://b/a", a) == folder_a  # a load is reading it
+    assert cache.get("s3://b/a", a) == (a, folder_a)  # a load is reading it
     b, _ = fetch(cache, "s3://b/b", 100 * KB, 2)  # over the bound, and a is protected: b goes
     assert (folder_a / "adapter_model.safetensors").is_file()
     assert cache.get("s3://b/b", b) is None
     cache.release(folder_a)
     cache.pin("s3://b/a")
     c, _ = fetch(cache, "s3://b/c", 100 * KB, 3)  # a is no longer read, but pinned
-    assert cache.get("s3://b/a", a) == folder_a
+    assert cache.get("s3://b/a", a) == (a, folder_a)
     cache.release(folder_a)
     assert cache.get("s3://b/c", c) is None
     cache.unpin("s3://b/a")
@@ -67,9 +67,13 @@ def test_a_corrupted_entry_is_dropped_on_read_so_the_caller_fetches_it_again(tmp
     assert cache.get("s3://b/a", digest) is None
     assert not folder.exists() and len(cache) == 0
     again, folder2 = fetch(cache, "s3://b/a", 10 * KB, 1)  # the refetch lands under the same content name
-    assert again == digest and cache.get("s3://b/a", digest) == folder2
-    # A changed config is a different adapter too, though the weights' digest did not change.
+    assert again == digest and cache.get("s3://b/a", digest) == (digest, folder2)
     cache.release(folder2)
+    # The adapter digest (config, weights and golden outputs) finds it too; the folder's name is its hex.
+    assert cache.get("s3://b/a", adapter_digest(folder2)) == (digest, folder2)
+    assert folder2.name == adapter_digest(folder2).removeprefix("sha256:")
+    cache.release(folder2)
+    # A changed config is a different adapter too, though the weights' digest did not change.
     (folder2 / "adapter_config.json").write_text('{"r": 64}')
     assert cache.get("s3://b/a", digest) is None
 
@@ -105,8 +109,8 @@ def test_two_writers_of_the_same_content_both_succeed(tmp_path: Path) -> None:
     for t in threads:
         t.join()
     assert not errors and len(set(results)) == 1
-    folder = caches[0].get("s3://b/shared", results[0])
-    assert folder is not None and file_digest(folder / "adapter_model.safetensors") == results[0]
+    hit = caches[0].get("s3://b/shared", results[0])
+    assert hit is not None and file_digest(hit[1] / "adapter_model.safetensors") == results[0]
     assert not [p for p in (tmp_path / "adapters").iterdir() if p.name.startswith(".fetch-")]
     assert not [p for p in (tmp_path / "adapters" / "by-source").iterdir() if p.name.startswith(".alias-")]
 

@@ -11,7 +11,8 @@ from engine_helpers import tiny_engine
 from tiny_models import make_tiny_llama
 
 from loraplane.adapter_format import AdapterValidationError, ErrorCode
-from loraplane.adapter_format.golden import GOLDEN_FILE, DriftLimits
+from loraplane.adapter_format.digest import GOLDEN_FILE
+from loraplane.adapter_format.golden import DriftLimits
 from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.lora.entries import AdapterSpec
 

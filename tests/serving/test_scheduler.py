@@ -83,6 +83,21 @@ def test_prefix_blocks_are_shared_per_adapter_key_and_survive_until_reused() -> 
     assert blocks.num_free == 8
 
 
+def test_prefix_blocks_are_shared_only_within_a_cache_scope() -> None:
+    blocks = BlockManager(8, 4)
+    a = seq(10)
+    a.cache_scope = "tenant-a"
+    assert blocks.allocate(a)
+    a.num_computed_tokens = 10
+    blocks.register_full_blocks(a)
+    blocks.free(a)
+    for scope, hit in (("tenant-b", 0), (None, 0), ("tenant-a", 8)):
+        other = seq(10)
+        other.cache_scope = scope
+        assert blocks.allocate(other) and other.num_cached_tokens == hit, scope
+        blocks.free(other)
+
+
 def test_allocation_fails_cleanly_when_blocks_run_out() -> None:
     blocks = BlockManager(2, 4)
     big = seq(12)
