@@ -51,11 +51,10 @@ test: lint kube
 e2e-cluster: $(STAMP)
 	LORAPLANE_E2E_CLUSTER=1 $(BIN)/pytest -m cluster e2e
 
-# The CRDs and the chart's values.schema.json from the operator's models, and the chart's copies of
-# the CRDs (tests fail when they differ).
+# The CRDs, their reference, the chart's values.schema.json and the chart's copies of crds/ from the
+# operator's models (tests fail when any differs).
 crds: $(STAMP)
 	$(BIN)/loraplane crds
-	cp crds/*.loraplane.dev.yaml crds/rbac.yaml charts/loraplane/files/crds/
 
 clean:
 	rm -rf $(VENV) $(KUBE_BIN) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -77,11 +77,9 @@ def test_the_daily_promotion_story_on_a_real_cluster() -> None:
     base, adapters = example_manifests()
     ns, base_name = base["metadata"]["namespace"], base["metadata"]["name"]
     store = kube.secret(RELEASE_NS, f"{RELEASE}-object-store")
-    admin = kube.secret(RELEASE_NS, f"{RELEASE}-admin")["admin-token"]
     tenants = {"tenants": [{"name": t, "api_keys": [f"sk-e2e-{t}"]} for t in sorted({a["spec"]["tenant"] for a in adapters})]}
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     for name, data in {
-        f"{RELEASE}-admin": {"admin-token": admin},
         base["spec"]["adapterStore"]["credentialsSecret"]["name"]: store,
         base["spec"]["tenancy"]["apiKeysSecret"]["name"]: {"tenants.yaml": yaml.safe_dump(tenants)},
     }.items():

@@ -24,10 +24,10 @@ from envtest import Kube, control_plane, node_address, token_kubeconfig
 from operator_process import start_operator
 from s3_server import ACCESS, SECRET, moto_server, upload_folder
 from scenario import condition, daily_promotion, example_manifests, status_of, wait_for
+from serving_pods import admin_secret, serving_pod
 from tiny_models import make_peft_adapter, make_tiny_llama
 
 from loraplane.adapter_format import file_digest
-from loraplane.operator.cluster import ADMIN_URL_ANNOTATION, BASE_LABEL, COMPONENT_LABEL
 from loraplane.serving.bench.deployment import Fleet, spawn_replicas, spawn_router
 from loraplane.serving.config import EngineConfig
 
@@ -105,18 +105,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         secret_name = base["spec"]["adapterStore"]["credentialsSecret"]["name"]
         kube.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret_name, "namespace": ns},
                     "data": {k: base64.b64encode(v.encode()).decode() for k, v in store.items()}})  # fmt: skip
+        kube.apply(admin_secret(ns, base_name, fleet.admin_token))
         keys = base64.b64encode((fleet.work / "tenants.yaml").read_bytes()).decode()
         kube.apply({"apiVersion": "v1", "kind": "Secret", "data": {"tenants.yaml": keys},
                     "metadata": {"name": base["spec"]["tenancy"]["apiKeysSecret"]["name"], "namespace": ns}})  # fmt: skip
         for i, url in enumerate(fleet.urls):
             pod = f"{base_name}-serving-{i}"
-            kube.apply({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": pod, "namespace": ns, "labels": {BASE_LABEL: base_name, COMPONENT_LABEL: "serving"},
-                             "annotations": {ADMIN_URL_ANNOTATION: url}},
-                "spec": {"containers": [{"name": "serving", "image": "loraplane/serving"}]},
-                "status": {"phase": "Running", "podIP": node, "conditions": [{"type": "Ready", "status": "True"}]},
-            })  # fmt: skip
+            kube.apply(serving_pod(pod, ns, base_name, url))
             kube.apply({
                 "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
                 "metadata": {"name": pod, "namespace": ns, "labels": {"kubernetes.io/service-name": f"{base_name}-serving"}},
@@ -159,7 +154,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 @contextmanager
 def _operator(kube: Kube, fleet: Fleet, root: Path) -> Iterator[None]:
-    proc = start_operator(kube.kubeconfig, fleet.admin_token, root / "operator.log")
+    proc = start_operator(kube.kubeconfig, root / "operator.log")
     try:
         yield
     finally:

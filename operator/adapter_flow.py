@@ -145,7 +145,8 @@ async def reconcile(
         out.condition("Staged", "False", "NoReadyReplicas", f"no serving replica of {spec.base_model!r} is ready yet", generation)
         out.status.phase = "Pending" if out.status.serving_digest is None else out.status.phase
         return out
-    clients = [AdminClient(r.url, settings.admin_token) for r in replicas]
+    token = await cluster.admin_token(namespace, spec.base_model)
+    clients = [AdminClient(r.url, token) for r in replicas]
     try:
         return await _reconcile_on(name, namespace, generation, spec, base, replicas, clients, out)
     except ReplicaError as err:
@@ -227,7 +228,8 @@ async def unregister_everywhere(name: str, namespace: str, spec_raw: Mapping[str
     """Remove the adapter from every ready replica of its base (before the finalizer goes)."""
     spec = LoraAdapterSpec.model_validate(dict(spec_raw))
     served = spec.served_name or name
-    clients = [AdminClient(r.url, settings.admin_token) for r in await cluster.ready_replicas(namespace, spec.base_model)]
+    token = await cluster.admin_token(namespace, spec.base_model)
+    clients = [AdminClient(r.url, token) for r in await cluster.ready_replicas(namespace, spec.base_model)]
     try:
         await asyncio.gather(*(c.unregister(served) for c in clients))
     except ReplicaError as err:

@@ -75,7 +75,8 @@ async def sync_base(
     replicas = await cluster.ready_replicas(namespace, name)
     adapters = _adapters_of(name, await cluster.list_custom(namespace, "loraadapters"))
     ready = {a.served: a for a in adapters if a.status.phase == "Ready"}
-    clients = {r.name: AdminClient(r.url, settings.admin_token) for r in replicas}
+    token = await cluster.admin_token(namespace, name)
+    clients = {r.name: AdminClient(r.url, token) for r in replicas}
     fingerprint = None
     stats: ReplicaAdapters = {}
     for replica, client in clients.items():

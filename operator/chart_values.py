@@ -108,12 +108,6 @@ class Crds(KubeModel):
     keep: bool = Field(default=True, description="helm.sh/resource-policy: keep on the CRDs")
 
 
-class AdminToken(KubeModel):
-    existing_secret: str = Field(
-        default="", pattern=SECRET_OR_EMPTY, description="a Secret with the key admin-token; empty: the chart creates one"
-    )
-
-
 class Image(KubeModel):
     repository: str = Field(min_length=1)
     tag: str = Field(default="", description="empty: the chart's appVersion")
@@ -264,7 +258,6 @@ class ChartValues(KubeModel):
     # refuse a parent chart's values. Left out of dumps, so the defaults compare with values.yaml.
     global_: dict[str, Any] = Field(default_factory=dict, alias="global", exclude=True)
     crds: Crds = Field(default_factory=Crds)
-    admin_token: AdminToken = Field(default_factory=AdminToken)
     operator: Operator = Field(default_factory=Operator)
     serving: Serving = Field(default_factory=Serving)
     base_model: BaseModelValues = Field(default_factory=BaseModelValues)

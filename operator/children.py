@@ -18,12 +18,17 @@ from kubernetes.utils import parse_quantity
 
 from loraplane.admin_api import engine_sizing
 from loraplane.operator.api.basemodel import BaseModelSpec
-from loraplane.operator.cluster import BASE_LABEL, COMPONENT_LABEL, METRICS_PORT, SERVING_PORT
+from loraplane.operator.cluster import (
+    BASE_LABEL,
+    COMPONENT_LABEL,
+    METRICS_PORT,
+    SERVING_PORT,
+    admin_token_env,
+)
 from loraplane.operator.pod_security import CONTAINER_SECURITY, HOME_ENV, POD_SECURITY, TMP_MOUNT, TMP_VOLUME
 from loraplane.operator.router_objects import router_labels, router_objects
 from loraplane.operator.usage_wiring import USAGE_DIR, usage_wiring
 
-ADMIN_TOKEN_KEY = "admin-token"
 CONFIG_HASH = "loraplane.dev/engine-config-sha256"
 
 
@@ -71,7 +76,7 @@ def config_map(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]
     }
 
 
-def deployment(name: str, namespace: str, spec: BaseModelSpec, admin_secret: str) -> dict[str, Any]:
+def deployment(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]:
     """The serving Deployment. One manifest literal, as long as a Deployment is: read whole, it
     compares line by line with the Kubernetes schema it is tested against."""
     r = spec.resources
@@ -102,7 +107,7 @@ def deployment(name: str, namespace: str, spec: BaseModelSpec, admin_secret: str
         mounts.append({"name": "tenants", "mountPath": "/etc/loraplane-tenants", "readOnly": True})
         volumes.append({"name": "tenants", "secret": {"secretName": spec.tenancy.api_keys_secret.name}})
     env: list[dict[str, Any]] = [
-        {"name": "LORAPLANE_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {"name": admin_secret, "key": ADMIN_TOKEN_KEY}}},
+        admin_token_env(name),
         HOME_ENV,
         *usage_env,
     ]
@@ -206,12 +211,10 @@ def network_policy(name: str, namespace: str, operator_namespace: str | None) ->
     }
 
 
-def children(
-    name: str, namespace: str, spec: BaseModelSpec, admin_secret: str, operator_namespace: str | None = None
-) -> list[dict[str, Any]]:
-    serving = [config_map(name, namespace, spec), deployment(name, namespace, spec, admin_secret), service(name, namespace)]
+def children(name: str, namespace: str, spec: BaseModelSpec, operator_namespace: str | None = None) -> list[dict[str, Any]]:
+    serving = [config_map(name, namespace, spec), deployment(name, namespace, spec), service(name, namespace)]
     serving.append(disruption_budget(f"{name}-serving", namespace, labels(name)))
     serving.append(network_policy(name, namespace, operator_namespace))
-    router = router_objects(name, namespace, spec, admin_secret)
+    router = router_objects(name, namespace, spec)
     router.append(disruption_budget(f"{name}-router", namespace, router_labels(name)))
     return serving + router

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import secrets
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -20,8 +23,9 @@ from loraplane.operator.api import GROUP, VERSION
 
 BASE_LABEL = "loraplane.dev/base-model"
 COMPONENT_LABEL = "app.kubernetes.io/component"
-ADMIN_URL_ANNOTATION = "loraplane.dev/admin-url"  # overrides http://<podIP>:<port>; tests point it at loopback
-SERVING_PORT = 8000
+SERVING_PORT = 8000  # the serving container's port named "http" unless its pod spec names another
+ADMIN_TOKEN_KEY = "admin-token"
+ADMIN_TOKEN_TTL = 60.0  # seconds a token read from its Secret is reused before it is read again
 METRICS_PORT = 9090  # /metrics alone (`--metrics-port`): what Prometheus scrapes, not the API
 
 
@@ -70,6 +74,68 @@ async def patch_status(namespace: str, plural: str, name: str, status: dict[str,
     await asyncio.to_thread(write)
 
 
+def admin_secret_name(base: str) -> str:
+    """Each BaseModel's own admin token lives in ``<base>-admin`` in its namespace: a token read in
+    one namespace opens no other namespace's replicas."""
+    return f"{base}-admin"
+
+
+def admin_token_env(base: str) -> dict[str, Any]:
+    """The environment variable a serving or router container reads its base's admin token from."""
+    return {
+        "name": "LORAPLANE_ADMIN_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": admin_secret_name(base), "key": ADMIN_TOKEN_KEY}},
+    }
+
+
+async def ensure_admin_secret(namespace: str, base: str, owner: Mapping[str, Any]) -> None:
+    """Create the BaseModel's admin-token Secret with a random token, owned by the BaseModel, unless
+    it exists. An existing one is never rewritten: its replicas already hold that token (and a user
+    may bring their own, from External Secrets or GitOps)."""
+    name = admin_secret_name(base)
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {BASE_LABEL: base, COMPONENT_LABEL: "admin-token", "app.kubernetes.io/managed-by": "loraplane"},
+            "ownerReferences": [dict(owner)],
+        },
+        "stringData": {ADMIN_TOKEN_KEY: secrets.token_urlsafe(36)},
+    }
+
+    def write() -> None:
+        try:
+            _core().create_namespaced_secret(namespace, body)  # type: ignore[arg-type]  # it serialises dicts as they are
+        except ApiException as err:
+            if err.status != 409:
+                raise
+
+    await asyncio.to_thread(write)
+
+
+_TOKENS: dict[tuple[str, str], tuple[float, str | None]] = {}
+
+
+async def admin_token(namespace: str, base: str) -> str | None:
+    """The bearer token of ``base``'s replicas, from its Secret (None until the operator created it),
+    cached for ``ADMIN_TOKEN_TTL`` so that a sync of many adapters reads it once."""
+    now = time.monotonic()
+    cached = _TOKENS.get((namespace, base))
+    if cached is not None and now - cached[0] < ADMIN_TOKEN_TTL:
+        return cached[1]
+    try:
+        token = (await read_secret(namespace, admin_secret_name(base))).get(ADMIN_TOKEN_KEY) or None
+    except ApiException as err:
+        if err.status != 404:
+            raise
+        token = None
+    _TOKENS[(namespace, base)] = (now, token)
+    return token
+
+
 async def read_secret(namespace: str, name: str) -> dict[str, str]:
     def read() -> dict[str, str]:
         secret = _core().read_namespaced_secret(name, namespace)
@@ -115,6 +181,17 @@ async def apply_child(manifest: dict[str, Any]) -> None:
     await asyncio.to_thread(write)
 
 
+def _http_port(pod: Any) -> int:
+    """The ``http`` port the pod's serving container declares (the Deployment's template says 8000;
+    tests that stand in for the kubelet run each replica on its own loopback port)."""
+    for container in pod.spec.containers if pod.spec else []:
+        if container.name == "serving":
+            for port in container.ports or []:
+                if port.name == "http":
+                    return int(port.container_port)
+    return SERVING_PORT
+
+
 @dataclass(frozen=True)
 class Replica:
     name: str
@@ -127,7 +204,10 @@ def _ready(pod: Any) -> bool:
 
 
 async def ready_replicas(namespace: str, base: str) -> list[Replica]:
-    """The serving Pods of ``base`` that report Ready, with their admin URLs, by name."""
+    """The serving Pods of ``base`` that report Ready, with their admin URLs, by name.
+
+    The URL is always the pod's own IP and its serving container's ``http`` port: nothing a
+    namespace user can write on a pod (an annotation, a label) sends the admin token elsewhere."""
 
     def read() -> list[Replica]:
         selector = f"{BASE_LABEL}={base},{COMPONENT_LABEL}=serving"
@@ -137,11 +217,10 @@ async def ready_replicas(namespace: str, base: str) -> list[Replica]:
             labels = pod.metadata.labels or {}
             if labels.get(BASE_LABEL) != base or labels.get(COMPONENT_LABEL) != "serving" or not _ready(pod):
                 continue  # filtered here too: not every API emulator honours label selectors
-            url = (pod.metadata.annotations or {}).get(ADMIN_URL_ANNOTATION)
-            if url is None and pod.status and pod.status.pod_ip:
-                url = f"http://{pod.status.pod_ip}:{SERVING_PORT}"
-            if url:
-                out.append(Replica(pod.metadata.name, url))
+            ip = pod.status.pod_ip if pod.status else None
+            if ip:
+                host = f"[{ip}]" if ":" in ip else ip
+                out.append(Replica(pod.metadata.name, f"http://{host}:{_http_port(pod)}"))
         return sorted(out, key=lambda r: r.name)
 
     return await asyncio.to_thread(read)

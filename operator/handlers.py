@@ -90,13 +90,14 @@ async def base_changed(
     generation = meta.get("generation")
     conditions = [Condition.model_validate(c) for c in status.get("conditions", [])]
     try:
-        manifests = children(name, namespace, base, SETTINGS.admin_token_secret, SETTINGS.operator_namespace)
+        manifests = children(name, namespace, base, SETTINGS.operator_namespace)
     except UnsupportedSource as err:
         conditions = set_condition(conditions, "Applied", "False", "UnsupportedSource", str(err), generation)
         patch = {"phase": "Degraded", "conditions": [c.body() for c in conditions]}
         await cluster.patch_status(namespace, "basemodels", name, patch)
         kopf.event(body, type="Warning", reason="UnsupportedSource", message=str(err))
         return
+    await cluster.ensure_admin_secret(namespace, name, kopf.build_owner_reference(body))
     for manifest in manifests:
         kopf.adopt(manifest, owner=body)
         await cluster.apply_child(manifest)

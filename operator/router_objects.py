@@ -11,7 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from loraplane.operator.api.basemodel import BaseModelSpec
-from loraplane.operator.cluster import BASE_LABEL, COMPONENT_LABEL, METRICS_PORT, SERVING_PORT
+from loraplane.operator.cluster import (
+    BASE_LABEL,
+    COMPONENT_LABEL,
+    METRICS_PORT,
+    SERVING_PORT,
+    admin_token_env,
+)
 from loraplane.operator.pod_security import CONTAINER_SECURITY, HOME_ENV, POD_SECURITY, TMP_MOUNT, TMP_VOLUME
 from loraplane.operator.usage_wiring import USAGE_DIR, usage_wiring
 
@@ -42,7 +48,7 @@ def router_access(base: str, namespace: str) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def router_deployment(base: str, namespace: str, spec: BaseModelSpec, admin_secret: str) -> dict[str, Any]:
+def router_deployment(base: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]:
     routing = spec.routing
     args = [
         "router", "--service", f"{base}-serving", "--namespace", namespace, "--host", "0.0.0.0", "--port", str(ROUTER_PORT),
@@ -66,7 +72,7 @@ def router_deployment(base: str, namespace: str, spec: BaseModelSpec, admin_secr
         "args": args,
         "ports": [{"name": "http", "containerPort": ROUTER_PORT}, {"name": "metrics", "containerPort": METRICS_PORT}],
         "env": [
-            {"name": "LORAPLANE_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {"name": admin_secret, "key": "admin-token"}}},
+            admin_token_env(base),
             HOME_ENV,
             *usage_env,
         ],
@@ -112,6 +118,6 @@ def router_service(base: str, namespace: str) -> dict[str, Any]:
     }
 
 
-def router_objects(base: str, namespace: str, spec: BaseModelSpec, admin_secret: str) -> list[dict[str, Any]]:
-    deployment = router_deployment(base, namespace, spec, admin_secret)
+def router_objects(base: str, namespace: str, spec: BaseModelSpec) -> list[dict[str, Any]]:
+    deployment = router_deployment(base, namespace, spec)
     return [*router_access(base, namespace), deployment, router_service(base, namespace)]

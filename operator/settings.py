@@ -9,8 +9,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class OperatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LORAPLANE_")
 
-    admin_token: str | None = Field(default=None, description="bearer token of the serving replicas' admin API")
-    admin_token_secret: str = Field(default="loraplane-admin", description="the Secret serving pods read that token from")
     operator_namespace: str | None = Field(
         default=None, description="the operator's own namespace (the chart sets it); serving pods' NetworkPolicy admits it"
     )

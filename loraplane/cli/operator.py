@@ -27,11 +27,19 @@ import click
     help="The Helm chart's values schema, from the chart's values model (its baseModel.spec is the CRD's).",
 )
 @click.option(
+    "--chart-copies",
+    "copies_folder",
+    default="charts/loraplane/files/crds",
+    type=click.Path(file_okay=False, path_type=Path),
+    show_default=True,
+    help="The chart's copies of every file in --out (Helm reads only files inside the chart); '' for none.",
+)
+@click.option(
     "--check",
     is_flag=True,
-    help="Fail if the files in --out, --doc or --values-schema differ from the models instead of writing them.",
+    help="Fail if the files in --out, --doc, --values-schema or --chart-copies differ from the models instead of writing them.",
 )
-def crds(folder: Path, doc_path: Path, values_path: Path, check: bool) -> None:
+def crds(folder: Path, doc_path: Path, values_path: Path, copies_folder: Path | None, check: bool) -> None:
     """Generate the CustomResourceDefinitions, their Markdown reference and the chart's values.schema.json from the
     operator's pydantic models."""
     from loraplane.operator.chart_values import values_schema_drifted, write_values_schema
@@ -44,12 +52,28 @@ def crds(folder: Path, doc_path: Path, values_path: Path, check: bool) -> None:
             stale.append(str(doc_path))
         if values_schema_drifted(values_path):
             stale.append(str(values_path))
+        stale += [str(copy) for copy, source in _chart_copies(folder, copies_folder) if not _same(copy, source)]
         if stale:
             raise click.ClickException(f"out of date: {', '.join(stale)}; run `loraplane crds`")
         click.echo(f"{folder}, {doc_path}, {values_path}: up to date")
         return
     for path in [*write_crds(folder), write_doc(doc_path), write_values_schema(values_path)]:
         click.echo(f"wrote {path}")
+    for copy, source in _chart_copies(folder, copies_folder):
+        copy.write_bytes(source.read_bytes())
+        click.echo(f"wrote {copy}")
+
+
+def _chart_copies(folder: Path, copies_folder: Path | None) -> list[tuple[Path, Path]]:
+    """(copy, source) for every YAML file in ``folder``: a regenerated CRD whose chart copy was left behind ships the
+    old schema with the next chart, which only a test comparing the two used to notice."""
+    if not copies_folder or str(copies_folder) in ("", "."):
+        return []
+    return [(copies_folder / source.name, source) for source in sorted(folder.glob("*.yaml"))]
+
+
+def _same(copy: Path, source: Path) -> bool:
+    return copy.is_file() and copy.read_bytes() == source.read_bytes()
 
 
 @click.command()

@@ -13,6 +13,7 @@ from crd_schema import errors
 
 from loraplane.operator.api import BaseModelResource
 from loraplane.operator.children import children
+from loraplane.operator.cluster import ADMIN_TOKEN_KEY, admin_secret_name
 from loraplane.serving.config import EngineConfig
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "loraplane"
@@ -50,7 +51,7 @@ def test_a_self_contained_install_exports_usage_records_to_its_own_bucket(render
     assert spec["usage"] == {"bucket": "usage"}
     job = next(o for o in rendered.kind("Job") if o["metadata"]["name"].endswith("-buckets"))
     assert spec["usage"]["bucket"] in job["spec"]["template"]["spec"]["containers"][0]["command"][3:]  # the Job creates it
-    pods = children("smollm2", "default", BaseModelResource.model_validate(rendered.one("BaseModel")).spec, "admin")
+    pods = children("smollm2", "default", BaseModelResource.model_validate(rendered.one("BaseModel")).spec)
     serving = next(o for o in pods if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-serving"))
     env = {e["name"]: e.get("value") for e in serving["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["LORAPLANE_USAGE_EXPORT"] == "s3://usage/usage"
@@ -82,14 +83,14 @@ def secrets_used(manifests: list[dict[str, Any]]) -> set[tuple[str, str | None]]
 def test_what_the_operator_creates_from_it_finds_the_charts_secrets_and_store(render: Any) -> None:
     objects = render(SELF_CONTAINED)
     base = BaseModelResource.model_validate(objects.one("BaseModel"))
-    operator = objects.one("Deployment", "loraplane-operator")["spec"]["template"]["spec"]["containers"][0]
-    env = {e["name"]: e.get("value") for e in operator["env"]}
-    owned = children(base.metadata.name, "lp", base.spec, env["LORAPLANE_ADMIN_TOKEN_SECRET"])
+    owned = children(base.metadata.name, "lp", base.spec)
     secrets = {s["metadata"]["name"]: s["data"] for s in objects.kind("Secret")}
     used = secrets_used(owned)
-    assert {name for name, _ in used} == set(secrets)  # the admin token and the store's keys, nothing missing
+    # The store's keys from the chart, nothing missing; the admin token is the operator's to create.
+    admin = admin_secret_name(base.metadata.name)
+    assert {name for name, _ in used} == {*secrets, admin}
     for name, key in used:
-        assert key is None or key in secrets[name], (name, key)
+        assert key is None or key in secrets.get(name, {ADMIN_TOKEN_KEY: None}), (name, key)
     # The adapter store the replicas read: the names the S3 sources read, at the chart's Service.
     assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(secrets["loraplane-object-store"])
     engine = yaml.safe_load(next(m for m in owned if m["kind"] == "ConfigMap")["data"]["engine.yaml"])
@@ -104,7 +105,7 @@ def test_the_gpu_base_model_runs_its_engine_on_the_gpu_it_requests(render: Any) 
     config says cuda (no silent fallback to the CPU) with the chart's memory utilization."""
     values = yaml.safe_load((CHART / "ci" / "base-model-values.yaml").read_text())
     spec = BaseModelResource.model_validate(render(values).one("BaseModel")).spec
-    objects = {f"{o['kind']}/{o['metadata']['name']}": o for o in children("llama", "ml", spec, "admin")}
+    objects = {f"{o['kind']}/{o['metadata']['name']}": o for o in children("llama", "ml", spec)}
     container = objects["Deployment/llama-serving"]["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     engine = EngineConfig.model_validate(yaml.safe_load(objects["ConfigMap/llama-engine"]["data"]["engine.yaml"]))

@@ -14,7 +14,7 @@ CHART = ROOT / "charts" / "loraplane"
 # inside the chart.
 SOURCES = sorted((ROOT / "crds").glob("*.yaml"))
 GENERATED = sorted((ROOT / "crds").glob("*.loraplane.dev.yaml"))
-SYNC = "cp crds/*.yaml charts/loraplane/files/crds/"
+SYNC = "loraplane crds"
 
 
 def test_the_chart_carries_a_copy_of_every_file_in_crds() -> None:

@@ -46,7 +46,7 @@ def test_the_image_runs_loraplane_with_the_subcommand_as_its_argument(name: str,
 def test_every_pod_passes_a_subcommand_the_image_has(render: Any) -> None:
     operator = render().one("Deployment", "loraplane-operator")["spec"]["template"]["spec"]["containers"][0]
     base = BaseModelSpec.model_validate({"source": {"uri": "embedded"}})
-    owned = [m for m in children("smollm2", "lp", base, "loraplane-admin") if m["kind"] == "Deployment"]
+    owned = [m for m in children("smollm2", "lp", base) if m["kind"] == "Deployment"]
     firsts = {operator["args"][0]} | {m["spec"]["template"]["spec"]["containers"][0]["args"][0] for m in owned}
     assert firsts == {"operator", "serve", "router"}
     assert firsts <= set(main.commands)

@@ -111,7 +111,7 @@ def test_the_service_monitor_scrapes_the_serving_and_router_services_the_operato
     assert monitor["spec"]["namespaceSelector"] == {"any": True}  # BaseModels live in any namespace
     selector = monitor["spec"]["selector"]
     base = BaseModelSpec.model_validate({"source": {"uri": "embedded"}})
-    services = [m for m in children("smollm2", "team-a", base, "loraplane-admin") if m["kind"] == "Service"]
+    services = [m for m in children("smollm2", "team-a", base) if m["kind"] == "Service"]
     assert {s["metadata"]["name"] for s in services} == {"smollm2-serving", "smollm2-router"}
     for service in services:
         labels = service["metadata"]["labels"]

@@ -4,7 +4,6 @@ default (peered replicas: test_peering.py)."""
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -13,7 +12,6 @@ import yaml
 from crd_schema import ROOT
 
 from loraplane.cli import main
-from loraplane.operator.children import ADMIN_TOKEN_KEY
 from loraplane.operator.settings import OperatorSettings
 
 WEBHOOK = {"operator": {"webhook": {"enabled": True}}}
@@ -75,35 +73,27 @@ def test_watch_namespaces_become_namespace_flags(render: Any) -> None:
     assert cli_params(c["args"])["namespaces"] == ("team-a", "team-b")
 
 
-def test_the_settings_it_reads_are_the_values_and_the_secret(render: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_settings_it_reads_are_the_values(render: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     objects = render({"operator": {"syncInterval": 20, "retryDelay": 2.5}})
-    secret = objects.one("Secret", "loraplane-admin")
-    token = base64.b64decode(secret["data"][ADMIN_TOKEN_KEY]).decode()
-    assert len(token) >= 32
     known = {f"LORAPLANE_{name.upper()}" for name in OperatorSettings.model_fields}
     for var in container(objects)["env"]:
         assert var["name"] in known, f"{var['name']} is not an operator setting"
         if "fieldRef" in var.get("valueFrom", {}):  # the downward API: the release's namespace
             assert var["valueFrom"]["fieldRef"] == {"fieldPath": "metadata.namespace"}
             monkeypatch.setenv(var["name"], "loraplane-system")
-        elif "valueFrom" in var:
-            ref = var["valueFrom"]["secretKeyRef"]
-            assert (ref["name"], ref["key"]) == ("loraplane-admin", ADMIN_TOKEN_KEY)
-            monkeypatch.setenv(var["name"], token)
         else:
             monkeypatch.setenv(var["name"], var["value"])
     settings = OperatorSettings()
-    assert (settings.admin_token, settings.admin_token_secret) == (token, "loraplane-admin")
     assert (settings.sync_interval, settings.retry_delay, settings.metrics_interval) == (20, 2.5, 30)
     assert settings.operator_namespace == "loraplane-system"
 
 
-def test_an_existing_admin_secret_is_used_and_none_is_created(render: Any) -> None:
-    objects = render({"adminToken": {"existingSecret": "stack-admin"}})
+def test_the_operator_holds_no_admin_token_and_the_chart_creates_none(render: Any) -> None:
+    """Each BaseModel's token is its own Secret, created by the operator in the BaseModel's namespace:
+    a chart-wide token would open every namespace's replicas to whoever can read it in one."""
+    objects = render()
     assert objects.kind("Secret") == []
-    env = {v["name"]: v for v in container(objects)["env"]}
-    assert env["LORAPLANE_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "stack-admin"
-    assert env["LORAPLANE_ADMIN_TOKEN_SECRET"]["value"] == "stack-admin"
+    assert not [v for v in container(objects)["env"] if "secretKeyRef" in v.get("valueFrom", {})]
 
 
 def test_the_webhook_is_reachable_at_the_host_kopf_registers(render: Any) -> None:

@@ -62,7 +62,7 @@ def test_the_operator_works_with_the_charts_rbac_and_nothing_more(
         assert can_i("list", "pods", "--all-namespaces") == "yes"
     assert can_i("delete", "loraadapters", "-n", "team-b") == "no"
 
-    operator = start_operator(access, "token", tmp_path / "operator.log", extra_args=flags)
+    operator = start_operator(access, tmp_path / "operator.log", extra_args=flags)
     watched, other = f"{mode}-b", f"{mode}-a"
     try:
         kube.apply(base_model(watched, "team-b"))

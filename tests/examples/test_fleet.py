@@ -120,7 +120,7 @@ def test_the_operator_builds_gpu_serving_objects_from_the_base() -> None:
     resource = BaseModelResource.model_validate(base())
     config = EngineConfig.model_validate(engine_config(resource.spec))  # an s3:// base would raise here
     assert config.quantization == "fp8" and config.max_loras == 92 and config.eviction_policy == "tinylfu"
-    built = children("llama-3-1-8b", "llm-fleet", resource.spec, "loraplane-admin")
+    built = children("llama-3-1-8b", "llm-fleet", resource.spec)
     objects = {(o["kind"], o["metadata"]["name"]): o for o in built}
     pod = objects["Deployment", "llama-3-1-8b-serving"]["spec"]["template"]["spec"]
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"

@@ -104,7 +104,7 @@ def test_an_overlay_builds_valid_objects_that_the_webhook_admits(overlay: str) -
         if kind == "LoraAdapter":
             LoraAdapterResource.model_validate(obj)
             assert review_adapter(obj["spec"], base.spec.body()) == [], name
-    assert children("smollm2", namespace, base.spec, "loraplane-admin")
+    assert children("smollm2", namespace, base.spec)
 
 
 def test_production_is_sized_up_from_staging() -> None:

@@ -15,7 +15,6 @@ from loraplane.serving.api.loopback import free_port
 
 def start_operator(
     kubeconfig: Path,
-    admin_token: str,
     log_path: Path,
     timeout: float = 60,
     peering: tuple[str, ...] = ("--standalone",),
@@ -27,7 +26,7 @@ def start_operator(
     ``extra_args``: more flags (``--namespace NS`` to watch only that one, ``--webhook-port P``);
     ``extra_env``: more environment."""
     port = free_port()
-    env = dict(os.environ, KUBECONFIG=str(kubeconfig), LORAPLANE_ADMIN_TOKEN=admin_token,
+    env = dict(os.environ, KUBECONFIG=str(kubeconfig),
                LORAPLANE_SYNC_INTERVAL="1", LORAPLANE_METRICS_INTERVAL="0", LORAPLANE_METRICS_REFRESH="2",
                LORAPLANE_RETRY_DELAY="1", **(extra_env or {}))  # fmt: skip
     args = ["operator", *peering, *extra_args, "--liveness", f"http://127.0.0.1:{port}/healthz"]

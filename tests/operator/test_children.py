@@ -19,7 +19,7 @@ BASE = next(d for d in examples() if d["kind"] == "BaseModel")
 
 def built(spec: dict | None = None) -> dict[str, dict]:
     model = BaseModelSpec.model_validate(spec or BASE["spec"])
-    return {f"{m['kind']}/{m['metadata']['name']}": m for m in children("smollm2", "loraplane-demo", model, "loraplane-admin")}
+    return {f"{m['kind']}/{m['metadata']['name']}": m for m in children("smollm2", "loraplane-demo", model)}
 
 
 def test_every_child_is_a_valid_kubernetes_object() -> None:
@@ -57,7 +57,7 @@ def test_metrics_have_a_port_of_their_own_on_replicas_and_routers() -> None:
 
 def test_only_the_routers_and_the_operator_reach_the_serving_api_port() -> None:
     model = BaseModelSpec.model_validate(BASE["spec"])
-    objects = {f"{m['kind']}/{m['metadata']['name']}": m for m in children("smollm2", "team-a", model, "admin", "loraplane")}
+    objects = {f"{m['kind']}/{m['metadata']['name']}": m for m in children("smollm2", "team-a", model, "loraplane")}
     policy = objects["NetworkPolicy/smollm2-serving"]["spec"]
     serving = objects["Deployment/smollm2-serving"]["spec"]["template"]["metadata"]["labels"]
     assert policy["podSelector"]["matchLabels"] == serving and policy["policyTypes"] == ["Ingress"]
@@ -95,7 +95,7 @@ def test_the_deployment_carries_secrets_by_reference_and_the_sizing() -> None:
     container = pod["containers"][0]
     assert "--tenants" in container["args"]
     assert {"secretRef": {"name": "adapter-store"}} in container["envFrom"]
-    assert container["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "loraplane-admin"
+    assert container["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "smollm2-admin", "key": "admin-token"}
     assert "nvidia.com/gpu" not in container["resources"]["limits"]  # gpus: 0 in the embedded example
     gpu = copy.deepcopy(BASE["spec"])
     gpu["resources"] = {"gpus": 2, "nodeSelector": {"gpu": "h100"}, "tolerations": [{"key": "gpu", "operator": "Exists"}]}

@@ -27,9 +27,14 @@ from engine_helpers import tiny_engine
 from envtest import Kube, control_plane
 from operator_process import start_operator
 from s3_server import ACCESS, SECRET, moto_server, upload_folder
+from serving_pods import admin_secret, serving_pod
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from loraplane.adapter_format import adapter_digest, file_digest
-from loraplane.operator.cluster import ADMIN_URL_ANNOTATION, BASE_LABEL, COMPONENT_LABEL
+from loraplane.operator.cluster import ADMIN_TOKEN_KEY, admin_secret_name
 from loraplane.serving.api.app import create_app
 from loraplane.serving.api.loopback import serve_app
 
@@ -70,17 +75,11 @@ class Stack:
         app = create_app(make, admin_token=ADMIN)
         url = self.exits.enter_context(serve_app(app))
         self.replicas[name], self.apps[name] = url, app
-        self.apply({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": NS, "labels": {BASE_LABEL: "tiny", COMPONENT_LABEL: "serving"},
-                         "annotations": {ADMIN_URL_ANNOTATION: url}},
-            "spec": {"containers": [{"name": "serving", "image": "loraplane/serving"}]},
-            "status": {"phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
-        })  # fmt: skip
+        self.apply(serving_pod(name, NS, "tiny", url))
         return url
 
     def start_operator(self) -> None:
-        self.operator = start_operator(self.kube.kubeconfig, ADMIN, self.folder / "operator.log")
+        self.operator = start_operator(self.kube.kubeconfig, self.folder / "operator.log")
 
     def stop_operator(self, sig: int = signal.SIGTERM) -> None:
         assert self.operator is not None
@@ -144,6 +143,7 @@ def stack(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory: py
             for k, v in {"AWS_ACCESS_KEY_ID": ACCESS, "AWS_SECRET_ACCESS_KEY": SECRET}.items()
         }
         s.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "adapter-store", "namespace": NS}, "data": secret})
+        s.apply(admin_secret(NS, "tiny", ADMIN))  # the replicas' token, brought before the BaseModel
         s.apply({
             "apiVersion": "loraplane.dev/v1alpha1", "kind": "BaseModel", "metadata": {"name": "tiny", "namespace": NS},
             "spec": {
@@ -211,6 +211,55 @@ def test_the_base_model_owns_its_serving_deployment_service_config_and_router(st
 
     s = stack.kube.wait_for("the BaseModel's status", status, timeout=20)
     assert s["phase"] == "Ready" and next(c for c in s["conditions"] if c["type"] == "Applied")["status"] == "True"
+
+
+def test_each_base_model_gets_its_own_admin_token_and_a_brought_one_is_kept(stack: Stack) -> None:
+    other = {"apiVersion": "loraplane.dev/v1alpha1", "kind": "BaseModel", "metadata": {"name": "other", "namespace": NS},
+             "spec": {"source": {"uri": str(stack.tiny_llama)}, "replicas": 1}}  # fmt: skip
+    stack.apply(other)
+    try:
+        secret = stack.kube.wait_for(
+            "other's admin Secret", lambda: stack.kube.get("Secret", NS, admin_secret_name("other")), timeout=20
+        )
+        owner = stack.kube.get("BaseModel", NS, "other")
+        assert owner is not None and secret["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"]
+        token = base64.b64decode(secret["data"][ADMIN_TOKEN_KEY]).decode()
+        assert len(token) >= 32 and token != ADMIN
+        pods = stack.kube.get("Deployment", NS, "other-serving")
+        assert pods is not None
+        env = pods["spec"]["template"]["spec"]["containers"][0]["env"]
+        assert {"name": admin_secret_name("other"), "key": ADMIN_TOKEN_KEY} in [
+            e["valueFrom"]["secretKeyRef"] for e in env if "secretKeyRef" in e.get("valueFrom", {})
+        ]
+    finally:
+        stack.kube.delete("BaseModel", NS, "other")
+    brought = stack.kube.get("Secret", NS, admin_secret_name("tiny"))  # the replicas' token: never rewritten
+    assert brought is not None and base64.b64decode(brought["data"][ADMIN_TOKEN_KEY]).decode() == ADMIN
+
+
+def test_the_admin_token_goes_only_to_a_pods_own_address(stack: Stack) -> None:
+    """An annotation (a namespace user can write one) used to override the admin URL: the token went
+    wherever it pointed. Now only the pod's IP and its container's http port are called."""
+    calls: dict[str, list[str | None]] = {"pod": [], "elsewhere": []}
+
+    def recorder(key: str) -> Starlette:
+        async def ready(_: Request) -> JSONResponse:
+            return JSONResponse({})
+
+        async def record(request: Request) -> JSONResponse:
+            calls[key].append(request.headers.get("authorization"))
+            return JSONResponse({"error": {"message": "not a replica"}}, status_code=503)
+
+        return Starlette(routes=[Route("/ready", ready), Route("/{path:path}", record, methods=["GET", "POST", "PUT", "DELETE"])])
+
+    with serve_app(recorder("pod")) as pod_url, serve_app(recorder("elsewhere")) as elsewhere:
+        name = "tiny-serving-impostor"
+        stack.apply(serving_pod(name, NS, "tiny", pod_url, annotations={"loraplane.dev/admin-url": elsewhere}))
+        try:
+            stack.kube.wait_for("a sync to call the pod", lambda: calls["pod"], timeout=20)
+        finally:
+            stack.kube.delete("Pod", NS, name)
+    assert calls["elsewhere"] == []
 
 
 def test_request_figures_reach_the_adapters_status(stack: Stack) -> None:

@@ -29,7 +29,7 @@ def test_the_standby_operator_takes_over_when_the_active_one_leaves(tmp_path: Pa
 
     def operator(name: str, priority: int) -> subprocess.Popen[bytes]:
         flags = ("--peering", "loraplane", "--priority", str(priority))
-        return start_operator(kube.kubeconfig, "token", tmp_path / f"{name}.log", peering=flags)
+        return start_operator(kube.kubeconfig, tmp_path / f"{name}.log", peering=flags)
 
     with control_plane(tmp_path / "kube") as kube:
         kube.apply({"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "loraplane"}})

@@ -38,7 +38,7 @@ def example(kind: str, name: str) -> dict[str, Any]:
 
 def test_the_api_server_calls_the_webhook_and_deletion_needs_neither(kube: Kube, tmp_path: Path) -> None:
     port = free_port()
-    operator = start_operator(kube.kubeconfig, "token", tmp_path / "operator.log", extra_args=("--webhook-port", str(port)),
+    operator = start_operator(kube.kubeconfig, tmp_path / "operator.log", extra_args=("--webhook-port", str(port)),
                               extra_env={"LORAPLANE_WEBHOOK_HOST": "127.0.0.1"})  # fmt: skip
     try:
 
@@ -77,7 +77,7 @@ def test_the_api_server_calls_the_webhook_and_deletion_needs_neither(kube: Kube,
     # keeps the adapter until an operator is back to take it off every replica.
     assert kube.kubectl("delete", "loraadapter", "kept", "-n", NS, "--wait=false").returncode == 0
     assert kube.get("LoraAdapter", NS, "kept")["metadata"]["deletionTimestamp"]
-    operator = start_operator(kube.kubeconfig, "token", tmp_path / "operator-2.log")
+    operator = start_operator(kube.kubeconfig, tmp_path / "operator-2.log")
     try:
         kube.wait_for("the deletion to finish", lambda: kube.get("LoraAdapter", NS, "kept") is None, timeout=60)
     finally:

@@ -44,10 +44,6 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
-{{- define "loraplane.adminSecret" -}}
-{{- default (printf "%s-admin" (include "loraplane.fullname" .)) .Values.adminToken.existingSecret }}
-{{- end }}
-
 {{- define "loraplane.objectStoreName" -}}
 {{- printf "%s-object-store" (include "loraplane.fullname" .) }}
 {{- end }}
