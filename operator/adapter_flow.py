@@ -131,7 +131,8 @@ async def reconcile(
         out.condition("Ready", "False", "ServedNameTaken", message, generation)
         return out
     serving = (out.status.serving_uri, out.status.serving_digest) == (spec.source.uri, spec.source.digest)
-    if not serving and (refusals := tenancy_problems(spec, base)):  # webhook or not; nothing is fetched
+    allowed = settings.allowed_sources, settings.allowed_endpoints
+    if not serving and (refusals := tenancy_problems(spec, base, *allowed)):  # webhook or not; nothing is fetched
         reason, message = refusals[0]
         if out.status.serving_digest is None:
             out.status.phase = "Failed"

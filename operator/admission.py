@@ -10,23 +10,37 @@ from typing import Any
 from pydantic import ValidationError
 
 from loraplane.operator.api.basemodel import BaseModelSpec
-from loraplane.operator.api.loraadapter import SOURCE_SCHEMES, LoraAdapterSpec
+from loraplane.operator.api.loraadapter import SOURCE_SCHEMES, LoraAdapterSpec, under_prefix
 
 
 def _pydantic_errors(err: ValidationError) -> list[str]:
     return [f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
 
 
-def tenancy_problems(spec: LoraAdapterSpec, base: BaseModelSpec) -> list[tuple[str, str]]:
-    """(reason, message) for each rule of the BaseModel's tenant policy the adapter breaks; the
-    webhook refuses on them and the reconcile fails the adapter on them, webhook or not."""
+def tenancy_problems(
+    spec: LoraAdapterSpec,
+    base: BaseModelSpec,
+    allowed_sources: list[str] | None = None,
+    allowed_endpoints: list[str] | None = None,
+) -> list[tuple[str, str]]:
+    """(reason, message) for each rule the adapter breaks: the operator's allow-lists (set by the
+    cluster admin, over every namespace) and the BaseModel's tenant policy. The webhook refuses
+    on them and the reconcile fails the adapter on them, webhook or not, before anything is fetched."""
+    if allowed_sources is not None and not any(under_prefix(spec.source.uri, p) for p in allowed_sources):
+        return [("SourceNotAllowed", "spec.source.uri: not under a source prefix this cluster's operator allows")]
+    endpoint = (base.adapter_store.endpoint or "").rstrip("/")
+    if allowed_endpoints is not None and endpoint and endpoint not in {e.rstrip("/") for e in allowed_endpoints}:
+        # The operator itself fetches from this endpoint, from inside the cluster: a namespace user
+        # must not turn it into a request to an internal service.
+        message = f"spec.adapterStore.endpoint of BaseModel {spec.base_model!r} is not an endpoint this cluster allows"
+        return [("EndpointNotAllowed", message)]
     policies = base.tenancy.tenants
     if policies is None:
         return []
     policy = next((t for t in policies if t.name == spec.tenant), None)
     if policy is None:
         return [("TenantNotAllowed", f"spec.tenant: {spec.tenant!r} is not one of {spec.base_model}'s tenants")]
-    if not any(spec.source.uri.startswith(prefix) for prefix in policy.sources):
+    if not any(under_prefix(spec.source.uri, prefix) for prefix in policy.sources):
         allowed = ", ".join(policy.sources)
         return [("SourceNotAllowed", f"spec.source.uri: tenant {spec.tenant!r}'s adapters must be under {allowed}")]
     return []
@@ -46,6 +60,8 @@ def review_adapter(
     *,
     name: str = "",
     served_by: str | None = None,
+    allowed_sources: list[str] | None = None,
+    allowed_endpoints: list[str] | None = None,
 ) -> list[str]:
     """Reasons to refuse the LoraAdapter ``name`` (empty: admit). ``base_spec_raw`` is the
     referenced BaseModel's spec, None when it does not exist; ``served_by`` as for
@@ -62,7 +78,7 @@ def review_adapter(
         problems.append(f"spec.baseModel: BaseModel {spec.base_model!r} does not exist in this namespace")
         return problems
     base = BaseModelSpec.model_validate(dict(base_spec_raw))
-    problems += [message for _, message in tenancy_problems(spec, base)]
+    problems += [message for _, message in tenancy_problems(spec, base, allowed_sources, allowed_endpoints)]
     if (taken := served_name_problem(name, spec, served_by)) is not None:
         problems.append(taken)
     cap = base.engine.max_lora_rank

@@ -148,6 +148,14 @@ class Operator(KubeModel):
     sync_interval: float = Field(default=10, gt=0, description="seconds between a BaseModel's syncs")
     metrics_interval: float = Field(default=30, ge=0, description="seconds between metrics writes per adapter")
     retry_delay: float = Field(default=5, gt=0, description="seconds before retrying a waiting step")
+    allowed_sources: list[Annotated[str, Field(pattern=r"^(s3|file)://.+$")]] = Field(
+        default_factory=list,
+        description="URI prefixes every LoraAdapter's source must be under, in every namespace; empty: any",
+    )
+    allowed_endpoints: list[Annotated[str, Field(pattern=r"^https?://.+$")]] = Field(
+        default_factory=list,
+        description="S3 endpoints a BaseModel may name (the operator fetches from them); empty: any",
+    )
     webhook: Webhook = Field(default_factory=Webhook)
     service_account: ServiceAccount = Field(default_factory=ServiceAccount)
     rbac: Rbac = Field(default_factory=Rbac)

@@ -9,6 +9,15 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class OperatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LORAPLANE_")
 
+    allowed_sources: list[str] | None = Field(
+        default=None,
+        description='URI prefixes (JSON list) every LoraAdapter\'s source must be under, e.g. ["s3://adapters/"]; unset: any',
+    )
+    allowed_endpoints: list[str] | None = Field(
+        default=None,
+        description="S3 endpoints (JSON list) a BaseModel's adapterStore may name: the operator fetches from them from "
+        "inside the cluster; AWS's own (an empty endpoint) always goes; unset: any",
+    )
     operator_namespace: str | None = Field(
         default=None, description="the operator's own namespace (the chart sets it); serving pods' NetworkPolicy admits it"
     )

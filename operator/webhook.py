@@ -28,7 +28,10 @@ async def admit_adapter(spec: kopf.Spec, name: str | None, namespace: str | None
     ns = namespace or "default"
     base = await cluster.get_custom(ns, "basemodels", str(spec.get("baseModel", "")))
     holder = served_name_holder(kwargs["served_names"], ns, name or "", spec)  # the reconcile's index
-    problems = review_adapter(spec, base.get("spec") if base else None, name=name or "", served_by=holder)
+    problems = review_adapter(
+        spec, base.get("spec") if base else None, name=name or "", served_by=holder,
+        allowed_sources=SETTINGS.allowed_sources, allowed_endpoints=SETTINGS.allowed_endpoints,
+    )  # fmt: skip
     if problems:
         raise kopf.AdmissionError("; ".join(problems), code=422)
 

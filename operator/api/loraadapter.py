@@ -3,21 +3,43 @@ slots that serve it."""
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from loraplane.operator.api.common import DNS_LABEL, Condition, KubeModel, ObjectMeta, Quotas
 
 SOURCE_SCHEMES = ("s3", "file")
+# A "." or ".." path segment: `s3://adapters/acme/../globex/x` would pass a prefix check for
+# acme and read globex's files wherever the path is normalised (file://, some S3 servers). The
+# same expression is the CRD's CEL rule (RE2) and the model's check.
+DOT_SEGMENT = r"://(.*/)?[.][.]?(/|$)"
+DOT_SEGMENT_RULE = f"!self.uri.matches('{DOT_SEGMENT}')"
+DOT_SEGMENT_MESSAGE = "spec.source.uri may not contain . or .. path segments"
+
+
+def under_prefix(uri: str, prefix: str) -> bool:
+    """``uri`` is ``prefix`` or inside it, at a path-segment boundary: a policy of
+    ``s3://adapters/acme`` admits ``s3://adapters/acme/x``, never ``s3://adapters/acme-evil/x``."""
+    return uri == prefix.rstrip("/") or uri.startswith(prefix if prefix.endswith("/") else prefix + "/")
 
 
 class AdapterSource(KubeModel):
-    uri: str = Field(description="s3://bucket/prefix or file:///path: a PEFT folder", pattern=r"^(s3|file)://.+$")
+    uri: str = Field(
+        description="s3://bucket/prefix or file:///path: a PEFT folder", pattern=r"^(s3|file)://.+$", max_length=2048
+    )
     digest: str = Field(
         description="sha256 of adapter_model.safetensors, as sha256sum prints it, prefixed sha256:",
         pattern=r"^sha256:[0-9a-f]{64}$",
     )
+
+    @field_validator("uri")
+    @classmethod
+    def _no_dot_segments(cls, uri: str) -> str:
+        if re.search(DOT_SEGMENT, uri):
+            raise ValueError(DOT_SEGMENT_MESSAGE)
+        return uri
 
 
 class QualityGate(KubeModel):

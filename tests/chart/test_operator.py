@@ -88,6 +88,17 @@ def test_the_settings_it_reads_are_the_values(render: Any, monkeypatch: pytest.M
     assert settings.operator_namespace == "loraplane-system"
 
 
+def test_the_allow_lists_reach_the_operators_settings(render: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    lists = {"allowedSources": ["s3://adapters/", "s3://shared/base/"], "allowedEndpoints": ["http://minio.store:9000"]}
+    env = {v["name"]: v for v in container(render({"operator": lists}))["env"]}
+    for var in ("LORAPLANE_ALLOWED_SOURCES", "LORAPLANE_ALLOWED_ENDPOINTS"):
+        monkeypatch.setenv(var, env[var]["value"])
+    settings = OperatorSettings()
+    assert (settings.allowed_sources, settings.allowed_endpoints) == (lists["allowedSources"], lists["allowedEndpoints"])
+    bare = {v["name"] for v in container(render())["env"]}
+    assert not bare & {"LORAPLANE_ALLOWED_SOURCES", "LORAPLANE_ALLOWED_ENDPOINTS"}  # unset: any
+
+
 def test_the_operator_holds_no_admin_token_and_the_chart_creates_none(render: Any) -> None:
     """Each BaseModel's token is its own Secret, created by the operator in the BaseModel's namespace:
     a chart-wide token would open every namespace's replicas to whoever can read it in one."""

@@ -57,6 +57,36 @@ def test_a_base_with_a_tenant_policy_admits_only_its_tenants_from_their_sources(
     assert any("must be under s3://adapters/globex/" in p for p in borrowed), borrowed
 
 
+@pytest.mark.parametrize("uri", ["s3://adapters/acme/../globex/v1", "s3://adapters/acme/./v1", "file:///srv/acme/.."])
+def test_a_source_with_dot_segments_is_refused_whatever_the_policy(uri: str) -> None:
+    problems = review_adapter({**LORA, "source": {**LORA["source"], "uri": uri}}, BASE)
+    assert any("may not contain . or .. path segments" in p for p in problems), problems
+
+
+def test_a_source_prefix_holds_at_a_path_boundary() -> None:
+    """A policy written without its trailing slash still keeps acme out of acme-evil's files."""
+    base = {**copy.deepcopy(BASE), "tenancy": {"tenants": [{"name": "acme", "sources": ["s3://adapters/acme"]}]}}
+    source = LORA["source"]
+    assert review_adapter({**LORA, "tenant": "acme", "source": {**source, "uri": "s3://adapters/acme/v1"}}, base) == []
+    evil = review_adapter({**LORA, "tenant": "acme", "source": {**source, "uri": "s3://adapters/acme-evil/v1"}}, base)
+    assert any("must be under s3://adapters/acme" in p for p in evil), evil
+
+
+def test_the_operators_allow_lists_hold_in_every_namespace_whatever_the_base_says() -> None:
+    uri = LORA["source"]["uri"]
+    bucket = uri.split("/", 3)[:3]
+    assert review_adapter(LORA, BASE, allowed_sources=["/".join(bucket) + "/"]) == []
+    outside = review_adapter(LORA, BASE, allowed_sources=["s3://other-bucket/"])
+    assert any("not under a source prefix this cluster's operator allows" in p for p in outside), outside
+    internal = {**copy.deepcopy(BASE), "adapterStore": {**BASE.get("adapterStore", {}), "endpoint": "http://10.0.0.1:80"}}
+    refused = review_adapter(LORA, internal, allowed_endpoints=["https://s3.internal.example:9000"])
+    assert any("is not an endpoint this cluster allows" in p for p in refused), refused
+    allowed = {**internal, "adapterStore": {**internal["adapterStore"], "endpoint": "https://s3.internal.example:9000/"}}
+    assert review_adapter(LORA, allowed, allowed_endpoints=["https://s3.internal.example:9000"]) == []
+    aws = {**internal, "adapterStore": {k: v for k, v in internal["adapterStore"].items() if k != "endpoint"}}
+    assert review_adapter(LORA, aws, allowed_endpoints=["https://s3.internal.example:9000"]) == []
+
+
 def test_a_served_name_another_adapter_holds_is_refused() -> None:
     taken = review_adapter({**LORA, "servedName": "support"}, BASE, name="support-v2", served_by="support-v1")
     assert any("'support' is already served by LoraAdapter 'support-v1'" in p for p in taken), taken

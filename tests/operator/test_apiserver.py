@@ -137,3 +137,12 @@ def test_a_cel_rule_is_evaluated_by_the_server(kube: Kube) -> None:
     assert r.returncode != 0 and "spec.engine: Invalid value" in r.stderr, r.stderr
     assert "maxCpuLoras must be at least maxLoras" in r.stderr
     assert kube.get("BaseModel", NS, "cel") is None
+
+
+def test_the_server_refuses_a_source_with_dot_segments(kube: Kube) -> None:
+    manifest = example("LoraAdapter")
+    manifest["metadata"]["name"] = "dots"
+    manifest["spec"]["source"]["uri"] = "s3://adapters/acme/../globex/support/v1"
+    r = kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest), check=False)
+    assert r.returncode != 0 and "may not contain . or .. path segments" in r.stderr, r.stderr
+    assert kube.get("LoraAdapter", manifest["metadata"]["namespace"], "dots") is None

@@ -499,6 +499,38 @@ def test_the_operator_converges_across_an_api_server_restart(stack: Stack) -> No
     assert stack.operator is not None and stack.operator.poll() is None
 
 
+def test_a_writer_racing_the_operator_gets_a_conflict_and_rolls_back_nothing(stack: Stack) -> None:
+    """A GitOps controller's read-modify-write (GET, then PUT with that resourceVersion) that
+    races the operator's status write: the server answers 409, the writer reads again and its
+    change lands, the status the operator wrote survives the stale body the writer sent (status
+    is a subresource), and the operator reconciles the new generation. kopf's own writes are merge
+    patches without a resourceVersion, so the conflict always falls on the other writer."""
+    url = f"/apis/loraplane.dev/v1alpha1/namespaces/{NS}/loraadapters/contended"
+    with registration_held(stack, "tiny-serving-0", "contended", stack.digests["qv4"]) as entered:
+        stack.apply(lora("contended", stack.uris["qv4"], stack.digests["qv4"]))
+        assert entered.wait(60), stack.log()
+        stale = stack.adapter("contended")  # read while the operator is half way, before its status write
+    status = stack.wait_phase("contended", "Ready")["status"]
+    stale["metadata"].setdefault("labels", {})["team"] = "support"
+    stale["spec"]["prefetch"] = False
+    r = stack.kube.http.put(url, json=stale)
+    assert r.status_code == 409 and r.json()["reason"] == "Conflict", r.text
+    fresh = stack.adapter("contended")
+    fresh["metadata"].setdefault("labels", {})["team"] = "support"
+    fresh["spec"]["prefetch"] = False
+    fresh["status"] = {"phase": "Pending"}  # a writer's stale status in the body: ignored on the main resource
+    assert stack.kube.http.put(url, json=fresh).status_code == 200
+
+    def reconciled() -> dict[str, Any] | None:
+        obj = stack.adapter("contended")
+        return obj if obj["status"].get("observedGeneration") == obj["metadata"]["generation"] else None
+
+    obj = stack.kube.wait_for("the new generation reconciled", reconciled, timeout=30)
+    assert obj["metadata"]["labels"]["team"] == "support"
+    assert obj["status"]["phase"] == "Ready" and obj["status"]["servingDigest"] == status["servingDigest"]
+    stack.kube.delete("LoraAdapter", NS, "contended")
+
+
 def test_a_promotion_in_progress_shows_both_versions_in_status(stack: Stack) -> None:
     stack.wait_phase("midway", "Ready")
     with registration_held(stack, "tiny-serving-0", "midway", stack.digests["qv4"]) as entered:
