@@ -178,3 +178,57 @@ def test_hostile_bodies_fail_alone_while_another_tenant_streams(stack: dict[str,
     assert not steady.broken, steady.broken
     assert steady.completed >= 1
     assert httpx.get(f"{url}/ready").status_code == 200
+
+
+ADMIN_ROUTES = ["/admin/adapters", "/admin/verify", "/v1/load_lora_adapter", "/v1/unload_lora_adapter"]
+
+
+def admin_bodies(openapi: dict[str, Any], path: str, paths: list[str]) -> st.SearchStrategy[Any]:
+    """The admin routes' bodies as the schema draws them, with extremes in up to three fields and,
+    often, a name and a path worth reaching (a real adapter, a broken one, a file, nothing there)."""
+    operation = schemathesis.openapi.from_dict(openapi)[path]["POST"]
+    cases = st.one_of(*(operation.as_strategy(generation_mode=mode) for mode in GenerationMode))
+    bodies = cases.map(lambda case: case.body if isinstance(case.body, dict | list | str | int | float | bool | bytes) else None)
+    fields = [*openapi["components"]["schemas"][_request_model(openapi, path)]["properties"], "unknown_field"]
+    extremes = st.just({}) | st.dictionaries(st.sampled_from(fields), EXTREMES, min_size=1, max_size=3)
+
+    def hostile(body: Any, name: str | None, where: str | None, extra: dict[str, Any]) -> Any:
+        if not isinstance(body, dict):
+            return body
+        body = {**body, **({"lora_name": name} if name else {}), **({"lora_path": where} if where else {}), **extra}
+        if body.get("lora_name") == "steady-bot":  # the one name the steady tenant needs
+            body["lora_name"] = "hostile-bot"
+        return body
+
+    names = st.none() | st.sampled_from(["hostile-bot", "fuzz-a", "fuzz-b"])
+    return st.builds(hostile, bodies, names, st.none() | st.sampled_from(paths), extremes)
+
+
+@pytest.mark.parametrize("path", ADMIN_ROUTES)
+def test_hostile_admin_bodies_fail_alone_while_another_tenant_streams(
+    stack: dict[str, Any], tiny_adapters: dict[str, Path], tmp_path: Path, path: str
+) -> None:
+    """The admin caller is trusted to act, not to be careful: whatever body it sends gets a 4xx
+    in OpenAI's error shape or a 2xx, and the other tenant's streams go on."""
+    url = stack["replica"]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "adapter_config.json").write_text("{not json")
+    paths = [str(tiny_adapters["ku2"]), str(broken), str(tmp_path / "absent"), "/etc/hostname", f"file://{tiny_adapters['qv4']}"]
+    admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}", "Content-Type": "application/json"},
+                         timeout=120)  # fmt: skip
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(body=admin_bodies(stack["openapi"], path, paths))
+    def check(body: Any) -> None:
+        r = admin.post(path, content=body if isinstance(body, bytes) else json.dumps(body))
+        assert r.status_code < 500, (body if not isinstance(body, bytes) else body[:200], r.status_code, r.text[:500])
+        if r.status_code >= 400:
+            error = r.json()["error"]
+            assert error["message"] and error["type"], r.text[:500]
+
+    with SteadyTenant(url, "steady-bot") as steady:
+        check()
+    assert not steady.broken, steady.broken
+    assert steady.completed >= 1
+    assert httpx.get(f"{url}/ready").status_code == 200
