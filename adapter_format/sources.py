@@ -9,6 +9,7 @@ folder; validation happens once they are local.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from loraplane.adapter_format import AdapterValidationError, ErrorCode
 from loraplane.adapter_format.digest import CONFIG_FILE, GOLDEN_FILE, WEIGHTS_FILE
 
 ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
+_NOT_THERE = {errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.EACCES, errno.EPERM, errno.EINVAL}
 
 
 class AdapterSource(Protocol):
@@ -68,9 +70,20 @@ class FileSource:
     folder: Path
 
     def fetch(self, into: Path) -> None:
+        try:
+            self._copy(into)
+        except OSError as err:
+            # A path no folder can have (too long, through a file) or may not be read: the files
+            # are not there for this server, now or on a retry. Anything else (EIO) stays an
+            # OSError, which the load queue retries with backoff.
+            if err.errno not in _NOT_THERE:
+                raise
+            raise AdapterValidationError(ErrorCode.MISSING_FILE, f"{self.uri[:256]} cannot be read: {err.strerror}") from None
+
+    def _copy(self, into: Path) -> None:
         for name in ADAPTER_FILES:
             if not (self.folder / name).is_file():
-                raise AdapterValidationError(ErrorCode.MISSING_FILE, f"{name} is missing from {self.uri}")
+                raise AdapterValidationError(ErrorCode.MISSING_FILE, f"{name} is missing from {self.uri[:256]}")
             shutil.copyfile(self.folder / name, into / name)
         if (self.folder / GOLDEN_FILE).is_file():
             shutil.copyfile(self.folder / GOLDEN_FILE, into / GOLDEN_FILE)

@@ -33,6 +33,7 @@ from loraplane.adapter_format import (
 )
 from loraplane.adapter_format.digest import GOLDEN_FILE
 from loraplane.adapter_format.golden import load_golden
+from loraplane.adapter_format.sources import open_source
 
 BASE = BaseShape(
     name="HuggingFaceTB/SmolLM2-135M-Instruct",
@@ -132,6 +133,17 @@ def test_missing_weights(tmp_path: Path) -> None:
     folder = make_adapter(tmp_path / "m")
     (folder / "adapter_model.safetensors").unlink()
     expect(ErrorCode.MISSING_FILE, folder, "adapter_model.safetensors is missing")
+
+
+@pytest.mark.parametrize(("where", "says"), [("x" * 5_000, "cannot be read"), ("file-not-folder/sub", "is missing")])
+def test_a_local_source_no_folder_can_be_is_missing_not_an_os_error(tmp_path: Path, where: str, says: str) -> None:
+    """A path too long for the filesystem, or through a file, is a refused source (a permanent
+    MissingFile the caller answers with 400), not an OSError a server turns into a 500."""
+    (tmp_path / "file-not-folder").write_text("")
+    with pytest.raises(AdapterValidationError) as err:
+        open_source(str(tmp_path / where)).fetch(tmp_path)
+    assert err.value.code == ErrorCode.MISSING_FILE and says in err.value.message
+    assert len(str(err.value)) < 1_000
 
 
 def test_digest_mismatch(tmp_path: Path) -> None:
