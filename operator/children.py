@@ -24,6 +24,7 @@ from loraplane.operator.cluster import (
     METRICS_PORT,
     SERVING_PORT,
     admin_token_env,
+    stats_token_env,
 )
 from loraplane.operator.pod_security import CONTAINER_SECURITY, HOME_ENV, POD_SECURITY, TMP_MOUNT, TMP_VOLUME
 from loraplane.operator.router_objects import router_labels, router_objects
@@ -108,6 +109,7 @@ def deployment(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]
         volumes.append({"name": "tenants", "secret": {"secretName": spec.tenancy.api_keys_secret.name}})
     env: list[dict[str, Any]] = [
         admin_token_env(name),
+        stats_token_env(name),
         HOME_ENV,
         *usage_env,
     ]

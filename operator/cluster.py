@@ -25,6 +25,7 @@ BASE_LABEL = "loraplane.dev/base-model"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 SERVING_PORT = 8000  # the serving container's port named "http" unless its pod spec names another
 ADMIN_TOKEN_KEY = "admin-token"
+STATS_TOKEN_KEY = "stats-token"
 ADMIN_TOKEN_TTL = 60.0  # seconds a token read from its Secret is reused before it is read again
 METRICS_PORT = 9090  # /metrics alone (`--metrics-port`): what Prometheus scrapes, not the API
 
@@ -80,40 +81,57 @@ def admin_secret_name(base: str) -> str:
     return f"{base}-admin"
 
 
+def stats_secret_name(base: str) -> str:
+    """The router's token, ``<base>-stats``: it reads ``/admin/stats`` and can change nothing. A
+    Secret of its own, not a second key of ``<base>-admin``, so that the router's pod never
+    mounts anything that holds the admin token, and a user who brings ``<base>-admin`` need not
+    know about it."""
+    return f"{base}-stats"
+
+
 def admin_token_env(base: str) -> dict[str, Any]:
-    """The environment variable a serving or router container reads its base's admin token from."""
+    """The environment variable a serving container reads its base's admin token from."""
     return {
         "name": "LORAPLANE_ADMIN_TOKEN",
         "valueFrom": {"secretKeyRef": {"name": admin_secret_name(base), "key": ADMIN_TOKEN_KEY}},
     }
 
 
+def stats_token_env(base: str, variable: str = "LORAPLANE_STATS_TOKEN") -> dict[str, Any]:
+    """The stats token, as ``variable``: the serving container's ``--stats-token``, and the
+    router's ``--admin-token`` (the only token it sends, and what guards its own view)."""
+    return {"name": variable, "valueFrom": {"secretKeyRef": {"name": stats_secret_name(base), "key": STATS_TOKEN_KEY}}}
+
+
 async def ensure_admin_secret(namespace: str, base: str, owner: Mapping[str, Any]) -> None:
-    """Create the BaseModel's admin-token Secret with a random token, owned by the BaseModel, unless
-    it exists. An existing one is never rewritten: its replicas already hold that token (and a user
-    may bring their own, from External Secrets or GitOps)."""
-    name = admin_secret_name(base)
-    body: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": "Opaque",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {BASE_LABEL: base, COMPONENT_LABEL: "admin-token", "app.kubernetes.io/managed-by": "loraplane"},
-            "ownerReferences": [dict(owner)],
-        },
-        "stringData": {ADMIN_TOKEN_KEY: secrets.token_urlsafe(36)},
-    }
+    """Create the BaseModel's admin-token and stats-token Secrets with random tokens, owned by the
+    BaseModel, unless they exist. An existing one is never rewritten: its replicas already hold
+    that token (and a user may bring their own, from External Secrets or GitOps)."""
+    for name, key, component in (
+        (admin_secret_name(base), ADMIN_TOKEN_KEY, "admin-token"),
+        (stats_secret_name(base), STATS_TOKEN_KEY, "stats-token"),
+    ):
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {BASE_LABEL: base, COMPONENT_LABEL: component, "app.kubernetes.io/managed-by": "loraplane"},
+                "ownerReferences": [dict(owner)],
+            },
+            "stringData": {key: secrets.token_urlsafe(36)},
+        }
+        await asyncio.to_thread(_create_unless_present, namespace, body)
 
-    def write() -> None:
-        try:
-            _core().create_namespaced_secret(namespace, body)  # type: ignore[arg-type]  # it serialises dicts as they are
-        except ApiException as err:
-            if err.status != 409:
-                raise
 
-    await asyncio.to_thread(write)
+def _create_unless_present(namespace: str, body: dict[str, Any]) -> None:
+    try:
+        _core().create_namespaced_secret(namespace, body)  # type: ignore[arg-type]  # it serialises dicts as they are
+    except ApiException as err:
+        if err.status != 409:
+            raise
 
 
 _TOKENS: dict[tuple[str, str], tuple[float, str | None]] = {}

@@ -16,7 +16,7 @@ from loraplane.operator.cluster import (
     COMPONENT_LABEL,
     METRICS_PORT,
     SERVING_PORT,
-    admin_token_env,
+    stats_token_env,
 )
 from loraplane.operator.pod_security import CONTAINER_SECURITY, HOME_ENV, POD_SECURITY, TMP_MOUNT, TMP_VOLUME
 from loraplane.operator.usage_wiring import USAGE_DIR, usage_wiring
@@ -72,7 +72,7 @@ def router_deployment(base: str, namespace: str, spec: BaseModelSpec) -> dict[st
         "args": args,
         "ports": [{"name": "http", "containerPort": ROUTER_PORT}, {"name": "metrics", "containerPort": METRICS_PORT}],
         "env": [
-            admin_token_env(base),
+            stats_token_env(base, "LORAPLANE_ADMIN_TOKEN"),
             HOME_ENV,
             *usage_env,
         ],

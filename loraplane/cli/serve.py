@@ -34,6 +34,10 @@ from loraplane.cli.usage import make_metering, usage_options
     "require_adapter_digest",
 )  # fmt: skip
 @admin_token_option("Bearer token the admin calls require.")
+@click.option(
+    "--stats-token", envvar="LORAPLANE_STATS_TOKEN",
+    help="A second bearer token that may only read /admin/stats: the router's, so that it can change nothing.",
+)  # fmt: skip
 @tenants_option("YAML/JSON of tenants, their API keys and quotas (e.g. a mounted Secret); without it the API is open.")
 @metrics_port_option
 @usage_options
@@ -48,6 +52,7 @@ def serve(
     config_path: Path | None,
     lora_modules: tuple[str, ...],
     admin_token: str | None,
+    stats_token: str | None,
     tenants_path: Path | None,
     max_pending_requests: int,
     metrics_port: int | None,
@@ -89,8 +94,8 @@ def serve(
     except (ValidationError, yaml.YAMLError) as err:
         raise click.ClickException(f"{tenants_path}: {err}") from None
     app = create_app(
-        lambda: build_engine(config), admin_token=admin_token, tenants=tenants, max_pending_requests=max_pending_requests,
-        metering=metering,
+        lambda: build_engine(config), admin_token=admin_token, stats_token=stats_token or None, tenants=tenants,
+        max_pending_requests=max_pending_requests, metering=metering,
     )  # fmt: skip
     if metrics_port is not None:
         from loraplane.serving.api.metrics_port import serve_metrics

@@ -19,7 +19,7 @@ from loraplane.adapter_format.golden import DriftReport
 from loraplane.admin_api import LoadLoraRequest, NamedAdapterState, ReplicaStats, UnloadLoraRequest, VerifyRequest
 from loraplane.serving.api.admin_view import named_adapter_state, replica_stats
 from loraplane.serving.api.async_engine import AsyncEngine
-from loraplane.serving.api.deps import Admin, Server
+from loraplane.serving.api.deps import Admin, Server, StatsReader
 from loraplane.serving.api.errors import APIError
 from loraplane.serving.api.quality_gate import load_adapter, verify_candidate
 from loraplane.serving.api.tenants import Tenants
@@ -138,7 +138,7 @@ async def usage(_engine: Admin, server: Server) -> UsageRollup:
 
 
 @router.get("/admin/stats")
-async def stats(engine: Admin, server: Server) -> ReplicaStats:
+async def stats(engine: StatsReader, server: Server) -> ReplicaStats:
     """Every adapter's tier, pin, counters and quotas; per-tenant counters; queue depths."""
     quotas = dict(server.tenants.adapter_limits)
     return await engine.call(lambda: replica_stats(engine.engine, quotas))

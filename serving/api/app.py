@@ -32,6 +32,7 @@ def create_app(
     make_engine: Callable[[], LLMEngine],
     *,
     admin_token: str | None = None,
+    stats_token: str | None = None,
     tenants: Tenants | None = None,
     max_pending_requests: int = 256,
     metering: Metering | None = None,
@@ -40,9 +41,10 @@ def create_app(
     """``max_pending_requests`` bounds the requests queued or running in the engine; beyond it the
     server sheds load with 503 and ``Retry-After`` instead of queueing without bound, from the
     tenants over their share of it first (see ``load_shedding``). ``metering``
-    receives one usage record per request (by default they are only counted, not spooled)."""
+    receives one usage record per request (by default they are only counted, not spooled).
+    ``stats_token`` may read ``/admin/stats`` and nothing else (the router's token)."""
     meters = metering or Metering("local")
-    state = ServerState(make_engine, admin_token, max_pending_requests, tenants or Tenants(None), meters)
+    state = ServerState(make_engine, admin_token, max_pending_requests, tenants or Tenants(None), meters, stats_token)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -15,7 +15,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from loraplane.serving.api.async_engine import AsyncEngine
-from loraplane.serving.api.errors import APIError, require_admin
+from loraplane.serving.api.errors import APIError, bearer_matches, require_admin
 from loraplane.serving.api.load_shedding import PendingRequests
 from loraplane.serving.api.tenants import TenantConfig, Tenants
 from loraplane.serving.engine.llm_engine import LLMEngine
@@ -28,9 +28,9 @@ class ServerState:
 
     def __init__(
         self, make_engine: Callable[[], LLMEngine], admin_token: str | None, max_pending_requests: int, tenants: Tenants,
-        metering: Metering,
+        metering: Metering, stats_token: str | None = None,
     ) -> None:  # fmt: skip
-        self.make_engine, self.admin_token = make_engine, admin_token
+        self.make_engine, self.admin_token, self.stats_token = make_engine, admin_token, stats_token
         self.tenants, self.metering = tenants, metering
         self.engine: AsyncEngine | None = None
         self.load_error: str | None = None
@@ -67,6 +67,16 @@ def _admin(request: Request) -> AsyncEngine:
     return state.ready()
 
 
+def _stats_reader(request: Request) -> AsyncEngine:
+    """The admin token, or the stats token: what the router holds, which reads the replica's
+    figures and can change nothing (least privilege for the pod every tenant's traffic crosses)."""
+    state = _server(request)
+    authorization = request.headers.get("authorization")
+    if not (state.stats_token and bearer_matches(authorization, state.stats_token)):
+        require_admin(authorization, state.admin_token)
+    return state.ready()
+
+
 def _caller(request: Request) -> TenantConfig | None:
     return _server(request).tenants.authenticate(request.headers.get("authorization"))
 
@@ -74,4 +84,5 @@ def _caller(request: Request) -> TenantConfig | None:
 Server = Annotated[ServerState, Depends(_server)]
 Engine = Annotated[AsyncEngine, Depends(_engine)]
 Admin = Annotated[AsyncEngine, Depends(_admin)]
+StatsReader = Annotated[AsyncEngine, Depends(_stats_reader)]
 Caller = Annotated[TenantConfig | None, Depends(_caller)]

@@ -99,7 +99,7 @@ def replica(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory: 
         engine.register_lora(AdapterSpec("shared", str(tiny_adapters["ku2"])))
         return engine
 
-    with serve_app(create_app(make, admin_token="admin")) as url:
+    with serve_app(create_app(make, admin_token="admin", stats_token="stats")) as url:
         yield url
 
 
@@ -134,5 +134,26 @@ def test_the_client_reads_a_replicas_answers_into_the_models(replica: str, tiny_
         with pytest.raises(ReplicaError) as down:
             await AdminClient("http://127.0.0.1:9", "admin", timeout=2).stats()
         assert down.value.status is None
+
+    asyncio.run(story())
+
+
+def test_the_stats_token_reads_the_stats_and_changes_nothing(replica: str, tiny_adapters: dict[str, Path]) -> None:
+    """The router's token: a router that leaks it leaks a view of the replica, not its adapters."""
+
+    async def story() -> None:
+        reader = AdminClient(replica, "stats")
+        assert "shared" in (await reader.stats()).adapters
+        req = LoadLoraRequest(lora_name="by-router", lora_path=str(tiny_adapters["qv4"]))
+        refused = [
+            reader.register(req), reader.action("shared", "pin"), reader.action("shared", "prefetch"),
+            reader.unregister("shared"), reader.state("shared"), reader.base(), reader.usage(),
+        ]  # fmt: skip
+        for call in refused:
+            with pytest.raises(ReplicaError) as err:
+                await call
+            assert err.value.status == 401
+        assert await AdminClient(replica, "admin").state("shared") is not None  # still there
+        assert await AdminClient(replica, "admin").state("by-router") is None
 
     asyncio.run(story())

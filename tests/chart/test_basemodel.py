@@ -13,7 +13,7 @@ from crd_schema import errors
 
 from loraplane.operator.api import BaseModelResource
 from loraplane.operator.children import children
-from loraplane.operator.cluster import ADMIN_TOKEN_KEY, admin_secret_name
+from loraplane.operator.cluster import ADMIN_TOKEN_KEY, STATS_TOKEN_KEY, admin_secret_name, stats_secret_name
 from loraplane.serving.config import EngineConfig
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "loraplane"
@@ -86,11 +86,11 @@ def test_what_the_operator_creates_from_it_finds_the_charts_secrets_and_store(re
     owned = children(base.metadata.name, "lp", base.spec)
     secrets = {s["metadata"]["name"]: s["data"] for s in objects.kind("Secret")}
     used = secrets_used(owned)
-    # The store's keys from the chart, nothing missing; the admin token is the operator's to create.
-    admin = admin_secret_name(base.metadata.name)
-    assert {name for name, _ in used} == {*secrets, admin}
+    # The store's keys from the chart, nothing missing; the tokens are the operator's to create.
+    tokens = {admin_secret_name(base.metadata.name): ADMIN_TOKEN_KEY, stats_secret_name(base.metadata.name): STATS_TOKEN_KEY}
+    assert {name for name, _ in used} == {*secrets, *tokens}
     for name, key in used:
-        assert key is None or key in secrets.get(name, {ADMIN_TOKEN_KEY: None}), (name, key)
+        assert key is None or key in secrets.get(name, {tokens.get(name): None}), (name, key)
     # The adapter store the replicas read: the names the S3 sources read, at the chart's Service.
     assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(secrets["loraplane-object-store"])
     engine = yaml.safe_load(next(m for m in owned if m["kind"] == "ConfigMap")["data"]["engine.yaml"])

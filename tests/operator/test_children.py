@@ -95,7 +95,9 @@ def test_the_deployment_carries_secrets_by_reference_and_the_sizing() -> None:
     container = pod["containers"][0]
     assert "--tenants" in container["args"]
     assert {"secretRef": {"name": "adapter-store"}} in container["envFrom"]
-    assert container["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "smollm2-admin", "key": "admin-token"}
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "secretKeyRef" in e.get("valueFrom", {})}
+    assert refs["LORAPLANE_ADMIN_TOKEN"] == {"name": "smollm2-admin", "key": "admin-token"}
+    assert refs["LORAPLANE_STATS_TOKEN"] == {"name": "smollm2-stats", "key": "stats-token"}
     assert "nvidia.com/gpu" not in container["resources"]["limits"]  # gpus: 0 in the embedded example
     gpu = copy.deepcopy(BASE["spec"])
     gpu["resources"] = {"gpus": 2, "nodeSelector": {"gpu": "h100"}, "tolerations": [{"key": "gpu", "operator": "Exists"}]}
@@ -117,6 +119,18 @@ def test_a_base_in_object_storage_is_refused_with_a_reason() -> None:
     spec["source"] = {"uri": "s3://models/llama-8b"}
     with pytest.raises(UnsupportedSource, match="s3://models/llama-8b"):
         built(spec)
+
+
+def test_the_router_holds_the_stats_token_and_nothing_that_can_change_a_replica() -> None:
+    router = built()["Deployment/smollm2-router"]["spec"]["template"]["spec"]
+    refs = [
+        (e["name"], e["valueFrom"]["secretKeyRef"]) for c in router["containers"] for e in c.get("env", [])
+        if "secretKeyRef" in e.get("valueFrom", {})
+    ]  # fmt: skip
+    assert ("LORAPLANE_ADMIN_TOKEN", {"name": "smollm2-stats", "key": "stats-token"}) in refs
+    assert not [r for _, r in refs if r["name"] == "smollm2-admin"]
+    mounted = {v.get("secret", {}).get("secretName") for v in router.get("volumes", [])}
+    assert "smollm2-admin" not in mounted
 
 
 def test_the_router_watches_only_endpointslices_and_calls_the_serving_service() -> None:

@@ -34,7 +34,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from loraplane.adapter_format import adapter_digest, file_digest
-from loraplane.operator.cluster import ADMIN_TOKEN_KEY, admin_secret_name
+from loraplane.operator.cluster import ADMIN_TOKEN_KEY, STATS_TOKEN_KEY, admin_secret_name, stats_secret_name
 from loraplane.serving.api.app import create_app
 from loraplane.serving.api.loopback import serve_app
 
@@ -225,6 +225,11 @@ def test_each_base_model_gets_its_own_admin_token_and_a_brought_one_is_kept(stac
         assert owner is not None and secret["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"]
         token = base64.b64decode(secret["data"][ADMIN_TOKEN_KEY]).decode()
         assert len(token) >= 32 and token != ADMIN
+        stats = stack.kube.wait_for(
+            "other's stats Secret", lambda: stack.kube.get("Secret", NS, stats_secret_name("other")), timeout=20
+        )
+        assert stats["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"]
+        assert base64.b64decode(stats["data"][STATS_TOKEN_KEY]).decode() not in (token, ADMIN)
         pods = stack.kube.get("Deployment", NS, "other-serving")
         assert pods is not None
         env = pods["spec"]["template"]["spec"]["containers"][0]["env"]
