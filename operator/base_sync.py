@@ -73,8 +73,6 @@ async def sync_base(
     """One sync; returns the BaseModel's status patch."""
     base = BaseModelSpec.model_validate(dict(spec_raw))
     replicas = await cluster.ready_replicas(namespace, name)
-    adapters = _adapters_of(name, await cluster.list_custom(namespace, "loraadapters"))
-    ready = {a.served: a for a in adapters if a.status.phase == "Ready"}
     token = await cluster.admin_token(namespace, name)
     clients = {r.name: AdminClient(r.url, token) for r in replicas}
     fingerprint = None
@@ -86,6 +84,12 @@ async def sync_base(
                 fingerprint = (await client.base()).fingerprint
         except ReplicaError:
             continue  # unreachable now; the next sync tries again
+    # Listed after the stats: a name the operator registered had its LoraAdapter before, so every
+    # name a replica reported that no LoraAdapter claims here is one nobody wants any more.
+    objects = await cluster.list_custom(namespace, "loraadapters")
+    adapters = _adapters_of(name, objects)
+    ready = {a.served: a for a in adapters if a.status.phase == "Ready"}
+    await _unregister_unclaimed(name, objects, stats, clients)
     pins = _pins(base, ready, stats, memory)
     for replica, known in stats.items():
         for served in decisions.missing(known, ready):
@@ -110,6 +114,23 @@ async def sync_base(
         "usage": memory.usage,
         "observedGeneration": None,
     }
+
+
+async def _unregister_unclaimed(
+    base: str, objects: list[dict[str, Any]], stats: ReplicaAdapters, clients: dict[str, AdminClient]
+) -> None:
+    """Names a replica serves that no LoraAdapter of this base claims (in any phase, valid or not):
+    one deleted, or whose servedName changed, while this replica was down or unreachable. The
+    operator owns its replicas' served names, as a controller owns what it created."""
+    claimed = {(o.get("spec") or {}).get("servedName") or o["metadata"]["name"] for o in objects
+               if (o.get("spec") or {}).get("baseModel") == base}  # fmt: skip
+    for replica, known in stats.items():
+        for served in decisions.unclaimed(known, claimed):
+            try:
+                await clients[replica].unregister(served)
+            except ReplicaError:
+                continue  # the next sync tries again
+            del known[served]
 
 
 def _pins(base: BaseModelSpec, ready: dict[str, AdapterView], stats: ReplicaAdapters, memory: BaseMemory) -> set[str]:

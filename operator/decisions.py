@@ -91,6 +91,12 @@ def missing(registered: Iterable[str], ready: Iterable[str]) -> list[str]:
     return sorted(name for name in ready if name not in have)
 
 
+def unclaimed(registered: Iterable[str], claimed: Iterable[str]) -> list[str]:
+    """Names a replica serves that no LoraAdapter claims (deleted or renamed while it was away)."""
+    keep = set(claimed)
+    return sorted(name for name in registered if name not in keep)
+
+
 def hot_set(
     rates: Mapping[str, float], slots: int, pinned_now: Iterable[str], hysteresis: float, min_rate: float = 0.0
 ) -> set[str]:

@@ -8,7 +8,7 @@ import pytest
 from loraplane.admin_api import Counters
 from loraplane.operator.api.loraadapter import AdapterMetrics
 from loraplane.operator.conditions import set_condition
-from loraplane.operator.decisions import Sample, hot_set, metrics, missing, sample, worth_writing
+from loraplane.operator.decisions import Sample, hot_set, metrics, missing, sample, unclaimed, worth_writing
 
 
 def entry(
@@ -74,6 +74,11 @@ def test_status_is_written_only_when_a_figure_moved(old: dict | None, new: dict,
 
 def test_missing_lists_ready_adapters_a_replica_lacks() -> None:
     assert missing(["a", "c"], ["c", "b", "a", "d"]) == ["b", "d"]
+
+
+def test_names_no_adapter_claims_are_the_ones_to_unregister() -> None:
+    assert unclaimed(["gone", "kept", "old-name"], ["kept", "new-name", "pending"]) == ["gone", "old-name"]
+    assert unclaimed([], ["a"]) == [] and unclaimed(["a"], ["a"]) == []
 
 
 def test_hot_set_takes_the_hottest_and_holds_pins_with_hysteresis() -> None:

@@ -393,6 +393,27 @@ def test_a_deleted_adapter_leaves_every_replica_before_its_finalizer_goes(stack:
     assert all(stack.on_replica(url, "temporary") is None for url in stack.replicas.values())
 
 
+def test_a_name_no_adapter_claims_leaves_the_replicas_and_a_rename_leaves_no_old_name(stack: Stack) -> None:
+    """What a replica missed while it was down: a delete (here, a registration nobody made
+    through a LoraAdapter stands in for it) and a servedName change."""
+    url = stack.replicas["tiny-serving-1"]
+    r = httpx.post(f"{url}/admin/adapters", headers={"Authorization": f"Bearer {ADMIN}"},
+                   json={"lora_name": "left-behind", "lora_path": stack.uris["ku2"]})  # fmt: skip
+    assert r.status_code == 200, r.text
+    stack.kube.wait_for("the unclaimed name to go", lambda: stack.on_replica(url, "left-behind") is None, timeout=20)
+
+    stack.apply(lora("renamed", stack.uris["qv4"], stack.digests["qv4"], servedName="old-name"))
+    stack.wait_phase("renamed", "Ready")
+    stack.apply(lora("renamed", stack.uris["qv4"], stack.digests["qv4"], servedName="new-name"))
+
+    def moved() -> bool:
+        on = [(stack.on_replica(u, "old-name"), stack.on_replica(u, "new-name")) for u in stack.replicas.values()]
+        return all(old is None and new is not None for old, new in on)
+
+    stack.kube.wait_for("the old name to leave every replica", moved, timeout=30)
+    stack.kube.delete("LoraAdapter", NS, "renamed")
+
+
 def test_a_new_replica_learns_every_ready_adapter(stack: Stack) -> None:
     stack.wait_phase("support", "Ready")
     url = stack.start_replica("tiny-serving-2")
