@@ -11,7 +11,9 @@ from loraplane.adapter_format.errors import AdapterValidationError, ErrorCode
 INTERNAL_OWNER = "loraplane:internal"
 
 # DNS-1123-like so a name is also a valid Kubernetes object name; dots allowed for versions.
-_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,126}[a-z0-9])?$")
+# The same expression is the LoraAdapter CRD's servedName pattern (RE2 reads it too).
+ADAPTER_NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,126}[a-z0-9])?$"
+_NAME = re.compile(ADAPTER_NAME_PATTERN)
 
 
 def check_adapter_name(name: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 import kopf
 
+from loraplane.adapter_format import AdapterValidationError, check_adapter_name
 from loraplane.adapter_format.sources import S3Settings
 from loraplane.admin_api import AdminClient, LoadLoraRequest, ReplicaError, Tier, VerifyRequest
 from loraplane.admin_api import Quotas as ReplicaQuotas
@@ -26,6 +27,9 @@ from loraplane.operator.api.common import Quotas
 from loraplane.operator.api.loraadapter import AdapterSource, LoraAdapterSpec, LoraAdapterStatus, ReplicaPlacement
 from loraplane.operator.conditions import Status, condition, set_condition
 from loraplane.operator.settings import OperatorSettings
+
+# A replica answers these the same way however often it is asked (a body or adapter it refuses).
+PERMANENT_REPLICA_STATUSES = frozenset({400, 413, 422})
 
 
 def parse_status(raw: Mapping[str, Any] | None) -> LoraAdapterStatus:
@@ -130,6 +134,13 @@ async def reconcile(
         out.status.phase = "Pending" if out.status.serving_digest is None else out.status.phase
         out.condition("Ready", "False", "ServedNameTaken", message, generation)
         return out
+    try:
+        check_adapter_name(spec.served_name or name)  # what replicas accept, before one is asked
+    except AdapterValidationError as err:
+        out.status.phase = "Failed" if out.status.serving_digest is None else out.status.phase
+        out.condition("Validated", "False", err.code.value, f"the served name: {err.message}", generation)
+        out.condition("Ready", "False", err.code.value, f"the served name: {err.message}", generation)
+        return out
     serving = (out.status.serving_uri, out.status.serving_digest) == (spec.source.uri, spec.source.digest)
     allowed = settings.allowed_sources, settings.allowed_endpoints
     if not serving and (refusals := tenancy_problems(spec, base, *allowed)):  # webhook or not; nothing is fetched
@@ -151,9 +162,38 @@ async def reconcile(
     try:
         return await _reconcile_on(name, namespace, generation, spec, base, replicas, clients, out)
     except ReplicaError as err:
+        if err.status in PERMANENT_REPLICA_STATUSES:
+            return await _refused_by_replica(err, spec, name, base, clients, out, generation)
         out.condition("Staged", "False", "ReplicaError", str(err), generation)
         out.status.phase = "Staging" if out.status.serving_digest is None else out.status.phase
         return out
+
+
+async def _refused_by_replica(
+    err: ReplicaError, spec: LoraAdapterSpec, name: str, base: BaseModelSpec, clients: list[AdminClient], out: Outcome,
+    generation: int | None,
+) -> Outcome:  # fmt: skip
+    """A replica refused the version for good (400, 413, 422: asking again gets the same answer).
+    Retrying it every few seconds would be a loop, so the adapter ends with the replica's reason.
+    Replicas that took it already give it back: a new adapter leaves them all, and a promotion
+    re-registers the version that was serving (best effort; the next sync restores the rest)."""
+    served, message = spec.served_name or name, f"{err} (HTTP {err.status})"
+    status = out.status
+    if status.serving_digest is None:
+        await asyncio.gather(*(c.unregister(served) for c in clients), return_exceptions=True)
+        status.phase = "Failed"
+        out.condition("Staged", "False", "ReplicaRefused", message, generation)
+        out.condition("Ready", "False", "ReplicaRefused", message, generation)
+        return out
+    old = serving_source(spec, status)
+    quotas = spec.quotas or base.tenancy.default_quotas
+    await asyncio.gather(
+        *(stage(c, served, spec, old, pinned=spec.pinned, quotas=quotas) for c in clients), return_exceptions=True
+    )
+    status.promoting_digest = None
+    out.condition("Promoted", "False", "ReplicaRefused", f"{spec.source.digest} refused, {old.digest} keeps serving: {message}",
+                  generation)  # fmt: skip
+    return out
 
 
 async def _reconcile_on(

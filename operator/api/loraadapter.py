@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from loraplane.adapter_format.names import ADAPTER_NAME_PATTERN
 from loraplane.operator.api.common import DNS_LABEL, Condition, KubeModel, ObjectMeta, Quotas
 
 SOURCE_SCHEMES = ("s3", "file")
@@ -53,7 +54,13 @@ class LoraAdapterSpec(KubeModel):
     base_model: str = Field(min_length=1, max_length=253, description="a BaseModel in this namespace")
     source: AdapterSource
     tenant: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL)
-    served_name: str | None = Field(default=None, min_length=1, max_length=128, description="default: the object's name")
+    served_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        pattern=ADAPTER_NAME_PATTERN,
+        description="the model name clients send; default: the object's name (either must be a name replicas accept)",
+    )
     rank: int | None = Field(default=None, ge=1, le=512, description="declared; checked against the files")
     target_modules: list[str] | None = Field(default=None, description="declared; checked against the files")
     pinned: bool = Field(default=False, description="keep resident in device slots on every replica")

@@ -23,6 +23,7 @@ def test_the_examples_are_admitted() -> None:
         ({"rank": 32}, BASE, "above smollm2's maxLoraRank 16"),
         ({"source": {"uri": "gs://bucket/a", "digest": LORA["source"]["digest"]}}, BASE, "spec.source.uri"),
         ({"tenant": "Not A Label"}, BASE, "spec.tenant"),
+        ({"servedName": "Support Bot"}, BASE, "spec.servedName"),
         ({"quotas": {"tokensPerMinute": 0}}, BASE, "spec.quotas.tokensPerMinute"),
         ({"unknownField": 1}, BASE, "spec.unknownField"),
         ({}, None, "BaseModel 'smollm2' does not exist"),

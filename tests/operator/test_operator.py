@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from loraplane.adapter_format import adapter_digest, file_digest
+from loraplane.adapter_format import AdapterValidationError, ErrorCode, adapter_digest, file_digest
 from loraplane.operator.cluster import ADMIN_TOKEN_KEY, STATS_TOKEN_KEY, admin_secret_name, stats_secret_name
 from loraplane.serving.api.app import create_app
 from loraplane.serving.api.loopback import serve_app
@@ -412,6 +412,42 @@ def test_a_name_no_adapter_claims_leaves_the_replicas_and_a_rename_leaves_no_old
 
     stack.kube.wait_for("the old name to leave every replica", moved, timeout=30)
     stack.kube.delete("LoraAdapter", NS, "renamed")
+
+
+def test_a_replicas_lasting_refusal_fails_the_adapter_once_and_leaves_no_replica_serving_it(stack: Stack) -> None:
+    """A 400 from a replica is its answer however often it is asked: the adapter ends Failed
+    with the replica's reason instead of retrying every few seconds, and a replica that took it
+    gives it back."""
+    engine = stack.apps["tiny-serving-0"].state.server.engine.engine
+    real, asked = engine.register_lora, []
+
+    def refusing(spec: Any) -> None:
+        if spec.name == "refused-here":
+            asked.append(spec.digest)
+            raise AdapterValidationError(ErrorCode.BAD_CONFIG, "this replica will never take it")
+        real(spec)
+
+    engine.register_lora = refusing
+    try:
+        stack.apply(lora("refused-here", stack.uris["qv4"], stack.digests["qv4"]))
+        status = stack.wait_phase("refused-here", "Failed")["status"]
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        assert ready["reason"] == "ReplicaRefused" and "this replica will never take it" in ready["message"], ready
+        calls = len(asked)
+        time.sleep(3)  # three retry delays of this stack: a retry loop would have asked again
+        assert len(asked) == calls == 1
+        assert all(stack.on_replica(url, "refused-here") is None for url in stack.replicas.values())
+    finally:
+        engine.register_lora = real
+        stack.kube.delete("LoraAdapter", NS, "refused-here")
+
+
+def test_a_served_name_replicas_would_refuse_fails_before_any_is_asked(stack: Stack) -> None:
+    stack.apply(lora("dotted", stack.uris["qv4"], stack.digests["qv4"], servedName="two..dots"))
+    status = stack.wait_phase("dotted", "Failed")["status"]
+    assert next(c for c in status["conditions"] if c["type"] == "Ready")["reason"] == "UnsafeName"
+    assert all(stack.on_replica(url, "two..dots") is None for url in stack.replicas.values())
+    stack.kube.delete("LoraAdapter", NS, "dotted")
 
 
 def test_a_new_replica_learns_every_ready_adapter(stack: Stack) -> None:
