@@ -142,7 +142,7 @@ async def reconcile(
         out.condition("Ready", "False", err.code.value, f"the served name: {err.message}", generation)
         return out
     serving = (out.status.serving_uri, out.status.serving_digest) == (spec.source.uri, spec.source.digest)
-    allowed = settings.allowed_sources, settings.allowed_endpoints
+    allowed = settings.allowed_sources, settings.allowed_endpoints, namespace if settings.tenant_per_namespace else None
     if not serving and (refusals := tenancy_problems(spec, base, *allowed)):  # webhook or not; nothing is fetched
         reason, message = refusals[0]
         if out.status.serving_digest is None:

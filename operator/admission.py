@@ -22,10 +22,13 @@ def tenancy_problems(
     base: BaseModelSpec,
     allowed_sources: list[str] | None = None,
     allowed_endpoints: list[str] | None = None,
+    namespace_tenant: str | None = None,
 ) -> list[tuple[str, str]]:
     """(reason, message) for each rule the adapter breaks: the operator's allow-lists (set by the
-    cluster admin, over every namespace) and the BaseModel's tenant policy. The webhook refuses
-    on them and the reconcile fails the adapter on them, webhook or not, before anything is fetched."""
+    cluster admin, over every namespace) and the BaseModel's tenant policy, or, where the base has
+    none and the cluster binds tenants to namespaces, ``namespace_tenant`` (the adapter's
+    namespace) as its only tenant. The webhook refuses on them and the reconcile fails the adapter
+    on them, webhook or not, before anything is fetched."""
     if allowed_sources is not None and not any(under_prefix(spec.source.uri, p) for p in allowed_sources):
         return [("SourceNotAllowed", "spec.source.uri: not under a source prefix this cluster's operator allows")]
     endpoint = (base.adapter_store.endpoint or "").rstrip("/")
@@ -36,6 +39,9 @@ def tenancy_problems(
         return [("EndpointNotAllowed", message)]
     policies = base.tenancy.tenants
     if policies is None:
+        if namespace_tenant is not None and spec.tenant != namespace_tenant:
+            message = f"spec.tenant: adapters in namespace {namespace_tenant!r} serve tenant {namespace_tenant!r} here"
+            return [("TenantNotAllowed", message)]
         return []
     policy = next((t for t in policies if t.name == spec.tenant), None)
     if policy is None:
@@ -62,6 +68,7 @@ def review_adapter(
     served_by: str | None = None,
     allowed_sources: list[str] | None = None,
     allowed_endpoints: list[str] | None = None,
+    namespace_tenant: str | None = None,
 ) -> list[str]:
     """Reasons to refuse the LoraAdapter ``name`` (empty: admit). ``base_spec_raw`` is the
     referenced BaseModel's spec, None when it does not exist; ``served_by`` as for
@@ -78,7 +85,7 @@ def review_adapter(
         problems.append(f"spec.baseModel: BaseModel {spec.base_model!r} does not exist in this namespace")
         return problems
     base = BaseModelSpec.model_validate(dict(base_spec_raw))
-    problems += [message for _, message in tenancy_problems(spec, base, allowed_sources, allowed_endpoints)]
+    problems += [message for _, message in tenancy_problems(spec, base, allowed_sources, allowed_endpoints, namespace_tenant)]
     if (taken := served_name_problem(name, spec, served_by)) is not None:
         problems.append(taken)
     cap = base.engine.max_lora_rank

@@ -156,6 +156,9 @@ class Operator(KubeModel):
         default_factory=list,
         description="S3 endpoints a BaseModel may name (the operator fetches from them); empty: any",
     )
+    tenant_per_namespace: bool = Field(
+        default=False, description="where a BaseModel lists no tenants, an adapter's tenant must be its namespace"
+    )
     webhook: Webhook = Field(default_factory=Webhook)
     service_account: ServiceAccount = Field(default_factory=ServiceAccount)
     rbac: Rbac = Field(default_factory=Rbac)

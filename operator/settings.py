@@ -18,6 +18,11 @@ class OperatorSettings(BaseSettings):
         description="S3 endpoints (JSON list) a BaseModel's adapterStore may name: the operator fetches from them from "
         "inside the cluster; AWS's own (an empty endpoint) always goes; unset: any",
     )
+    tenant_per_namespace: bool = Field(
+        default=False,
+        description="where a BaseModel lists no tenants, a LoraAdapter's tenant must be its namespace's name, so a "
+        "namespace user cannot publish to another tenant's key",
+    )
     operator_namespace: str | None = Field(
         default=None, description="the operator's own namespace (the chart sets it); serving pods' NetworkPolicy admits it"
     )

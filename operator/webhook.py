@@ -31,6 +31,7 @@ async def admit_adapter(spec: kopf.Spec, name: str | None, namespace: str | None
     problems = review_adapter(
         spec, base.get("spec") if base else None, name=name or "", served_by=holder,
         allowed_sources=SETTINGS.allowed_sources, allowed_endpoints=SETTINGS.allowed_endpoints,
+        namespace_tenant=ns if SETTINGS.tenant_per_namespace else None,
     )  # fmt: skip
     if problems:
         raise kopf.AdmissionError("; ".join(problems), code=422)

@@ -90,13 +90,15 @@ def test_the_settings_it_reads_are_the_values(render: Any, monkeypatch: pytest.M
 
 def test_the_allow_lists_reach_the_operators_settings(render: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     lists = {"allowedSources": ["s3://adapters/", "s3://shared/base/"], "allowedEndpoints": ["http://minio.store:9000"]}
-    env = {v["name"]: v for v in container(render({"operator": lists}))["env"]}
-    for var in ("LORAPLANE_ALLOWED_SOURCES", "LORAPLANE_ALLOWED_ENDPOINTS"):
+    env = {v["name"]: v for v in container(render({"operator": {**lists, "tenantPerNamespace": True}}))["env"]}
+    names = ("LORAPLANE_ALLOWED_SOURCES", "LORAPLANE_ALLOWED_ENDPOINTS", "LORAPLANE_TENANT_PER_NAMESPACE")
+    for var in names:
         monkeypatch.setenv(var, env[var]["value"])
     settings = OperatorSettings()
     assert (settings.allowed_sources, settings.allowed_endpoints) == (lists["allowedSources"], lists["allowedEndpoints"])
+    assert settings.tenant_per_namespace is True
     bare = {v["name"] for v in container(render())["env"]}
-    assert not bare & {"LORAPLANE_ALLOWED_SOURCES", "LORAPLANE_ALLOWED_ENDPOINTS"}  # unset: any
+    assert not bare & set(names)  # unset: any source, any endpoint, any tenant
 
 
 def test_the_operator_holds_no_admin_token_and_the_chart_creates_none(render: Any) -> None:

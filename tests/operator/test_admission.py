@@ -88,6 +88,16 @@ def test_the_operators_allow_lists_hold_in_every_namespace_whatever_the_base_say
     assert review_adapter(LORA, aws, allowed_endpoints=["https://s3.internal.example:9000"]) == []
 
 
+def test_with_tenants_bound_to_namespaces_an_adapter_serves_its_namespaces_tenant_only() -> None:
+    tenant = LORA["tenant"]
+    assert review_adapter(LORA, BASE, namespace_tenant=tenant) == []
+    other = review_adapter(LORA, BASE, namespace_tenant="team-b")
+    assert any("adapters in namespace 'team-b' serve tenant 'team-b'" in p for p in other), other
+    # A BaseModel that lists its tenants decides for itself.
+    listed = {**copy.deepcopy(BASE), "tenancy": {"tenants": [{"name": tenant, "sources": [LORA["source"]["uri"]]}]}}
+    assert review_adapter(LORA, listed, namespace_tenant="team-b") == []
+
+
 def test_a_served_name_another_adapter_holds_is_refused() -> None:
     taken = review_adapter({**LORA, "servedName": "support"}, BASE, name="support-v2", served_by="support-v1")
     assert any("'support' is already served by LoraAdapter 'support-v1'" in p for p in taken), taken
