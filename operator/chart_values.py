@@ -156,6 +156,10 @@ class Operator(KubeModel):
         default_factory=list,
         description="S3 endpoints a BaseModel may name (the operator fetches from them); empty: any",
     )
+    metrics_namespaces: Distinct[DnsLabel] = Field(
+        default_factory=list,
+        description="namespaces whose pods may scrape the metrics of serving and router pods (Prometheus'); empty: any pod",
+    )
     tenant_per_namespace: bool = Field(
         default=False, description="where a BaseModel lists no tenants, an adapter's tenant must be its namespace"
     )

@@ -184,9 +184,21 @@ def disruption_budget(name: str, namespace: str, selector: dict[str, str]) -> di
     }
 
 
-def network_policy(name: str, namespace: str, operator_namespace: str | None) -> dict[str, Any]:
+def metrics_ingress(metrics_namespaces: list[str] | None) -> dict[str, Any]:
+    """The metrics port's ingress rule: from the namespaces Prometheus runs in when they are named
+    (the series name adapters and tenants), from anywhere otherwise."""
+    rule: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": "metrics"}]}
+    if metrics_namespaces:
+        names = {"key": "kubernetes.io/metadata.name", "operator": "In", "values": sorted(metrics_namespaces)}
+        rule["from"] = [{"namespaceSelector": {"matchExpressions": [names]}}]
+    return rule
+
+
+def network_policy(
+    name: str, namespace: str, operator_namespace: str | None, metrics_namespaces: list[str] | None = None
+) -> dict[str, Any]:
     """Who reaches the serving pods: the API port (completions and the admin calls) only from this
-    base's routers and from the operator, the metrics port from anywhere (Prometheus). Clients
+    base's routers and from the operator, the metrics port from ``metrics_ingress``. Clients
     reach the adapters through the router, which checks keys and quotas at the edge; the admin
     token stays needed all the same. Without ``operator_namespace`` (an operator run outside the
     chart) the operator's pods are admitted from any namespace. Enforced where the cluster's
@@ -195,28 +207,43 @@ def network_policy(name: str, namespace: str, operator_namespace: str | None) ->
     operator["namespaceSelector"] = (
         {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}} if operator_namespace else {}
     )
+    api = {
+        "from": [{"podSelector": {"matchLabels": router_labels(name)}}, operator],
+        "ports": [{"protocol": "TCP", "port": "http"}],
+    }
+    return _ingress_policy(f"{name}-serving", namespace, labels(name), [api, metrics_ingress(metrics_namespaces)])
+
+
+def router_network_policy(name: str, namespace: str, metrics_namespaces: list[str]) -> dict[str, Any]:
+    """The routers' API port is the base's front door, open to every client; their metrics port
+    only from the named namespaces."""
+    api = {"ports": [{"protocol": "TCP", "port": "http"}]}
+    return _ingress_policy(f"{name}-router", namespace, router_labels(name), [api, metrics_ingress(metrics_namespaces)])
+
+
+def _ingress_policy(name: str, namespace: str, pods: dict[str, str], ingress: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {"name": f"{name}-serving", "namespace": namespace, "labels": labels(name)},
-        "spec": {
-            "podSelector": {"matchLabels": labels(name)},
-            "policyTypes": ["Ingress"],
-            "ingress": [
-                {
-                    "from": [{"podSelector": {"matchLabels": router_labels(name)}}, operator],
-                    "ports": [{"protocol": "TCP", "port": "http"}],
-                },
-                {"ports": [{"protocol": "TCP", "port": "metrics"}]},
-            ],
-        },
+        "metadata": {"name": name, "namespace": namespace, "labels": pods},
+        "spec": {"podSelector": {"matchLabels": pods}, "policyTypes": ["Ingress"], "ingress": ingress},
     }
 
 
-def children(name: str, namespace: str, spec: BaseModelSpec, operator_namespace: str | None = None) -> list[dict[str, Any]]:
+def children(
+    name: str,
+    namespace: str,
+    spec: BaseModelSpec,
+    operator_namespace: str | None = None,
+    metrics_namespaces: list[str] | None = None,
+) -> list[dict[str, Any]]:
+    """Everything a BaseModel owns. ``metrics_namespaces``: where Prometheus may scrape from (the
+    routers get a NetworkPolicy of their own only then: without it theirs would admit everyone)."""
     serving = [config_map(name, namespace, spec), deployment(name, namespace, spec), service(name, namespace)]
     serving.append(disruption_budget(f"{name}-serving", namespace, labels(name)))
-    serving.append(network_policy(name, namespace, operator_namespace))
+    serving.append(network_policy(name, namespace, operator_namespace, metrics_namespaces))
     router = router_objects(name, namespace, spec)
     router.append(disruption_budget(f"{name}-router", namespace, router_labels(name)))
+    if metrics_namespaces:
+        router.append(router_network_policy(name, namespace, metrics_namespaces))
     return serving + router

@@ -90,7 +90,7 @@ async def base_changed(
     generation = meta.get("generation")
     conditions = [Condition.model_validate(c) for c in status.get("conditions", [])]
     try:
-        manifests = children(name, namespace, base, SETTINGS.operator_namespace)
+        manifests = children(name, namespace, base, SETTINGS.operator_namespace, SETTINGS.metrics_namespaces)
     except UnsupportedSource as err:
         conditions = set_condition(conditions, "Applied", "False", "UnsupportedSource", str(err), generation)
         patch = {"phase": "Degraded", "conditions": [c.body() for c in conditions]}

@@ -23,6 +23,10 @@ class OperatorSettings(BaseSettings):
         description="where a BaseModel lists no tenants, a LoraAdapter's tenant must be its namespace's name, so a "
         "namespace user cannot publish to another tenant's key",
     )
+    metrics_namespaces: list[str] | None = Field(
+        default=None,
+        description="namespaces (JSON list) whose pods may scrape the serving and router pods' metrics port; unset: any pod",
+    )
     operator_namespace: str | None = Field(
         default=None, description="the operator's own namespace (the chart sets it); serving pods' NetworkPolicy admits it"
     )

@@ -3,37 +3,31 @@ kopf operator."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
+from loraplane.cli.options import F
+
+
+def _path(flag: str, dest: str, default: str, help: str, *, folder: bool = False) -> Callable[[F], F]:
+    """One of ``crds``' outputs: a file, or a folder of files, with where it lies by default."""
+    kind = click.Path(file_okay=not folder, dir_okay=folder, path_type=Path)
+    return click.option(flag, dest, default=default, type=kind, show_default=True, help=help)
+
 
 @click.command()
-@click.option("--out", "folder", default="crds", type=click.Path(file_okay=False, path_type=Path), show_default=True)
-@click.option(
-    "--doc",
-    "doc_path",
-    default="docs/crd-reference.md",
-    type=click.Path(dir_okay=False, path_type=Path),
-    show_default=True,
-    help="The Markdown reference rendered from the same models.",
-)
-@click.option(
-    "--values-schema",
-    "values_path",
-    default="charts/loraplane/values.schema.json",
-    type=click.Path(dir_okay=False, path_type=Path),
-    show_default=True,
-    help="The Helm chart's values schema, from the chart's values model (its baseModel.spec is the CRD's).",
-)
-@click.option(
-    "--chart-copies",
-    "copies_folder",
-    default="charts/loraplane/files/crds",
-    type=click.Path(file_okay=False, path_type=Path),
-    show_default=True,
-    help="The chart's copies of every file in --out (Helm reads only files inside the chart); '' for none.",
-)
+@_path("--out", "folder", "crds", "The CustomResourceDefinitions.", folder=True)
+@_path("--doc", "doc_path", "docs/crd-reference.md", "The Markdown reference rendered from the same models.")
+@_path(
+    "--values-schema", "values_path", "charts/loraplane/values.schema.json",
+    "The Helm chart's values schema, from the chart's values model (its baseModel.spec is the CRD's).",
+)  # fmt: skip
+@_path(
+    "--chart-copies", "copies_folder", "charts/loraplane/files/crds",
+    "The chart's copies of every file in --out (Helm reads only files inside the chart); '' for none.", folder=True,
+)  # fmt: skip
 @click.option(
     "--check",
     is_flag=True,

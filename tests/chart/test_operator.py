@@ -88,15 +88,19 @@ def test_the_settings_it_reads_are_the_values(render: Any, monkeypatch: pytest.M
     assert settings.operator_namespace == "loraplane-system"
 
 
-def test_the_allow_lists_reach_the_operators_settings(render: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_allow_lists_and_policies_reach_the_operators_settings(render: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     lists = {"allowedSources": ["s3://adapters/", "s3://shared/base/"], "allowedEndpoints": ["http://minio.store:9000"]}
-    env = {v["name"]: v for v in container(render({"operator": {**lists, "tenantPerNamespace": True}}))["env"]}
-    names = ("LORAPLANE_ALLOWED_SOURCES", "LORAPLANE_ALLOWED_ENDPOINTS", "LORAPLANE_TENANT_PER_NAMESPACE")
+    values = {**lists, "tenantPerNamespace": True, "metricsNamespaces": ["monitoring"]}
+    env = {v["name"]: v for v in container(render({"operator": values}))["env"]}
+    names = (
+        "LORAPLANE_ALLOWED_SOURCES", "LORAPLANE_ALLOWED_ENDPOINTS", "LORAPLANE_TENANT_PER_NAMESPACE",
+        "LORAPLANE_METRICS_NAMESPACES",
+    )  # fmt: skip
     for var in names:
         monkeypatch.setenv(var, env[var]["value"])
     settings = OperatorSettings()
     assert (settings.allowed_sources, settings.allowed_endpoints) == (lists["allowedSources"], lists["allowedEndpoints"])
-    assert settings.tenant_per_namespace is True
+    assert settings.tenant_per_namespace is True and settings.metrics_namespaces == ["monitoring"]
     bare = {v["name"] for v in container(render())["env"]}
     assert not bare & set(names)  # unset: any source, any endpoint, any tenant
 

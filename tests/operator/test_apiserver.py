@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from loraplane.operator.api.basemodel import BaseModelSpec, BaseModelStatus
 from loraplane.operator.api.loraadapter import LoraAdapterStatus
+from loraplane.operator.children import children
 
 pytestmark = pytest.mark.slow
 NS = "crd-checks"
@@ -46,6 +47,18 @@ def test_every_example_manifest_passes_server_side_dry_run(kube: Kube) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("(server dry run)") == len(docs) > 500
     assert all(kube.list("LoraAdapter", ns) == [] for ns in namespaces)  # a dry run stores nothing
+
+
+def test_everything_the_operator_creates_for_a_base_passes_server_side_dry_run(kube: Kube) -> None:
+    """With every option that adds objects (GPUs, tenants, metrics namespaces): the server, not
+    our reading of the API, decides whether they are valid."""
+    base = example("BaseModel")
+    spec = BaseModelSpec.model_validate(base["spec"])
+    built = children(base["metadata"]["name"], NS, spec, "loraplane", ["monitoring"])
+    assert {"NetworkPolicy"} <= {m["kind"] for m in built}
+    r = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(built), check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("(server dry run)") == len(built)
 
 
 @pytest.mark.parametrize(

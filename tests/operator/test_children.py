@@ -69,6 +69,23 @@ def test_only_the_routers_and_the_operator_reach_the_serving_api_port() -> None:
     assert operator_rule["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "loraplane"}}
     assert operator_rule["podSelector"] == {"matchLabels": {"app.kubernetes.io/component": "operator"}}
     assert metrics == {"ports": [{"protocol": "TCP", "port": "metrics"}]}  # Prometheus, from anywhere
+    assert "NetworkPolicy/smollm2-router" not in objects  # it would admit everyone anyway
+
+
+def test_named_metrics_namespaces_alone_reach_the_metrics_ports_and_the_routers_api_stays_open() -> None:
+    model = BaseModelSpec.model_validate(BASE["spec"])
+    built = children("smollm2", "team-a", model, "loraplane", ["monitoring"])
+    objects = {f"{m['kind']}/{m['metadata']['name']}": m for m in built}
+    prometheus = [{"namespaceSelector": {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring"]},
+    ]}}]  # fmt: skip
+    _, metrics = objects["NetworkPolicy/smollm2-serving"]["spec"]["ingress"]
+    assert metrics == {"ports": [{"protocol": "TCP", "port": "metrics"}], "from": prometheus}
+    router = objects["NetworkPolicy/smollm2-router"]["spec"]
+    assert router["podSelector"]["matchLabels"] == objects["Deployment/smollm2-router"]["spec"]["template"]["metadata"]["labels"]
+    api, metrics = router["ingress"]
+    assert api == {"ports": [{"protocol": "TCP", "port": "http"}]}  # the front door, for every client
+    assert metrics["from"] == prometheus
 
 
 def test_serving_and_router_pods_run_unprivileged_on_a_read_only_root() -> None:
