@@ -77,11 +77,25 @@ def _check_files(folder: Path) -> None:
             raise _fail(ErrorCode.MISSING_FILE, f"{name} is missing from {folder.name}")
 
 
+def same_model(declared: str, served: str) -> bool:
+    """Whether an adapter's ``base_model_name_or_path`` names the served base. Two hub ids
+    (``org/name``) must be the same id, so ``org-a/llama`` is not ``org-b/llama``; a local path the
+    trainer loaded from (``/data/llama``, ``./llama``) can only be matched by its last segment.
+    Case is ignored, as the hub ignores it."""
+
+    def hub_id(name: str) -> bool:
+        return name.count("/") == 1 and not name.startswith(("/", ".", "~"))
+
+    if hub_id(declared) and hub_id(served):
+        return declared.lower() == served.lower()
+    return declared.rstrip("/").split("/")[-1].lower() == served.rstrip("/").split("/")[-1].lower()
+
+
 def _check_base(config: PeftLoraConfig, base: BaseShape) -> None:
     declared = config.base_model_name_or_path
     # Only a shape with no identity (an empty name: a bare shape, as in the simulator) skips the
     # name check; a served base always has one (serving/weights/base.py resolve_base).
-    if declared and base.name and declared.rstrip("/").split("/")[-1].lower() != base.name.rstrip("/").split("/")[-1].lower():
+    if declared and base.name and not same_model(declared, base.name):
         raise _fail(ErrorCode.BASE_MISMATCH, f"adapter was trained on {declared!r}, this base is {base.name!r}")
     if config.revision and base.revision and config.revision != base.revision:
         raise _fail(

@@ -48,6 +48,7 @@ def engine_config(spec: BaseModelSpec) -> dict[str, Any]:
     e = spec.engine
     config: dict[str, Any] = {
         "model": uri.removeprefix("file://"),
+        "base_name": spec.source.name,
         "base_revision": spec.source.revision,
         "dtype": spec.source.dtype,
         "quantization": spec.source.quantization,

@@ -20,6 +20,12 @@ class ModelSource(KubeModel):
         description="'embedded' (SmolLM2-135M-Instruct in the image), a path in the image, or s3://bucket/prefix",
         pattern=r"^(embedded|/.+|s3://.+|file://.+)$",
     )
+    name: str | None = Field(
+        default=None,
+        max_length=256,
+        description="the base's model id (e.g. meta-llama/Llama-3.1-8B-Instruct), also its served model name: an "
+        "adapter whose base_model_name_or_path names another model is refused; default: the checkpoint's own",
+    )
     revision: str | None = Field(default=None, description="commit or tag; adapters must be trained on it")
     format: Literal["safetensors", "gguf"] = "safetensors"
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"

@@ -164,10 +164,21 @@ def test_malformed_digest(tmp_path: Path) -> None:
     [
         ({"revision": "v2"}, "revision 'v2' of its base, this base is revision 'main'"),
         ({"base_model_name_or_path": "meta-llama/Llama-3.1-8B"}, "trained on 'meta-llama/Llama-3.1-8B'"),
+        # Another organisation's model of the same name is another model.
+        ({"base_model_name_or_path": "someone-else/SmolLM2-135M-Instruct"}, "trained on 'someone-else/"),
     ],
 )
 def test_other_base_is_refused(tmp_path: Path, config: dict[str, Any], match: str) -> None:
     expect(ErrorCode.BASE_MISMATCH, make_adapter(tmp_path / "b", config=config), match)
+
+
+@pytest.mark.parametrize(
+    "declared", ["HuggingFaceTB/SmolLM2-135M-Instruct", "huggingfacetb/smollm2-135m-instruct", "/data/SmolLM2-135M-Instruct",
+                 "./models/SmolLM2-135M-Instruct/", "SmolLM2-135M-Instruct"],
+)  # fmt: skip
+def test_the_same_base_by_hub_id_or_by_the_path_it_was_loaded_from_is_accepted(tmp_path: Path, declared: str) -> None:
+    config = {"base_model_name_or_path": declared}
+    assert validate_adapter_dir(make_adapter(tmp_path / "same", config=config), BASE).rank > 0
 
 
 def test_rank_over_cap_unless_truncation_opted_in(tmp_path: Path) -> None:

@@ -41,6 +41,11 @@ def test_the_engine_config_is_what_the_server_reads() -> None:
     assert config.disk_cache_max_bytes == 1_500_000_000
     with pytest.raises(ValueError, match=r"diskCacheSize|disk_cache_size"):
         BaseModelSpec.model_validate({**sized, "engine": {**sized["engine"], "diskCacheSize": "20 gigs"}})
+    assert config.base_name is None  # the checkpoint's own name
+    named = copy.deepcopy(BASE["spec"])
+    named["source"]["name"] = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    config = EngineConfig.model_validate(yaml.safe_load(built(named)["ConfigMap/smollm2-engine"]["data"]["engine.yaml"]))
+    assert config.base_name == "HuggingFaceTB/SmolLM2-135M-Instruct"  # what adapters are checked against
 
 
 def test_metrics_have_a_port_of_their_own_on_replicas_and_routers() -> None:
