@@ -4,7 +4,9 @@ manifest declares. Each failure carries the reason that goes into the adapter's 
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +15,12 @@ from loraplane.adapter_format.sources import S3Settings, open_source
 from loraplane.adapter_format.validation import AdapterManifest
 from loraplane.admin_api.engine_sizing import EngineSizing
 from loraplane.operator.api.loraadapter import LoraAdapterSpec
+
+# The object store's own threads. Every Kubernetes API call the operator makes (cluster.py) runs
+# on the event loop's default executor; were fetches there too, a slow or hanging store would
+# queue them behind its downloads and stall every reconcile and the webhook's lookups with it.
+FETCHERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="adapter-fetch")
+FETCH_DEADLINE_SECONDS = 600.0  # a multi-GB adapter over a slow link, not forever
 
 
 @dataclass
@@ -49,3 +57,14 @@ def check_adapter(spec: LoraAdapterSpec, base: BaseShape, engine: EngineSizing, 
             f"the manifest declares {sorted(spec.target_modules)}, the files adapt {sorted(manifest.target_modules)}",
         )
     return manifest
+
+
+async def check_adapter_off_loop(
+    spec: LoraAdapterSpec, base: BaseShape, engine: EngineSizing, s3: S3Settings | None = None,
+    *, deadline: float = FETCH_DEADLINE_SECONDS,
+) -> AdapterManifest:  # fmt: skip
+    """:func:`check_adapter` on the fetch threads, given up after ``deadline`` seconds with
+    ``TimeoutError`` (a transient failure: the caller retries later). A thread stuck in a fetch
+    stays stuck until its socket times out; there are only ``FETCHERS``' few of them."""
+    future = asyncio.get_running_loop().run_in_executor(FETCHERS, check_adapter, spec, base, engine, s3)
+    return await asyncio.wait_for(future, deadline)

@@ -20,7 +20,7 @@ from loraplane.adapter_format.sources import S3Settings
 from loraplane.admin_api import AdminClient, LoadLoraRequest, ReplicaError, Tier, VerifyRequest
 from loraplane.admin_api import Quotas as ReplicaQuotas
 from loraplane.operator import cluster
-from loraplane.operator.adapter_check import CheckFailed, check_adapter
+from loraplane.operator.adapter_check import CheckFailed, check_adapter_off_loop
 from loraplane.operator.admission import tenancy_problems
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.api.common import Quotas
@@ -220,8 +220,13 @@ async def _reconcile_on(
         shape = await clients[0].base()
         s3 = await s3_settings(namespace, base)
         try:
-            manifest = await asyncio.to_thread(check_adapter, spec, shape, base.engine, s3)
+            manifest = await check_adapter_off_loop(spec, shape, base.engine, s3)
             gate = await quality_gate(clients[0], spec)
+        except TimeoutError:  # the store is slow or hanging: try again later, nothing changed
+            message = f"{spec.source.uri} was not fetched and checked in time; retrying"
+            out.condition("Validated", "False", "FetchTimeout", message, generation)
+            status.promoting_digest = None if promoting else status.promoting_digest
+            return out
         except CheckFailed as err:
             if promoting:
                 status.promoting_digest = None

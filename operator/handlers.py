@@ -19,7 +19,7 @@ from loraplane.operator.settings import OperatorSettings
 
 SETTINGS = OperatorSettings()
 MEMORY: dict[tuple[str, str], BaseMemory] = {}
-WAITING_REASONS = {"BaseModelNotFound", "NoReadyReplicas", "ReplicaError", "ServedNameTaken"}
+WAITING_REASONS = {"BaseModelNotFound", "NoReadyReplicas", "ReplicaError", "ServedNameTaken", "FetchTimeout"}
 
 
 @kopf.index(GROUP, VERSION, "loraadapters")

@@ -1,0 +1,43 @@
+"""The operator's fetch-and-check of an adapter runs on threads of its own, under a deadline: a
+slow or hanging object store must not hold the threads every Kubernetes API call runs on."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+from crd_schema import examples
+
+from loraplane.adapter_format import BaseShape
+from loraplane.operator import adapter_check
+from loraplane.operator.api.basemodel import BaseModelSpec
+from loraplane.operator.api.loraadapter import LoraAdapterSpec
+
+SPEC = LoraAdapterSpec.model_validate(next(d for d in examples() if d["kind"] == "LoraAdapter")["spec"])
+ENGINE = BaseModelSpec.model_validate(next(d for d in examples() if d["kind"] == "BaseModel")["spec"]).engine
+SHAPE = BaseShape(name="b", hidden_size=8, intermediate_size=16, num_layers=1, num_attention_heads=2, num_kv_heads=1)
+
+
+def test_a_hanging_store_holds_only_the_fetch_threads_and_each_fetch_gives_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+
+    def hanging(*_: Any) -> None:
+        release.wait(60)  # a store that accepted the connection and never answers
+
+    monkeypatch.setattr(adapter_check, "check_adapter", hanging)
+
+    async def story() -> list[BaseException | None]:
+        fetches = [
+            asyncio.create_task(adapter_check.check_adapter_off_loop(SPEC, SHAPE, ENGINE, deadline=1.0)) for _ in range(40)
+        ]
+        await asyncio.sleep(0.1)  # every fetch has asked for a thread
+        # What cluster.py does for each Kubernetes API call: answered while every fetch hangs.
+        await asyncio.wait_for(asyncio.gather(*(asyncio.to_thread(lambda: None) for _ in range(40))), 10)
+        outcomes = await asyncio.gather(*fetches, return_exceptions=True)
+        release.set()
+        return outcomes
+
+    outcomes = asyncio.run(story())
+    assert all(isinstance(o, TimeoutError) for o in outcomes), outcomes
