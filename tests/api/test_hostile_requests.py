@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from engine_helpers import tiny_engine
+from engine_helpers import Built, tiny_engine
 
 from loraplane.serving.api.app import create_app
 from loraplane.serving.api.loopback import serve_app
@@ -104,16 +104,16 @@ def test_bodies_beyond_the_cap_are_refused_with_413_and_stop_lists_are_bounded(s
 
 
 @pytest.fixture(scope="module")
-def plain_server(tiny_llama: Path, tmp_path_factory) -> Iterator[tuple[str, object]]:
+def plain_server(tiny_llama: Path, tmp_path_factory) -> Iterator[tuple[str, Built]]:
     cache = tmp_path_factory.mktemp("hostile-plain")
-    app = create_app(lambda: tiny_engine(tiny_llama, cache, max_model_len=512))
-    with serve_app(app) as url:
-        yield url, app
+    built = Built(lambda: tiny_engine(tiny_llama, cache, max_model_len=512))
+    with serve_app(create_app(built)) as url:
+        yield url, built
 
 
 def test_a_prompt_far_beyond_the_context_is_refused_before_it_is_encoded_in_full(plain_server, monkeypatch) -> None:
-    url, app = plain_server
-    tokenizer = app.state.server.engine.engine.tokenizer  # type: ignore[attr-defined]
+    url, built = plain_server
+    tokenizer = built.get().tokenizer
     encoded: list[int] = []
     real = tokenizer.hf.encode
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from engine_helpers import tiny_engine
+from engine_helpers import Built, tiny_engine
 
 from loraplane.serving.api.app import create_app
 from loraplane.serving.api.loopback import free_port, serve_app
@@ -18,15 +18,17 @@ from loraplane.serving.api.metrics_port import serve_metrics
 
 ADMIN = "admin-secret"
 APPS: dict[str, object] = {}
+ENGINES: dict[str, Built] = {}
 
 
 @pytest.fixture(scope="module")
 def server(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory) -> Iterator[str]:
     cache = tmp_path_factory.mktemp("api-cache")
     adapters = {"qv4": tiny_adapters["qv4"], "all8": tiny_adapters["all8"]}
-    app = create_app(lambda: tiny_engine(tiny_llama, cache, adapters, max_model_len=256), admin_token=ADMIN)
+    built = Built(lambda: tiny_engine(tiny_llama, cache, adapters, max_model_len=256))
+    app = create_app(built, admin_token=ADMIN)
     with serve_app(app) as url:
-        APPS[url] = app
+        APPS[url], ENGINES[url] = app, built
         yield url
 
 
@@ -160,7 +162,7 @@ def test_the_metrics_port_serves_the_same_series_and_nothing_else(server: str) -
     try:
         text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
         assert "loraplane_requests_total" in text and "loraplane_adapter_tier" in text and "loraplane_disk_cache_bytes" in text
-        engine = APPS[server].state.server.engine.engine  # type: ignore[attr-defined]
+        engine = ENGINES[server].get()
         before = sum(c.requests for c in engine.metrics.counts.values())
         body = {"model": "qv4", "prompt": "hi", "max_tokens": 2}
         answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body)
@@ -171,7 +173,7 @@ def test_the_metrics_port_serves_the_same_series_and_nothing_else(server: str) -
 
 
 def test_a_client_that_disconnects_frees_its_sequence(server: str) -> None:
-    engine = APPS[server].state.server.engine.engine  # type: ignore[attr-defined]
+    engine = ENGINES[server].get()
     body = {"model": "qv4", "prompt": "the quick brown fox", "max_tokens": 240, "stream": True, "temperature": 0}
     before = engine.metrics.counts["qv4"].completion_tokens
     with httpx.stream("POST", f"{server}/v1/completions", json=body) as r:

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import httpx
 import openai
 import pytest
-from engine_helpers import tiny_engine
+from engine_helpers import Built, tiny_engine
 
 from loraplane.serving.api import tenants as tenants_module
 from loraplane.serving.api.app import create_app
@@ -24,7 +24,7 @@ from loraplane.serving.api.tenants import TenantConfig, Tenants, load_tenants
 from loraplane.serving.lora.entries import AdapterSpec
 from loraplane.usage import Metering
 
-APPS: dict[str, object] = {}
+ENGINES: dict[str, Built] = {}
 TENANTS = {
     "tenants": [
         {"name": "acme", "api_keys": ["key-acme"]},
@@ -49,12 +49,13 @@ def server(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory) -
         engine.register_lora(AdapterSpec("tiny-bot", str(tiny_adapters["ku2"]), tenant="tiny"))
         return engine
 
+    built = Built(make)
     app = create_app(
-        make, tenants=Tenants(load_tenants(root / "tenants.json")), max_pending_requests=3,
+        built, tenants=Tenants(load_tenants(root / "tenants.json")), max_pending_requests=3,
         metering=Metering.create("pod-t", usage),
     )  # fmt: skip
     with serve_app(app) as url:
-        APPS[url] = app
+        ENGINES[url] = built
         yield url, usage
 
 
@@ -64,7 +65,7 @@ def _client(url: str, key: str) -> openai.OpenAI:
 
 def slow_engine(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each engine step 10 ms longer, so requests overlap on the tiny model."""
-    engine = APPS[url].state.server.engine.engine  # type: ignore[attr-defined]
+    engine = ENGINES[url].get()
     real_step = engine.step
 
     def slow_step():  # type: ignore[no-untyped-def]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -10,6 +11,23 @@ from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.builder import build_engine
 from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.serving.engine.sampling_params import SamplingParams
+
+
+class Built:
+    """An app's engine factory that keeps what it built: the test's own handle on the engine the
+    server runs, instead of a path through the app's private state."""
+
+    def __init__(self, make: Callable[[], LLMEngine]) -> None:
+        self.make = make
+        self.engine: LLMEngine | None = None
+
+    def __call__(self) -> LLMEngine:
+        self.engine = self.make()
+        return self.engine
+
+    def get(self) -> LLMEngine:
+        assert self.engine is not None, "the server has not built its engine yet"
+        return self.engine
 
 
 class LogitsRecorder:

@@ -56,7 +56,7 @@ class Stack:
     uris: dict[str, str] = field(default_factory=dict)
     digests: dict[str, str] = field(default_factory=dict)
     replicas: dict[str, str] = field(default_factory=dict)  # pod name -> URL
-    apps: dict[str, Any] = field(default_factory=dict)  # pod name -> the replica's app (its engine, for tests)
+    engines: dict[str, Any] = field(default_factory=dict)  # pod name -> the engine its app serves (built here)
     operator: subprocess.Popen[bytes] | None = None
     exits: ExitStack = field(default_factory=ExitStack)
 
@@ -67,14 +67,15 @@ class Stack:
         cache = self.folder / f"cache-{name}"
 
         def make():  # type: ignore[no-untyped-def]
-            return tiny_engine(
+            engine = self.engines[name] = tiny_engine(
                 self.tiny_llama, cache, max_loras=3, max_lora_rank=8, s3_endpoint=self.endpoint, s3_access_key=ACCESS,
                 s3_secret_key=SECRET, s3_region="us-east-1",
             )  # fmt: skip
+            return engine
 
         app = create_app(make, admin_token=ADMIN)
         url = self.exits.enter_context(serve_app(app))
-        self.replicas[name], self.apps[name] = url, app
+        self.replicas[name] = url
         self.apply(serving_pod(name, NS, "tiny", url))
         return url
 
@@ -418,7 +419,7 @@ def test_a_replicas_lasting_refusal_fails_the_adapter_once_and_leaves_no_replica
     """A 400 from a replica is its answer however often it is asked: the adapter ends Failed
     with the replica's reason instead of retrying every few seconds, and a replica that took it
     gives it back."""
-    engine = stack.apps["tiny-serving-0"].state.server.engine.engine
+    engine = stack.engines["tiny-serving-0"]
     real, asked = engine.register_lora, []
 
     def refusing(spec: Any) -> None:
@@ -517,7 +518,7 @@ def registration_held(stack: Stack, replica: str, served: str, digest: str) -> I
     the block ends: a reconcile caught half way, after validation, registered on some replicas and
     not this one. Yields the event set once the call has arrived. (Only that version: a restarted
     operator's resume handlers re-register the serving version at any moment.)"""
-    engine = stack.apps[replica].state.server.engine.engine
+    engine = stack.engines[replica]
     real, entered, release = engine.register_lora, threading.Event(), threading.Event()
 
     def held(spec: Any) -> None:
