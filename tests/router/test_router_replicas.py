@@ -141,7 +141,9 @@ def test_a_tenants_concurrency_quota_holds_at_the_edge(fleet: Fleet) -> None:
     limited = [t.model_copy(update={"max_concurrent": 1}) if t.name == "acme" else t for t in tenants]
     with router_for(fleet, Tenants(limited)) as url:
         headers = {"Authorization": f"Bearer {fleet.keys['acme']}"}
-        body = {"model": "qv4", "prompt": "hold on", "max_tokens": 32, "ignore_eos": True, "stream": True}
+        # Long enough to be still running when the second request arrives: a router forwards a
+        # stream at the replica's pace whether or not its client reads (32 tokens once ended first).
+        body = {"model": "qv4", "prompt": "hold on", "max_tokens": 400, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=headers, timeout=120) as first:
             assert first.status_code == 200
             second = complete(url, fleet.keys["acme"], "qv4")
