@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypeVar
 
+from loraplane.adapter_format.names import INTERNAL_OWNER
 from loraplane.admin_api import AdapterState, DiskCacheStats, NamedAdapterState, Quotas, ReplicaStats
 from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.serving.lora.entries import AdapterNotFound
@@ -52,8 +53,11 @@ def replica_stats(engine: LLMEngine, quotas: Mapping[str, Quotas] | None = None)
     per-tenant counters, queue depths and the node's disk cache."""
     quotas = quotas or {}
     disk = engine.adapters.disk
+    # A quality gate's candidate lives under a private name for the seconds of its replay: it is
+    # no served name, and the operator, which owns the served names, would unregister it mid-replay.
+    served = [name for name, entry in engine.adapters.entries.items() if entry.spec.tenant != INTERNAL_OWNER]
     return ReplicaStats(
-        adapters={name: adapter_state(engine, name, quotas.get(name)) for name in engine.adapters.entries},
+        adapters={name: adapter_state(engine, name, quotas.get(name)) for name in served},
         tenants={t: engine.metrics.counters(c) for t, c in engine.metrics.tenants.items()},
         preemptions=engine.scheduler.num_preemptions,
         waiting=len(engine.scheduler.waiting),

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from loraplane.adapter_format import BaseShape
 from loraplane.adapter_format.golden import DriftReport
+from loraplane.adapter_format.names import INTERNAL_OWNER
 from loraplane.admin_api import (
     AdminClient,
     LoadLoraRequest,
@@ -97,6 +98,8 @@ def replica(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory: 
     def make():  # type: ignore[no-untyped-def]
         engine = tiny_engine(tiny_llama, cache, max_loras=2)
         engine.register_lora(AdapterSpec("shared", str(tiny_adapters["ku2"])))
+        # What a quality gate holds for the seconds of its replay: no served name.
+        engine.register_lora(AdapterSpec("candidate-0123456789ab", str(tiny_adapters["qv4"]), tenant=INTERNAL_OWNER))
         return engine
 
     with serve_app(create_app(make, admin_token="admin", stats_token="stats")) as url:
@@ -117,6 +120,7 @@ def test_the_client_reads_a_replicas_answers_into_the_models(replica: str, tiny_
             if stats.adapters["acme-bot"].tier is not Tier.LOADING:
                 break
             await asyncio.sleep(0.1)
+        # A candidate under golden replay is not listed: the operator unregisters names nobody claims.
         assert set(stats.adapters) == {"shared", "acme-bot"} and stats.adapters["acme-bot"].quotas == quotas
         assert stats.adapters["acme-bot"].loads == 1 and stats.adapters["acme-bot"].digest is not None
         assert (await client.base()).fingerprint is not None
