@@ -142,8 +142,9 @@ async def reconcile(
         out.condition("Ready", "False", err.code.value, f"the served name: {err.message}", generation)
         return out
     serving = (out.status.serving_uri, out.status.serving_digest) == (spec.source.uri, spec.source.digest)
-    allowed = settings.allowed_sources, settings.allowed_endpoints, namespace if settings.tenant_per_namespace else None
-    if not serving and (refusals := tenancy_problems(spec, base, *allowed)):  # webhook or not; nothing is fetched
+    if not serving and (
+        refusals := tenancy_problems(spec, base, settings.policy(namespace))
+    ):  # webhook or not; nothing is fetched
         reason, message = refusals[0]
         if out.status.serving_digest is None:
             out.status.phase = "Failed"
@@ -225,7 +226,6 @@ async def _reconcile_on(
         except TimeoutError:  # the store is slow or hanging: try again later, nothing changed
             message = f"{spec.source.uri} was not fetched and checked in time; retrying"
             out.condition("Validated", "False", "FetchTimeout", message, generation)
-            status.promoting_digest = None if promoting else status.promoting_digest
             return out
         except CheckFailed as err:
             if promoting:

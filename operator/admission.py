@@ -5,6 +5,7 @@ digest, tensors) stay in the reconcile; these never touch the object store."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -17,37 +18,44 @@ def _pydantic_errors(err: ValidationError) -> list[str]:
     return [f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
 
 
+@dataclass(frozen=True)
+class ClusterPolicy:
+    """What the cluster admin set for every namespace (``OperatorSettings.policy``), as it applies
+    to one adapter's namespace: allow-lists (None: any) and, where tenants are bound to namespaces,
+    the one tenant this namespace serves."""
+
+    allowed_sources: list[str] | None = None
+    allowed_endpoints: list[str] | None = None
+    namespace_tenant: str | None = None
+
+
 def tenancy_problems(
-    spec: LoraAdapterSpec,
-    base: BaseModelSpec,
-    allowed_sources: list[str] | None = None,
-    allowed_endpoints: list[str] | None = None,
-    namespace_tenant: str | None = None,
+    spec: LoraAdapterSpec, base: BaseModelSpec, policy: ClusterPolicy = ClusterPolicy()
 ) -> list[tuple[str, str]]:
-    """(reason, message) for each rule the adapter breaks: the operator's allow-lists (set by the
-    cluster admin, over every namespace) and the BaseModel's tenant policy, or, where the base has
-    none and the cluster binds tenants to namespaces, ``namespace_tenant`` (the adapter's
-    namespace) as its only tenant. The webhook refuses on them and the reconcile fails the adapter
-    on them, webhook or not, before anything is fetched."""
-    if allowed_sources is not None and not any(under_prefix(spec.source.uri, p) for p in allowed_sources):
+    """(reason, message) for each rule the adapter breaks: the cluster's ``policy`` and the
+    BaseModel's tenant policy (which, where it lists tenants, decides instead of the namespace).
+    The webhook refuses on them and the reconcile fails the adapter on them, webhook or not, before
+    anything is fetched."""
+    if policy.allowed_sources is not None and not any(under_prefix(spec.source.uri, p) for p in policy.allowed_sources):
         return [("SourceNotAllowed", "spec.source.uri: not under a source prefix this cluster's operator allows")]
     endpoint = (base.adapter_store.endpoint or "").rstrip("/")
+    allowed_endpoints = policy.allowed_endpoints
     if allowed_endpoints is not None and endpoint and endpoint not in {e.rstrip("/") for e in allowed_endpoints}:
         # The operator itself fetches from this endpoint, from inside the cluster: a namespace user
         # must not turn it into a request to an internal service.
         message = f"spec.adapterStore.endpoint of BaseModel {spec.base_model!r} is not an endpoint this cluster allows"
         return [("EndpointNotAllowed", message)]
-    policies = base.tenancy.tenants
-    if policies is None:
-        if namespace_tenant is not None and spec.tenant != namespace_tenant:
-            message = f"spec.tenant: adapters in namespace {namespace_tenant!r} serve tenant {namespace_tenant!r} here"
-            return [("TenantNotAllowed", message)]
+    tenants = base.tenancy.tenants
+    if tenants is None:
+        bound = policy.namespace_tenant
+        if bound is not None and spec.tenant != bound:
+            return [("TenantNotAllowed", f"spec.tenant: adapters in namespace {bound!r} serve tenant {bound!r} here")]
         return []
-    policy = next((t for t in policies if t.name == spec.tenant), None)
-    if policy is None:
+    tenant = next((t for t in tenants if t.name == spec.tenant), None)
+    if tenant is None:
         return [("TenantNotAllowed", f"spec.tenant: {spec.tenant!r} is not one of {spec.base_model}'s tenants")]
-    if not any(under_prefix(spec.source.uri, prefix) for prefix in policy.sources):
-        allowed = ", ".join(policy.sources)
+    if not any(under_prefix(spec.source.uri, prefix) for prefix in tenant.sources):
+        allowed = ", ".join(tenant.sources)
         return [("SourceNotAllowed", f"spec.source.uri: tenant {spec.tenant!r}'s adapters must be under {allowed}")]
     return []
 
@@ -66,9 +74,7 @@ def review_adapter(
     *,
     name: str = "",
     served_by: str | None = None,
-    allowed_sources: list[str] | None = None,
-    allowed_endpoints: list[str] | None = None,
-    namespace_tenant: str | None = None,
+    policy: ClusterPolicy = ClusterPolicy(),
 ) -> list[str]:
     """Reasons to refuse the LoraAdapter ``name`` (empty: admit). ``base_spec_raw`` is the
     referenced BaseModel's spec, None when it does not exist; ``served_by`` as for
@@ -85,7 +91,7 @@ def review_adapter(
         problems.append(f"spec.baseModel: BaseModel {spec.base_model!r} does not exist in this namespace")
         return problems
     base = BaseModelSpec.model_validate(dict(base_spec_raw))
-    problems += [message for _, message in tenancy_problems(spec, base, allowed_sources, allowed_endpoints, namespace_tenant)]
+    problems += [message for _, message in tenancy_problems(spec, base, policy)]
     if (taken := served_name_problem(name, spec, served_by)) is not None:
         problems.append(taken)
     cap = base.engine.max_lora_rank

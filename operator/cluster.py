@@ -149,7 +149,7 @@ async def admin_token(namespace: str, base: str) -> str | None:
     except ApiException as err:
         if err.status != 404:
             raise
-        token = None
+        return None  # not created yet: not remembered, so the token is read as soon as it exists
     _TOKENS[(namespace, base)] = (now, token)
     return token
 

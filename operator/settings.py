@@ -5,6 +5,8 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from loraplane.operator.admission import ClusterPolicy
+
 
 class OperatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LORAPLANE_")
@@ -38,3 +40,8 @@ class OperatorSettings(BaseSettings):
     webhook_port: int | None = Field(default=None, description="serve the validating webhook on this port (kopf, self-signed)")
     webhook_host: str | None = Field(default=None, description="the hostname the API server reaches the webhook at")
     retry_delay: float = Field(default=5.0, gt=0, description="seconds before retrying a step that waits on something")
+
+    def policy(self, namespace: str) -> ClusterPolicy:
+        """The allow-lists and tenant binding as they apply to an adapter in ``namespace``."""
+        tenant = namespace if self.tenant_per_namespace else None
+        return ClusterPolicy(self.allowed_sources, self.allowed_endpoints, tenant)

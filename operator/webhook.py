@@ -29,9 +29,7 @@ async def admit_adapter(spec: kopf.Spec, name: str | None, namespace: str | None
     base = await cluster.get_custom(ns, "basemodels", str(spec.get("baseModel", "")))
     holder = served_name_holder(kwargs["served_names"], ns, name or "", spec)  # the reconcile's index
     problems = review_adapter(
-        spec, base.get("spec") if base else None, name=name or "", served_by=holder,
-        allowed_sources=SETTINGS.allowed_sources, allowed_endpoints=SETTINGS.allowed_endpoints,
-        namespace_tenant=ns if SETTINGS.tenant_per_namespace else None,
+        spec, base.get("spec") if base else None, name=name or "", served_by=holder, policy=SETTINGS.policy(ns)
     )  # fmt: skip
     if problems:
         raise kopf.AdmissionError("; ".join(problems), code=422)

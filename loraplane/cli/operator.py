@@ -33,7 +33,7 @@ def _path(flag: str, dest: str, default: str, help: str, *, folder: bool = False
     is_flag=True,
     help="Fail if the files in --out, --doc, --values-schema or --chart-copies differ from the models instead of writing them.",
 )
-def crds(folder: Path, doc_path: Path, values_path: Path, copies_folder: Path | None, check: bool) -> None:
+def crds(folder: Path, doc_path: Path, values_path: Path, copies_folder: Path, check: bool) -> None:
     """Generate the CustomResourceDefinitions, their Markdown reference and the chart's values.schema.json from the
     operator's pydantic models."""
     from loraplane.operator.chart_values import values_schema_drifted, write_values_schema
@@ -58,10 +58,10 @@ def crds(folder: Path, doc_path: Path, values_path: Path, copies_folder: Path | 
         click.echo(f"wrote {copy}")
 
 
-def _chart_copies(folder: Path, copies_folder: Path | None) -> list[tuple[Path, Path]]:
+def _chart_copies(folder: Path, copies_folder: Path) -> list[tuple[Path, Path]]:
     """(copy, source) for every YAML file in ``folder``: a regenerated CRD whose chart copy was left behind ships the
     old schema with the next chart, which only a test comparing the two used to notice."""
-    if not copies_folder or str(copies_folder) in ("", "."):
+    if str(copies_folder) == ".":  # '' (click makes it Path("."))
         return []
     return [(copies_folder / source.name, source) for source in sorted(folder.glob("*.yaml"))]
 

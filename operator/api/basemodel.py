@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from loraplane.admin_api import engine_sizing
-from loraplane.operator.api.common import DNS_LABEL, Condition, KubeModel, ObjectMeta, Quotas, SecretRef
+from loraplane.operator.api.common import DNS_LABEL, SOURCE_URI, Condition, KubeModel, ObjectMeta, Quotas, SecretRef
 
 # The API server's spelling of EngineSizing._host_holds_device (tests check they agree).
 CPU_LORAS_RULE = "!has(self.maxCpuLoras) || self.maxCpuLoras >= self.maxLoras"
@@ -79,7 +79,7 @@ class TenantPolicy(KubeModel):
     """One tenant LoraAdapters of this base may name, and where their files may come from."""
 
     name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL)
-    sources: list[Annotated[str, Field(pattern=r"^(s3|file)://.+$", max_length=1024)]] = Field(
+    sources: list[Annotated[str, Field(pattern=SOURCE_URI, max_length=1024)]] = Field(
         min_length=1, max_length=64, description="URI prefixes the tenant's adapters must be under, e.g. s3://adapters/acme/"
     )
 

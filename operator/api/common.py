@@ -17,6 +17,7 @@ from loraplane import admin_api
 GROUP = "loraplane.dev"
 VERSION = "v1alpha1"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+SOURCE_URI = r"^(s3|file)://.+$"  # where adapter files may come from (SOURCE_SCHEMES)
 
 
 class KubeModel(BaseModel):

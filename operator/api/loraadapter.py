@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from loraplane.adapter_format.names import ADAPTER_NAME_PATTERN
-from loraplane.operator.api.common import DNS_LABEL, Condition, KubeModel, ObjectMeta, Quotas
+from loraplane.operator.api.common import DNS_LABEL, SOURCE_URI, Condition, KubeModel, ObjectMeta, Quotas
 
 SOURCE_SCHEMES = ("s3", "file")
 # A "." or ".." path segment: `s3://adapters/acme/../globex/x` would pass a prefix check for
@@ -27,9 +27,7 @@ def under_prefix(uri: str, prefix: str) -> bool:
 
 
 class AdapterSource(KubeModel):
-    uri: str = Field(
-        description="s3://bucket/prefix or file:///path: a PEFT folder", pattern=r"^(s3|file)://.+$", max_length=2048
-    )
+    uri: str = Field(description="s3://bucket/prefix or file:///path: a PEFT folder", pattern=SOURCE_URI, max_length=2048)
     digest: str = Field(
         description="sha256 of adapter_model.safetensors, as sha256sum prints it, prefixed sha256:",
         pattern=r"^sha256:[0-9a-f]{64}$",

@@ -101,6 +101,7 @@ def test_the_allow_lists_and_policies_reach_the_operators_settings(render: Any, 
     settings = OperatorSettings()
     assert (settings.allowed_sources, settings.allowed_endpoints) == (lists["allowedSources"], lists["allowedEndpoints"])
     assert settings.tenant_per_namespace is True and settings.metrics_namespaces == ["monitoring"]
+    assert settings.policy("team-a").namespace_tenant == "team-a"  # what the webhook and reconcile check
     bare = {v["name"] for v in container(render())["env"]}
     assert not bare & set(names)  # unset: any source, any endpoint, any tenant
 

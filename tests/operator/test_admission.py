@@ -7,7 +7,7 @@ import copy
 import pytest
 from crd_schema import examples
 
-from loraplane.operator.admission import review_adapter, review_base
+from loraplane.operator.admission import ClusterPolicy, review_adapter, review_base
 
 BASE = next(d for d in examples() if d["kind"] == "BaseModel")["spec"]
 LORA = next(d for d in examples() if d["kind"] == "LoraAdapter")["spec"]
@@ -76,26 +76,26 @@ def test_a_source_prefix_holds_at_a_path_boundary() -> None:
 def test_the_operators_allow_lists_hold_in_every_namespace_whatever_the_base_says() -> None:
     uri = LORA["source"]["uri"]
     bucket = uri.split("/", 3)[:3]
-    assert review_adapter(LORA, BASE, allowed_sources=["/".join(bucket) + "/"]) == []
-    outside = review_adapter(LORA, BASE, allowed_sources=["s3://other-bucket/"])
+    assert review_adapter(LORA, BASE, policy=ClusterPolicy(allowed_sources=["/".join(bucket) + "/"])) == []
+    outside = review_adapter(LORA, BASE, policy=ClusterPolicy(allowed_sources=["s3://other-bucket/"]))
     assert any("not under a source prefix this cluster's operator allows" in p for p in outside), outside
     internal = {**copy.deepcopy(BASE), "adapterStore": {**BASE.get("adapterStore", {}), "endpoint": "http://10.0.0.1:80"}}
-    refused = review_adapter(LORA, internal, allowed_endpoints=["https://s3.internal.example:9000"])
+    refused = review_adapter(LORA, internal, policy=ClusterPolicy(allowed_endpoints=["https://s3.internal.example:9000"]))
     assert any("is not an endpoint this cluster allows" in p for p in refused), refused
     allowed = {**internal, "adapterStore": {**internal["adapterStore"], "endpoint": "https://s3.internal.example:9000/"}}
-    assert review_adapter(LORA, allowed, allowed_endpoints=["https://s3.internal.example:9000"]) == []
+    assert review_adapter(LORA, allowed, policy=ClusterPolicy(allowed_endpoints=["https://s3.internal.example:9000"])) == []
     aws = {**internal, "adapterStore": {k: v for k, v in internal["adapterStore"].items() if k != "endpoint"}}
-    assert review_adapter(LORA, aws, allowed_endpoints=["https://s3.internal.example:9000"]) == []
+    assert review_adapter(LORA, aws, policy=ClusterPolicy(allowed_endpoints=["https://s3.internal.example:9000"])) == []
 
 
 def test_with_tenants_bound_to_namespaces_an_adapter_serves_its_namespaces_tenant_only() -> None:
     tenant = LORA["tenant"]
-    assert review_adapter(LORA, BASE, namespace_tenant=tenant) == []
-    other = review_adapter(LORA, BASE, namespace_tenant="team-b")
+    assert review_adapter(LORA, BASE, policy=ClusterPolicy(namespace_tenant=tenant)) == []
+    other = review_adapter(LORA, BASE, policy=ClusterPolicy(namespace_tenant="team-b"))
     assert any("adapters in namespace 'team-b' serve tenant 'team-b'" in p for p in other), other
     # A BaseModel that lists its tenants decides for itself.
     listed = {**copy.deepcopy(BASE), "tenancy": {"tenants": [{"name": tenant, "sources": [LORA["source"]["uri"]]}]}}
-    assert review_adapter(LORA, listed, namespace_tenant="team-b") == []
+    assert review_adapter(LORA, listed, policy=ClusterPolicy(namespace_tenant="team-b")) == []
 
 
 def test_a_served_name_another_adapter_holds_is_refused() -> None:
