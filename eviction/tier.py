@@ -50,6 +50,10 @@ class Tier:
     def keys(self) -> list[Key]:
         return list(self._size)
 
+    def size(self, key: Key) -> int | None:
+        """The units a resident key takes; None when it is not resident."""
+        return self._size.get(key)
+
     @property
     def pinned(self) -> frozenset[Key]:
         return frozenset(self._pinned)

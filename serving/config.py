@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from loraplane.admin_api.engine_sizing import EngineSizing
 
@@ -59,6 +59,13 @@ class EngineConfig(EngineSizing):
         gt=0,
         description="bytes of adapter files kept under cache_dir/adapters, the least wanted evicted first; None: unbounded",
     )
+    node_cache_url: str | None = Field(
+        default=None,
+        description="the node agent on this node (loraplane node-agent): adapter files come from its cache, which "
+        "node_cache_dir mounts read-only, and it alone fetches from object storage; unset: this process fetches into "
+        "cache_dir itself. The agent takes the admin token (LORAPLANE_ADMIN_TOKEN)",
+    )
+    node_cache_dir: Path | None = Field(default=None, description="where the node cache is mounted; needed with node_cache_url")
     lora_modules: dict[str, str] = Field(
         default_factory=dict, description="adapter name -> PEFT folder, file:// or s3:// URI; registered and loaded at start"
     )
@@ -72,3 +79,9 @@ class EngineConfig(EngineSizing):
     golden_max_mean_kl: float = Field(default=0.1, ge=0, description="and stay this close to its recorded log-probabilities")
     metrics_max_adapter_labels: int = Field(default=256, ge=1, description="adapters with their own metric label")
     cache_dir: Path = Field(default_factory=default_cache_dir)
+
+    @model_validator(mode="after")
+    def _node_cache_mounted(self) -> EngineConfig:
+        if self.node_cache_url is not None and self.node_cache_dir is None:
+            raise ValueError("node_cache_url needs node_cache_dir: where this pod mounts the node cache the agent writes")
+        return self

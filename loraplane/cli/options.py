@@ -66,11 +66,11 @@ def engine_flags(*names: str) -> Callable[[F], F]:
     return decorate
 
 
-def listen_options(default_host: str) -> Callable[[F], F]:
+def listen_options(default_host: str, default_port: int = 8000) -> Callable[[F], F]:
     """``--host`` and ``--port`` of a command that serves HTTP."""
 
     def decorate(f: F) -> F:
-        f = click.option("--port", default=8000, type=click.IntRange(1, 65535))(f)
+        f = click.option("--port", default=default_port, type=click.IntRange(1, 65535))(f)
         return click.option("--host", default=default_host)(f)
 
     return decorate

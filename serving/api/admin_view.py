@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import TypeVar
 
 from loraplane.adapter_format.names import INTERNAL_OWNER
-from loraplane.admin_api import AdapterState, DiskCacheStats, NamedAdapterState, Quotas, ReplicaStats
+from loraplane.admin_api import AdapterState, NamedAdapterState, Quotas, ReplicaStats
 from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.serving.lora.entries import AdapterNotFound
 
@@ -52,7 +52,6 @@ def replica_stats(engine: LLMEngine, quotas: Mapping[str, Quotas] | None = None)
     """Every adapter's state with its own quotas (what the router enforces at the edge too),
     per-tenant counters, queue depths and the node's disk cache."""
     quotas = quotas or {}
-    disk = engine.adapters.disk
     # A quality gate's candidate lives under a private name for the seconds of its replay: it is
     # no served name, and the operator, which owns the served names, would unregister it mid-replay.
     served = [name for name, entry in engine.adapters.entries.items() if entry.spec.tenant != INTERNAL_OWNER]
@@ -62,5 +61,5 @@ def replica_stats(engine: LLMEngine, quotas: Mapping[str, Quotas] | None = None)
         preemptions=engine.scheduler.num_preemptions,
         waiting=len(engine.scheduler.waiting),
         running=len(engine.scheduler.running),
-        disk_cache=DiskCacheStats(bytes=disk.used_bytes, max_bytes=disk.max_bytes, entries=len(disk), evictions=disk.evictions),
+        disk_cache=engine.adapters.files.figures(),
     )

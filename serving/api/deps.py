@@ -14,8 +14,9 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from loraplane.admin_api.auth import bearer_matches
 from loraplane.serving.api.async_engine import AsyncEngine
-from loraplane.serving.api.errors import APIError, bearer_matches, require_admin
+from loraplane.serving.api.errors import APIError, require_admin
 from loraplane.serving.api.load_shedding import PendingRequests
 from loraplane.serving.api.tenants import TenantConfig, Tenants
 from loraplane.serving.engine.llm_engine import LLMEngine

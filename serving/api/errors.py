@@ -3,7 +3,6 @@ that go with each failure, so the official clients raise the exception users exp
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,6 +10,8 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from loraplane.admin_api.auth import bearer_matches
 
 
 class APIError(Exception):
@@ -61,12 +62,6 @@ async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:
     message = exc.detail if exc.status_code != 404 else f"Invalid URL ({request.method} {request.url.path})"
     type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
     return JSONResponse(error_body(str(message), type_), status_code=exc.status_code, headers=exc.headers)
-
-
-def bearer_matches(authorization: str | None, token: str) -> bool:
-    """Whether an ``Authorization`` header carries ``token``, compared in constant time so the
-    answer's timing tells nothing about how much of a guess was right."""
-    return hmac.compare_digest((authorization or "").encode(), f"Bearer {token}".encode())
 
 
 def require_admin(authorization: str | None, token: str | None) -> None:

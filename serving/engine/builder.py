@@ -7,6 +7,7 @@ read (and tested) on its own, and every part is chosen in one place.
 from __future__ import annotations
 
 import os
+import socket
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ from loraplane.serving.engine.model_runner import ModelRunner
 from loraplane.serving.engine.sampler import Sampler
 from loraplane.serving.engine.scheduler import Scheduler
 from loraplane.serving.engine.structured import Grammars
+from loraplane.serving.lora.adapter_files import NodeAgentFiles
 from loraplane.serving.lora.manager import AdapterManager
 from loraplane.serving.lora.slot_table import PagedSlotTable, SlotTable
 from loraplane.serving.lora.state_metrics import AdapterStateCollector
@@ -155,6 +157,16 @@ def build_engine(config: EngineConfig | None = None) -> LLMEngine:
     return engine
 
 
+def node_cache_files(config: EngineConfig) -> NodeAgentFiles | None:
+    """The node agent's cache when the config names one (the pod's own disk cache otherwise). The
+    agent takes the admin token the pod already holds; the pod's name tells its pins apart."""
+    if config.node_cache_url is None:
+        return None
+    assert config.node_cache_dir is not None  # EngineConfig's rule
+    token = os.environ.get("LORAPLANE_ADMIN_TOKEN")
+    return NodeAgentFiles(config.node_cache_url, token, config.node_cache_dir, socket.gethostname())
+
+
 def build_parts(config: EngineConfig) -> EngineParts:
     """Every part of an engine, each chosen here once: unified paging puts the adapter slots in
     the KV cache's page pool (``lora_memory``), static slots keep their own tensors. One function
@@ -224,6 +236,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
         metrics=metrics,
         pages=blocks if pool is not None else None,
         queued=queued,
+        files=node_cache_files(config),
     )
     metrics.registry.register(AdapterStateCollector(metrics, adapters))
     gate = AdapterGate(adapters, metrics)

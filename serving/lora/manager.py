@@ -29,7 +29,7 @@ from loraplane.adapter_format import BaseShape, ValidationLimits
 from loraplane.adapter_format.sources import S3Settings
 from loraplane.admin_api import Tier
 from loraplane.eviction import TierFullError, make_policy
-from loraplane.serving.lora.disk_cache import DiskCache
+from loraplane.serving.lora.adapter_files import AdapterFiles, OwnCache
 from loraplane.serving.lora.entries import (
     AdapterEntry,
     AdapterInfo,
@@ -65,14 +65,17 @@ class AdapterManager:
         metrics: EngineMetrics | None = None,
         pages: SharedPages | None = None,
         queued: Callable[[], Mapping[str, int]] = dict,
+        files: AdapterFiles | None = None,
     ) -> None:
         """With ``pages`` (and a :class:`PagedSlotTable`), adapters live in the KV block pool:
         each takes the pages its rank needs, and KV pressure evicts idle adapters. ``queued``
         counts the requests waiting per adapter (the scheduler's queue), part of their demand.
-        ``max_cpu_loras >= max_loras`` is the config's rule (``EngineConfig``), not checked again."""
+        ``max_cpu_loras >= max_loras`` is the config's rule (``EngineConfig``), not checked again.
+        ``files``: where adapter files come from; by default a disk cache of this process's own
+        under ``cache_dir``, bounded by ``disk_cache_max_bytes``."""
         self.table, self.base, self.limits, self.s3 = table, base, limits, s3
-        self.disk = DiskCache(cache_dir, max_bytes=disk_cache_max_bytes, policy=policy)
-        self.loader = AdapterLoader(base, limits, self.disk, s3)
+        self.files = files or OwnCache(cache_dir, max_bytes=disk_cache_max_bytes, policy=policy, s3=s3)
+        self.loader = AdapterLoader(base, limits, self.files)
         self.loads = LoadQueue(self.loader, max_loads_in_flight)
         self.metrics = metrics or EngineMetrics()
         self.registry = AdapterRegistry(on_drop=self._drop, on_retire=self._retire, on_retired_done=self._free_retired)
@@ -273,7 +276,7 @@ class AdapterManager:
                     "unpinned adapters keep a device slot"
                 )
         entry.pinned = True
-        self.disk.pin(entry.spec.source)
+        self.files.pin(entry.spec.source)
         if name in self.host:
             self.host.pin(name)
         if name in self.device:
@@ -284,7 +287,7 @@ class AdapterManager:
     def unpin(self, name: str) -> None:
         entry = self._get(name)
         entry.pinned = False
-        self.disk.unpin(entry.spec.source)
+        self.files.unpin(entry.spec.source)
         self.host.unpin(name)
         self.device.unpin(name)
 
@@ -297,3 +300,4 @@ class AdapterManager:
 
     def close(self) -> None:
         self.loads.close()
+        self.files.close()

@@ -39,9 +39,9 @@ class AdapterStateCollector(Collector):
             pinned.add_metric(list(pin_key), n)
         yield resident
         yield pinned
-        disk = self.adapters.disk
-        yield GaugeMetricFamily("loraplane_disk_cache_bytes", "Bytes of adapter files in the disk cache", value=disk.used_bytes)
-        yield GaugeMetricFamily("loraplane_disk_cache_entries", "Adapter folders in the disk cache", value=len(disk))
+        disk = self.adapters.files.figures()
+        yield GaugeMetricFamily("loraplane_disk_cache_bytes", "Bytes of adapter files in the disk cache", value=disk.bytes)
+        yield GaugeMetricFamily("loraplane_disk_cache_entries", "Adapter folders in the disk cache", value=disk.entries)
         if disk.max_bytes is not None:
             yield GaugeMetricFamily("loraplane_disk_cache_limit_bytes", "The disk cache's bound", value=disk.max_bytes)
         yield CounterMetricFamily(

@@ -17,10 +17,12 @@ from crd_schema import ROOT, crds
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from loraplane.node_cache.agent import NodeAgent
+from loraplane.node_cache.app import create_agent_app
 from loraplane.operator.api import BaseModelSpec
 from loraplane.operator.children import children
 from loraplane.serving.api.usage_metrics import UsageCollector
-from loraplane.serving.lora.disk_cache import DiskCache
+from loraplane.serving.lora.adapter_files import OwnCache
 from loraplane.serving.lora.state_metrics import AdapterStateCollector
 from loraplane.serving.metrics import NONE, OTHER, EngineMetrics
 from loraplane.serving.router.metrics import RouterMetrics
@@ -48,8 +50,8 @@ def exported() -> dict[str, set[str]]:
     engine.observe_load("a", "t", "host", 0.1)
     engine.observe_queue_wait("a", "t", 0.1)
     info = SimpleNamespace(tenant="t", residency=SimpleNamespace(value="device"), pinned=True)
-    disk = DiskCache(Path(tempfile.mkdtemp()), max_bytes=1 << 30)
-    adapters = SimpleNamespace(entries={"a": None}, info=lambda _name: info, disk=disk)
+    files = OwnCache(Path(tempfile.mkdtemp()), max_bytes=1 << 30, policy="demand", s3=None)
+    adapters = SimpleNamespace(entries={"a": None}, info=lambda _name: info, files=files)
     engine.registry.register(AdapterStateCollector(engine, adapters))  # type: ignore[arg-type]
     table = ReplicaTable()
     table.set_members({"r0": "http://r0:8000"})
@@ -60,8 +62,12 @@ def exported() -> dict[str, set[str]]:
     usage = CollectorRegistry()
     exporter = SegmentExporter(Path(tempfile.mkdtemp()), "s3://billing/usage", client=object())
     usage.register(UsageCollector(Metering("r0", exporter=exporter)))
+    node = CollectorRegistry()
+    agent = NodeAgent(Path(tempfile.mkdtemp()), "node-1", max_bytes=1 << 30, base_source="s3://models/base")
+    create_agent_app(agent, None, node)
+    agent.on_fetch(0.5)  # type: ignore[misc]  # one fetch observed, so the histogram has samples
     series: dict[str, set[str]] = {}
-    for registry in (engine.registry, router.registry, usage):
+    for registry in (engine.registry, router.registry, usage, node):
         for family in text_string_to_metric_families(generate_latest(registry).decode()):
             for sample in family.samples:
                 series.setdefault(sample.name, set()).update(sample.labels)

@@ -1,6 +1,7 @@
 """A TCP proxy on loopback that a test can take down and bring back, cutting every connection
 through it: an object store that goes away mid-upload and returns with its data intact (moto
-itself keeps its data only while its process lives, so it stays up behind the proxy)."""
+itself keeps its data only while its process lives, so it stays up behind the proxy). It counts
+the connections and bytes through it, so a test can say a process read nothing from the store."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ class FlakyProxy:
         self._conns: list[socket.socket] = []
         self._listener: socket.socket | None = None
         self.cut = 0  # connections cut while open (requests in flight among them)
+        self.connections = 0  # connections made through the proxy to the target
+        self.bytes_from_target = 0  # bytes the target sent back (what its clients read)
         self.up()
 
     @property
@@ -63,14 +66,17 @@ class FlakyProxy:
                 continue
             with self._lock:
                 self._conns += [client, server]
+                self.connections += 1
             for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+                threading.Thread(target=self._pipe, args=(a, b, b is client), daemon=True).start()
 
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, counted: bool) -> None:
         try:
             while data := src.recv(65536):
                 dst.sendall(data)
+                if counted:
+                    with self._lock:
+                        self.bytes_from_target += len(data)
         except OSError:
             pass
         finally:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from loraplane.adapter_format import adapter_digest, file_digest
-from loraplane.serving.lora.disk_cache import STALE_STAGING_SECONDS, DiskCache
+from loraplane.node_cache.store import STALE_STAGING_SECONDS, DiskCache
 
 KB = 1024
 

@@ -136,6 +136,16 @@ class DiskCache:
             self._pinned.discard(source)
 
     # reads ----------------------------------------------------------------------------------
+    def cached_bytes(self, source: str, digest: str) -> int | None:
+        """The bytes of this source's copy with this digest if one is on disk, without hashing it
+        (a report, not a read: :meth:`get` verifies)."""
+        alias = self._alias(source)
+        content = str(alias.get("content", ""))
+        if parse_digest(digest) not in (str(alias.get("weights", "")), f"sha256:{content}") or not _CONTENT_NAME.match(content):
+            return None
+        with self._lock:
+            return self.tier.size(content)
+
     def get(self, source: str, digest: str) -> tuple[str, Path] | None:
         """(weights digest, folder) of this source's cached copy if it has this digest (the
         adapter's, or the earlier form's of the weights alone) and still matches its content

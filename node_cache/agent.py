@@ -1,0 +1,251 @@
+"""The node agent: the only writer of a node's cache, serving the pods on its node.
+
+Serving pods mount the cache read-only and ask the agent for an adapter version
+(:meth:`NodeAgent.acquire`): a verified hit, or a fetch from the source with the agent's own
+object-store credentials, after which the pod reads the folder under a lease that keeps it from
+eviction until released (or until the lease expires, so a pod that dies mid-read does not hold it
+forever). One fetch per source at a time, however many pods ask at once.
+
+The operator tells the agent what the node should hold (:meth:`stage`: the hot set, pinned and
+prefetch-marked adapters, next versions, most wanted first) and reads back what it holds
+(:meth:`state`). A background thread fetches what is staged and missing, in that order, until the
+staged set would exceed the byte bound (reported, so the operator can say the hot set does not
+fit), retries transient failures with backoff, and copies the base once (``base_copy``).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loraplane.adapter_format import AdapterValidationError
+from loraplane.adapter_format.sources import S3Settings
+from loraplane.node_cache.base_copy import BaseDigestMismatch, BaseStore
+from loraplane.node_cache.fetch import acquire
+from loraplane.node_cache.models import (
+    Acquired,
+    BaseState,
+    NodeCacheState,
+    StagedAdapter,
+    StagedState,
+)
+from loraplane.node_cache.store import DiskCache
+
+log = logging.getLogger("loraplane.node_agent")
+
+RETRY_BASE, RETRY_MAX = 1.0, 300.0  # a failed staging fetch or base copy is retried after this, doubling
+
+
+@dataclass
+class _Retry:
+    error: str
+    permanent: bool
+    failures: int = 1
+    at: float = field(default_factory=time.monotonic)
+
+    def due(self) -> bool:
+        return not self.permanent and time.monotonic() >= self.at + min(RETRY_MAX, RETRY_BASE * 2 ** (self.failures - 1))
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        root: Path,
+        node: str,
+        *,
+        max_bytes: int | None,
+        s3: S3Settings | None = None,
+        policy: str = "demand",
+        lease_seconds: float = 300.0,
+        base_source: str | None = None,
+        base_digest: str | None = None,
+        on_fetch: Callable[[float], None] | None = None,
+    ) -> None:
+        self.store = DiskCache(root, max_bytes=max_bytes, policy=policy)
+        self.bases = BaseStore(root)
+        self.node, self.s3, self.lease_seconds, self.on_fetch = node, s3, lease_seconds, on_fetch
+        self.hits = self.misses = 0
+        self.fetch_seconds_total = 0.0
+        self.staged_bytes, self.staged_fit = 0, True
+        self._lock = threading.Lock()
+        self._source_locks: dict[str, threading.Lock] = {}
+        self._leases: dict[str, tuple[Path, float]] = {}
+        self._staging: list[StagedAdapter] = []
+        self._retries: dict[tuple[str, str], _Retry] = {}
+        self._pod_pins: dict[str, set[str]] = {}
+        self._pinned: set[str] = set()
+        self.base = BaseState(source=base_source) if base_source else None
+        self._base_digest = base_digest
+        self._base_retry_state: _Retry | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="node-agent-staging", daemon=True)
+
+    # serving pods ---------------------------------------------------------------------------
+    def acquire(self, source: str, digest: str | None, *, counted: bool = True) -> Acquired:
+        """A verified copy of the version on this node (fetched if need be), held under a lease.
+        ``counted``: a pod's read, which the hit rate is about (staging's own reads are not)."""
+        with self._lock:
+            source_lock = self._source_locks.setdefault(source, threading.Lock())
+        start = time.perf_counter()
+        with source_lock:
+            got = acquire(self.store, source, digest, self.s3)
+        seconds = time.perf_counter() - start
+        lease = secrets.token_hex(16)
+        with self._lock:
+            if got.tier != "disk":
+                self.fetch_seconds_total += seconds
+            if counted and got.tier == "disk":
+                self.hits += 1
+            elif counted:
+                self.misses += 1
+            self._leases[lease] = (got.folder, time.monotonic() + self.lease_seconds)
+        if got.tier != "disk" and self.on_fetch is not None:
+            self.on_fetch(seconds)
+        return Acquired(lease=lease, content=got.folder.name, weights_digest=got.weights_digest, tier=got.tier)
+
+    def release(self, lease: str) -> None:
+        """The pod has read the folder. An unknown lease (expired, or released twice) is no error."""
+        with self._lock:
+            held = self._leases.pop(lease, None)
+        if held is not None:
+            self.store.release(held[0])
+
+    def set_pins(self, client: str, sources: list[str]) -> None:
+        """One pod's pinned sources, replacing what it said before."""
+        with self._lock:
+            self._pod_pins[client] = set(sources)
+        self._apply_pins()
+
+    # the operator ---------------------------------------------------------------------------
+    def stage(self, adapters: list[StagedAdapter]) -> None:
+        with self._lock:
+            self._staging = list(adapters)
+            wanted = {(a.source, a.digest) for a in adapters}
+            self._retries = {k: r for k, r in self._retries.items() if k in wanted}
+        self._apply_pins()
+        self._wake.set()
+
+    def state(self) -> NodeCacheState:
+        with self._lock:
+            staging, retries = list(self._staging), dict(self._retries)
+        staged = []
+        for a in staging:
+            retry = retries.get((a.source, a.digest))
+            cached = self.store.cached_bytes(a.source, a.digest) is not None
+            staged.append(StagedState(source=a.source, digest=a.digest, cached=cached, error=retry.error if retry else None))
+        return NodeCacheState(
+            node=self.node, bytes=self.store.used_bytes, max_bytes=self.store.max_bytes, entries=len(self.store),
+            hits=self.hits, misses=self.misses, evictions=self.store.evictions,
+            fetch_seconds_total=round(self.fetch_seconds_total, 6), staged=staged, staged_bytes=self.staged_bytes,
+            staged_fit=self.staged_fit, base=self.base.model_copy() if self.base else None,
+        )  # fmt: skip
+
+    def _apply_pins(self) -> None:
+        with self._lock:
+            wanted = set().union(*self._pod_pins.values()) | {a.source for a in self._staging if a.pinned}
+            added, removed = wanted - self._pinned, self._pinned - wanted
+            self._pinned = wanted
+        for source in added:
+            self.store.pin(source)
+        for source in removed:
+            self.store.unpin(source)
+
+    # the background thread ------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    def _run(self, interval: float = 5.0) -> None:
+        while not self._stop.is_set():
+            self._reap_leases()
+            self._copy_base()
+            self._fill()
+            self._wake.wait(interval)
+            self._wake.clear()
+
+    def _reap_leases(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            expired = [lease for lease, (_, until) in self._leases.items() if until < now]
+        for lease in expired:
+            log.warning("lease %s expired unreleased: its folder may be evicted again", lease)
+            self.release(lease)
+
+    def _copy_base(self) -> None:
+        if self.base is None or self.base.ready:
+            return
+        if self._base_retry_state is not None and not self._base_retry_state.due():
+            return
+        try:
+            digest, _ = self.bases.ensure(self.base.source, self._base_digest, self.s3)
+        except Exception as err:  # reported in state, retried with backoff unless the files are wrong
+            previous = self._base_retry_state
+            message = f"{type(err).__name__}: {err}"[:1024]
+            self._base_retry_state = _Retry(
+                message, isinstance(err, BaseDigestMismatch), (previous.failures + 1) if previous else 1
+            )
+            self.base = self.base.model_copy(update={"error": message})
+            log.warning("base %s not copied: %s", self.base.source, message)
+            return
+        self._base_retry_state = None
+        self.base = self.base.model_copy(update={"digest": digest, "ready": True, "error": None})
+
+    def _fill(self) -> None:
+        """Fetch staged versions in the operator's order while the staged set fits the bound."""
+        with self._lock:
+            staging = list(self._staging)
+        total, fit = 0, True
+        for a in staging:
+            if self._stop.is_set():
+                return
+            size = self.store.cached_bytes(a.source, a.digest)
+            if size is None:
+                if self.store.max_bytes is not None and total >= self.store.max_bytes:
+                    fit = False
+                    break
+                size = self._stage_one(a)
+                if size is None:
+                    continue
+            total += size
+            if self.store.max_bytes is not None and total > self.store.max_bytes:
+                fit = False
+                break
+        self.staged_bytes, self.staged_fit = total, fit
+
+    def _stage_one(self, a: StagedAdapter) -> int | None:
+        key = (a.source, a.digest)
+        retry = self._retries.get(key)
+        if retry is not None and not retry.due():
+            return None
+        try:
+            got = self.acquire(a.source, a.digest, counted=False)
+        except Exception as err:  # reported in state; refused files wait for a new digest
+            message = f"{type(err).__name__}: {err}"[:1024]
+            with self._lock:
+                self._retries[key] = _Retry(message, isinstance(err, AdapterValidationError), retry.failures + 1 if retry else 1)
+            return None
+        self.release(got.lease)
+        with self._lock:
+            self._retries.pop(key, None)
+        if got.tier == "cold" and not self._digest_matches(a, got):
+            return None
+        return self.store.cached_bytes(a.source, a.digest)
+
+    def _digest_matches(self, a: StagedAdapter, got: Acquired) -> bool:
+        """A fetch stores whatever the source holds now; a staged digest it does not match is the
+        operator's to know (a source overwritten in place), not a reason to drop the files."""
+        if a.digest in (got.weights_digest, f"sha256:{got.content}"):
+            return True
+        with self._lock:
+            self._retries[(a.source, a.digest)] = _Retry(f"DigestMismatch: {a.source} now holds sha256:{got.content}", True)
+        return False

@@ -1,0 +1,116 @@
+"""The node agent's HTTP API (FastAPI, as the replicas'), and its Prometheus series.
+
+Every call but ``/health`` and ``/metrics`` takes the BaseModel's admin token: the serving pods
+and the operator hold it, nothing else on the node does. The series carry no adapter or tenant
+names (only the node's figures), so ``/metrics`` is open to the scraper.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import FastAPI, Header, HTTPException, Response
+from prometheus_client import CollectorRegistry, Histogram, make_asgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from loraplane.adapter_format import AdapterValidationError
+from loraplane.admin_api.auth import bearer_matches
+from loraplane.node_cache.agent import NodeAgent
+from loraplane.node_cache.models import Acquired, AcquireRequest, NodeCacheState, PinsRequest, ReleaseRequest, StagingRequest
+
+Auth = Annotated[str | None, Header()]  # at module level: the routes' annotations are resolved here
+FETCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
+
+
+class _Figures(Collector):
+    def __init__(self, agent: NodeAgent) -> None:
+        self.agent = agent
+
+    def collect(self) -> Iterator[Metric]:
+        a, node = self.agent, [self.agent.node]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=["node"])
+            g.add_metric(node, value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=["node"])
+            c.add_metric(node, value)
+            return c
+
+        yield gauge("loraplane_node_cache_bytes", "Bytes of adapter files in the node cache", a.store.used_bytes)
+        yield gauge("loraplane_node_cache_entries", "Adapter folders in the node cache", len(a.store))
+        if a.store.max_bytes is not None:
+            yield gauge("loraplane_node_cache_limit_bytes", "The node cache's bound", a.store.max_bytes)
+        yield gauge("loraplane_node_cache_staged_bytes", "Bytes of the adapters the operator staged, on the node", a.staged_bytes)
+        yield gauge(
+            "loraplane_node_cache_staged_fit",
+            "1 while the staged set fits the bound; 0: the hot set is larger",
+            float(a.staged_fit),
+        )
+        yield counter("loraplane_node_cache_hits", "Serving pods' reads the node cache answered", a.hits)
+        yield counter("loraplane_node_cache_misses", "Serving pods' reads fetched from object storage", a.misses)
+        yield counter("loraplane_node_cache_evictions", "Adapter folders deleted to stay in the bound", a.store.evictions)
+        if a.base is not None:
+            yield gauge("loraplane_node_cache_base_ready", "1 once the base's verified copy is on the node", float(a.base.ready))
+
+
+def create_agent_app(agent: NodeAgent, token: str | None, registry: CollectorRegistry | None = None) -> FastAPI:
+    """``registry``: where the fetch latency histogram and the figures go (a fresh one by default)."""
+    registry = registry or CollectorRegistry()
+    registry.register(_Figures(agent))
+    fetches = Histogram(
+        "loraplane_node_cache_fetch_seconds", "Fetches from object storage into the node cache", ["node"],
+        buckets=FETCH_BUCKETS, registry=registry,
+    )  # fmt: skip
+    agent.on_fetch = fetches.labels(agent.node).observe
+    app = FastAPI(title="loraplane node agent", docs_url=None, redoc_url=None)
+    app.mount("/metrics", make_asgi_app(registry))
+
+    def check(authorization: str | None) -> None:
+        if token and not bearer_matches(authorization, token):
+            raise HTTPException(401, "the node agent needs the BaseModel's admin token")
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/v1/acquire")
+    def acquire(body: AcquireRequest, authorization: Auth = None) -> Acquired:
+        check(authorization)
+        try:
+            return agent.acquire(body.source, body.digest)
+        except AdapterValidationError as err:  # the source's files are refused: the caller's to report
+            raise HTTPException(422, {"code": err.code.value, "message": err.message}) from None
+        except ValueError as err:  # a source no fetcher opens
+            raise HTTPException(400, {"code": "bad_source", "message": str(err)}) from None
+        except Exception as err:  # the store unreachable, a disk error: the caller retries with backoff
+            raise HTTPException(503, {"code": "unavailable", "message": f"{type(err).__name__}: {err}"}) from None
+
+    @app.post("/v1/release", status_code=204)
+    def release(body: ReleaseRequest, authorization: Auth = None) -> Response:
+        check(authorization)
+        agent.release(body.lease)
+        return Response(status_code=204)
+
+    @app.put("/v1/pins", status_code=204)
+    def pins(body: PinsRequest, authorization: Auth = None) -> Response:
+        check(authorization)
+        agent.set_pins(body.client, body.sources)
+        return Response(status_code=204)
+
+    @app.put("/v1/staging", status_code=204)
+    def staging(body: StagingRequest, authorization: Auth = None) -> Response:
+        check(authorization)
+        agent.stage(body.adapters)
+        return Response(status_code=204)
+
+    @app.get("/v1/state")
+    def state(authorization: Auth = None) -> NodeCacheState:
+        check(authorization)
+        return agent.state()
+
+    return app

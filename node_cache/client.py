@@ -1,0 +1,88 @@
+"""Clients of the node agent's API: a blocking one for a serving pod's loader threads and an async
+one for the operator. Plain httpx, as the admin client, for the same reasons (a handful of calls
+whose bodies are ``models``; timeouts the callers choose)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from loraplane.adapter_format import AdapterValidationError, ErrorCode
+from loraplane.node_cache.models import Acquired, AcquireRequest, NodeCacheState, PinsRequest, ReleaseRequest, StagingRequest
+
+
+class AgentUnavailable(RuntimeError):
+    """The agent did not answer, or answered that the fetch failed for a reason that may pass."""
+
+
+def _raise_for(response: httpx.Response, url: str) -> None:
+    if response.is_success:
+        return
+    try:
+        detail: Any = response.json().get("detail")
+    except ValueError:
+        detail = response.text[:512]
+    if response.status_code == 422 and isinstance(detail, dict) and detail.get("code") in ErrorCode._value2member_map_:
+        raise AdapterValidationError(ErrorCode(detail["code"]), str(detail.get("message", "")))
+    message = detail.get("message", detail) if isinstance(detail, dict) else detail
+    raise AgentUnavailable(f"node agent {url}: {response.status_code} {message}")
+
+
+class AgentClient:
+    """A serving pod's calls: each one a short request but ``acquire``, which waits for a fetch."""
+
+    def __init__(self, url: str, token: str | None, *, fetch_timeout: float = 900.0) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(headers=headers, timeout=httpx.Timeout(10.0))
+        self.fetch_timeout = fetch_timeout
+
+    def _call(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> httpx.Response:
+        payload = body.model_dump(mode="json", exclude_none=True) if body is not None else None
+        try:
+            response = self.http.request(method, self.url + path, json=payload, timeout=timeout or httpx.USE_CLIENT_DEFAULT)
+        except httpx.HTTPError as err:
+            raise AgentUnavailable(f"node agent {self.url}: {type(err).__name__}: {err}") from None
+        _raise_for(response, self.url)
+        return response
+
+    def acquire(self, source: str, digest: str | None) -> Acquired:
+        return Acquired.model_validate(
+            self._call("POST", "/v1/acquire", AcquireRequest(source=source, digest=digest), self.fetch_timeout).json()
+        )
+
+    def release(self, lease: str) -> None:
+        self._call("POST", "/v1/release", ReleaseRequest(lease=lease))
+
+    def set_pins(self, client: str, sources: list[str]) -> None:
+        self._call("PUT", "/v1/pins", PinsRequest(client=client, sources=sources))
+
+    def state(self) -> NodeCacheState:
+        return NodeCacheState.model_validate(self._call("GET", "/v1/state").json())
+
+    def close(self) -> None:
+        self.http.close()
+
+
+class AsyncAgentClient:
+    """The operator's calls to one node's agent, on the caller's connection pool."""
+
+    def __init__(self, url: str, token: str | None, http: httpx.AsyncClient, timeout: float = 10.0) -> None:
+        self.url, self.http, self.timeout = url.rstrip("/"), http, timeout
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def _call(self, method: str, path: str, body: Any = None) -> httpx.Response:
+        payload = body.model_dump(mode="json", exclude_none=True) if body is not None else None
+        try:
+            response = await self.http.request(method, self.url + path, json=payload, headers=self.headers, timeout=self.timeout)
+        except httpx.HTTPError as err:
+            raise AgentUnavailable(f"node agent {self.url}: {type(err).__name__}: {err}") from None
+        _raise_for(response, self.url)
+        return response
+
+    async def stage(self, request: StagingRequest) -> None:
+        await self._call("PUT", "/v1/staging", request)
+
+    async def state(self) -> NodeCacheState:
+        return NodeCacheState.model_validate((await self._call("GET", "/v1/state")).json())

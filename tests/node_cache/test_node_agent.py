@@ -1,0 +1,217 @@
+"""The node agent as a real process on loopback against an S3 server (moto behind a proxy that
+counts what is read from it), with serving engines that read their adapters and base from it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from engine_helpers import engine_greedy, tiny_engine
+from flaky_proxy import flaky_proxy
+from node_agent_process import TOKEN, call, node_agent
+from s3_server import moto_server, upload_folder
+from waiting import wait_for
+
+from loraplane.adapter_format import adapter_digest
+from loraplane.node_cache.base_copy import folder_digest, published_path
+from loraplane.serving.api.admin_view import replica_stats
+
+PROMPT = [5, 6, 7, 8]
+
+
+@pytest.fixture(scope="module")
+def store(tiny_llama: Path, tiny_adapters: dict[str, Path]):
+    """(the proxy the agents read through, each adapter's URI) on one moto server."""
+    with moto_server() as endpoint, flaky_proxy(endpoint) as proxy:
+        uris = {name: upload_folder(endpoint, "adapters", f"acme/{name}", folder) for name, folder in tiny_adapters.items()}
+        uris["base"] = upload_folder(endpoint, "models", "tiny-llama", tiny_llama)
+        yield proxy, uris
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory) -> dict[str, list[int]]:
+    engine = tiny_engine(tiny_llama, tmp_path_factory.mktemp("ref"), tiny_adapters)
+    return {name: engine_greedy(engine, [(PROMPT, name)], 6)[0][0] for name in tiny_adapters}
+
+
+def pod(base: Path, node_cache: Path, url: str, scratch: Path, monkeypatch: pytest.MonkeyPatch, name: str | None = None):  # type: ignore[no-untyped-def]
+    """A serving process on the node: its own scratch cache, the node cache read through the agent.
+    ``name``: the base's model id (the adapters name the folder they were trained on)."""
+    monkeypatch.setenv("LORAPLANE_ADMIN_TOKEN", TOKEN)
+    return tiny_engine(base, scratch, max_loras=2, node_cache_url=url, node_cache_dir=node_cache, base_name=name)
+
+
+def answer(engine, name: str) -> list[int]:  # type: ignore[no-untyped-def]
+    from loraplane.serving.engine.sampling_params import SamplingParams
+    from loraplane.serving.engine.sequence import FinishReason
+
+    (out,) = engine.generate([PROMPT], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True), [name])
+    assert out.finish_reason is not FinishReason.ERROR, out.error
+    return list(out.token_ids)
+
+
+def fetched_from(engine, name: str) -> str:  # type: ignore[no-untyped-def]
+    """Where the adapter's files came from: disk (the node cache had them) or cold (fetched)."""
+    (tier,) = set(replica_stats(engine).adapters[name].load_seconds) & {"disk", "cold"}
+    return tier
+
+
+def state(url: str) -> dict:  # type: ignore[type-arg]
+    response = call(url, "GET", "/v1/state")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_two_pods_on_a_node_share_one_fetch(store, tiny_llama, tiny_adapters, reference, tmp_path, monkeypatch) -> None:
+    from loraplane.serving.lora.entries import AdapterSpec
+
+    proxy, uris = store
+    digest = adapter_digest(tiny_adapters["mlp16"])
+    with node_agent(tmp_path / "node", proxy.url) as url:
+        first = pod(tiny_llama, tmp_path / "node", url, tmp_path / "pod-a", monkeypatch)
+        first.register_lora(AdapterSpec("mlp16", uris["mlp16"], digest=digest))
+        assert answer(first, "mlp16") == reference["mlp16"]
+        assert fetched_from(first, "mlp16") == "cold"
+        read = proxy.bytes_from_target
+        second = pod(tiny_llama, tmp_path / "node", url, tmp_path / "pod-b", monkeypatch)
+        second.register_lora(AdapterSpec("mlp16", uris["mlp16"], digest=digest))
+        assert answer(second, "mlp16") == reference["mlp16"]
+        assert fetched_from(second, "mlp16") == "disk"
+        assert proxy.bytes_from_target == read  # the second pod's load read nothing from the store
+        # The pods wrote nothing of their own: the files are the agent's, on the node.
+        assert not list((tmp_path / "pod-a").glob("adapters/*/adapter_model.safetensors"))
+        figures = state(url)
+        assert (figures["hits"], figures["misses"], figures["entries"]) == (1, 1, 1)
+        assert replica_stats(second).disk_cache.entries == 1 or wait_for(
+            "the pod's node cache figures", lambda: replica_stats(second).disk_cache.entries == 1, timeout=15
+        )
+
+
+def test_a_staged_adapter_serves_a_restarted_pod_without_reading_the_store(
+    store, tiny_llama, tiny_adapters, reference, tmp_path, monkeypatch
+) -> None:
+    from loraplane.serving.lora.entries import AdapterSpec
+
+    proxy, uris = store
+    digest = adapter_digest(tiny_adapters["qv4"])
+    with node_agent(tmp_path / "node", proxy.url) as url:
+        staged = call(url, "PUT", "/v1/staging", {"adapters": [{"source": uris["qv4"], "digest": digest}]})
+        assert staged.status_code == 204, staged.text
+        wait_for("qv4 staged on the node", lambda: state(url)["staged"][0]["cached"], timeout=30)
+        connections = proxy.connections
+        # A pod (a restart, or a new one on the node) serves its first request without the store.
+        engine = pod(tiny_llama, tmp_path / "node", url, tmp_path / "pod", monkeypatch)
+        engine.register_lora(AdapterSpec("qv4", uris["qv4"], digest=digest))
+        assert answer(engine, "qv4") == reference["qv4"]
+        assert fetched_from(engine, "qv4") == "disk"
+        assert proxy.connections == connections
+    # The agent itself restarted: its cache is still the node's.
+    with node_agent(tmp_path / "node", proxy.url) as url:
+        restarted = pod(tiny_llama, tmp_path / "node", url, tmp_path / "pod-2", monkeypatch)
+        restarted.register_lora(AdapterSpec("qv4", uris["qv4"], digest=digest))
+        assert answer(restarted, "qv4") == reference["qv4"]
+        assert proxy.connections == connections
+
+
+def test_the_node_cache_stays_in_its_bound_keeping_what_is_pinned(store, tiny_adapters, tmp_path) -> None:
+    proxy, uris = store
+    names = ["mlp16", "qv4", "all8"]
+    sizes = {n: (tiny_adapters[n] / "adapter_model.safetensors").stat().st_size for n in names}
+    bound = sizes["mlp16"] + max(sizes["qv4"], sizes["all8"]) + 4096  # the pinned one and one more
+    with node_agent(tmp_path / "node", proxy.url, "--max-bytes", str(bound)) as url:
+        wanted = [{"source": uris[n], "digest": adapter_digest(tiny_adapters[n]), "pinned": n == "mlp16"} for n in names]
+        assert call(url, "PUT", "/v1/staging", {"adapters": wanted}).status_code == 204
+        figures = wait_for("staging to settle", lambda: (s := state(url))["staged_fit"] is False and s)
+        assert figures["bytes"] <= bound
+        assert figures["staged"][0]["cached"], "the pinned adapter was evicted"
+        # Pods' reads of the others cycle through the remaining room; the pinned one stays.
+        for name in ["all8", "qv4", "all8"]:
+            got = call(url, "POST", "/v1/acquire", {"source": uris[name], "digest": adapter_digest(tiny_adapters[name])})
+            assert got.status_code == 200, got.text
+            assert call(url, "POST", "/v1/release", {"lease": got.json()["lease"]}).status_code == 204
+            figures = state(url)
+            assert figures["bytes"] <= bound and figures["staged"][0]["cached"]
+        assert figures["evictions"] >= 2
+
+
+def test_a_corrupted_node_cache_file_is_fetched_again(store, tiny_adapters, tmp_path) -> None:
+    proxy, uris = store
+    request = {"source": uris["mlp16"], "digest": adapter_digest(tiny_adapters["mlp16"])}
+    with node_agent(tmp_path / "node", proxy.url) as url:
+        first = call(url, "POST", "/v1/acquire", request).json()
+        call(url, "POST", "/v1/release", {"lease": first["lease"]})
+        weights = tmp_path / "node" / "adapters" / first["content"] / "adapter_model.safetensors"
+        data = bytearray(weights.read_bytes())
+        data[-1] ^= 0xFF
+        weights.write_bytes(bytes(data))
+        again = call(url, "POST", "/v1/acquire", request).json()
+        assert again["tier"] == "cold" and again["content"] == first["content"]
+        assert (tmp_path / "node" / "adapters" / again["content"] / "adapter_model.safetensors").read_bytes() == (
+            tiny_adapters["mlp16"] / "adapter_model.safetensors"
+        ).read_bytes()
+
+
+def test_refused_files_fail_their_own_call_with_the_reason(store, tmp_path) -> None:
+    proxy, _ = store
+    with node_agent(tmp_path / "node", proxy.url) as url:
+        missing = call(url, "POST", "/v1/acquire", {"source": "s3://adapters/acme/nothing-here"})
+        assert missing.status_code == 422 and missing.json()["detail"]["code"] == "MissingFile"
+        assert call(url, "GET", "/v1/state").status_code == 200  # the agent serves on
+
+
+def test_every_call_but_health_and_metrics_needs_the_token(store, tmp_path) -> None:
+    import httpx
+
+    proxy, uris = store
+    with node_agent(tmp_path / "node", proxy.url) as url:
+        for method, path, body in [("GET", "/v1/state", None), ("POST", "/v1/acquire", {"source": uris["qv4"]}),
+                                   ("PUT", "/v1/staging", {"adapters": []}), ("PUT", "/v1/pins", {"client": "x"})]:  # fmt: skip
+            refused = httpx.request(method, url + path, json=body, headers={"Authorization": "Bearer wrong"})
+            assert refused.status_code == 401, path
+        assert httpx.get(url + "/health").status_code == 200
+        metrics = httpx.get(url + "/metrics/").text
+        assert 'loraplane_node_cache_bytes{node="node-1"}' in metrics
+
+
+def wait_base(cache: Path, source: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "loraplane.cli", "node-agent", "--cache-dir", str(cache), "wait-base",
+               "--source", source, "--timeout", str(timeout)]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_a_base_whose_digest_differs_is_never_published(store, tmp_path) -> None:
+    proxy, uris = store
+    wrong = "sha256:" + "1" * 64
+    with node_agent(tmp_path / "node", proxy.url, "--base-source", uris["base"], "--base-digest", wrong) as url:
+        base = wait_for("the base copy to fail", lambda: (b := state(url)["base"])["error"] and b)
+        assert "BaseDigestMismatch" in base["error"] and not base["ready"]
+        assert not published_path(tmp_path / "node", uris["base"]).exists()
+        assert not [p for p in (tmp_path / "node" / "bases").iterdir() if p.name != "by-source"]  # nothing half-kept
+        waited = wait_base(tmp_path / "node", uris["base"], timeout=1)
+        assert waited.returncode != 0 and "not published" in waited.stderr
+
+
+def test_the_base_is_copied_once_per_node_and_serves_two_pods(
+    store, tiny_llama, tiny_adapters, reference, tmp_path, monkeypatch
+) -> None:
+    from loraplane.serving.lora.entries import AdapterSpec
+
+    proxy, uris = store
+    digest = folder_digest(tiny_llama)
+    with node_agent(tmp_path / "node", proxy.url, "--base-source", uris["base"], "--base-digest", digest) as url:
+        wait_for("the base on the node", lambda: state(url)["base"]["ready"], timeout=60)
+        waited = wait_base(tmp_path / "node", uris["base"], timeout=10)
+        assert waited.returncode == 0, waited.stderr
+        path = Path(waited.stdout.strip())
+        assert folder_digest(path.resolve()) == digest
+        read = proxy.bytes_from_target
+        pods = [pod(path, tmp_path / "node", url, tmp_path / f"pod-{i}", monkeypatch, str(tiny_llama)) for i in range(2)]
+        for engine in pods:
+            engine.register_lora(AdapterSpec("qv4", f"file://{tiny_adapters['qv4']}"))
+            assert answer(engine, "qv4") == reference["qv4"]
+        assert proxy.bytes_from_target == read  # neither pod read the base from the store
+    with node_agent(tmp_path / "node", proxy.url, "--base-source", uris["base"], "--base-digest", digest) as url:
+        wait_for("the base on the node", lambda: state(url)["base"]["ready"], timeout=60)
+        assert proxy.bytes_from_target == read  # a restarted agent finds its copy
