@@ -1,7 +1,7 @@
 """A small async client of the replicas' admin API, used by the operator and the router.
 
 Plain httpx rather than a generated client: the contract is a handful of calls whose bodies are
-the models in ``models``, and the callers need control of pooling and timeouts (see ``_pool``).
+the models in ``models``, and the callers need control of pooling and timeouts (see ``shared_pool``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class ReplicaError(RuntimeError):
 _POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
 
 
-def _pool() -> httpx.AsyncClient:
+def shared_pool() -> httpx.AsyncClient:
     """One connection pool per event loop for every admin call a process makes. A client per
     reconcile would build a TLS context each time; with a fleet of 2,000 adapters reconciling at
     once that took gigabytes and most of a core before the first adapter was Ready."""
@@ -59,7 +59,7 @@ class AdminClient:
         timeout = httpx.Timeout(self.timeout, pool=None)
         payload = body.model_dump(mode="json", exclude_none=True) if body is not None else None
         try:
-            r = await (self.http or _pool()).request(
+            r = await (self.http or shared_pool()).request(
                 method, f"{self.url}{path}", json=payload, headers=self.headers, timeout=timeout
             )
         except httpx.HTTPError as err:

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 
 from loraplane.adapter_format import AdapterValidationError, ErrorCode
+from loraplane.admin_api.client import shared_pool
 from loraplane.node_cache.models import Acquired, AcquireRequest, NodeCacheState, PinsRequest, ReleaseRequest, StagingRequest
 
 
@@ -66,16 +67,19 @@ class AgentClient:
 
 
 class AsyncAgentClient:
-    """The operator's calls to one node's agent, on the caller's connection pool."""
+    """The operator's calls to one node's agent, on the process's shared connection pool (the one
+    its admin calls use)."""
 
-    def __init__(self, url: str, token: str | None, http: httpx.AsyncClient, timeout: float = 10.0) -> None:
-        self.url, self.http, self.timeout = url.rstrip("/"), http, timeout
+    def __init__(self, url: str, token: str | None, timeout: float = 10.0) -> None:
+        self.url, self.timeout = url.rstrip("/"), timeout
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     async def _call(self, method: str, path: str, body: Any = None) -> httpx.Response:
         payload = body.model_dump(mode="json", exclude_none=True) if body is not None else None
         try:
-            response = await self.http.request(method, self.url + path, json=payload, headers=self.headers, timeout=self.timeout)
+            response = await shared_pool().request(
+                method, self.url + path, json=payload, headers=self.headers, timeout=self.timeout
+            )
         except httpx.HTTPError as err:
             raise AgentUnavailable(f"node agent {self.url}: {type(err).__name__}: {err}") from None
         _raise_for(response, self.url)

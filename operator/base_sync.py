@@ -6,7 +6,10 @@ Every ``sync_interval`` seconds, per BaseModel:
 2. the replicas' per-adapter counters become each LoraAdapter's ``status.metrics`` — written only
    when a figure moved and at most once per ``metrics_interval`` per adapter;
 3. auto-pinning pins the hot set that fits the device slots (minus headroom), with hysteresis;
-4. the BaseModel's own status: replicas, fingerprint, Ready adapters, pins, and the replicas'
+4. with ``nodeCache.enabled``, every node agent is told what to hold and read back
+   (``node_cache_sync``): per-node state and the ``NodeCachesReady`` condition on the BaseModel,
+   ``nodesCached`` on each LoraAdapter;
+5. the BaseModel's own status: replicas, fingerprint, Ready adapters, pins, and the replicas'
    per-tenant usage of the last day (refreshed at most once per ``metrics_interval``).
 """
 
@@ -21,8 +24,10 @@ from loraplane.admin_api import AdapterState, AdminClient, ReplicaError
 from loraplane.operator import cluster, decisions
 from loraplane.operator.adapter_flow import parse_status, serving_source, stage
 from loraplane.operator.api.basemodel import MAX_STATUS_TENANTS, BaseModelSpec, TenantUsage, UsageStatus
+from loraplane.operator.api.common import Condition
 from loraplane.operator.api.loraadapter import LoraAdapterSpec
-from loraplane.operator.conditions import now_rfc3339
+from loraplane.operator.conditions import now_rfc3339, set_condition
+from loraplane.operator.node_cache_sync import sync_node_caches
 from loraplane.operator.settings import OperatorSettings
 from loraplane.usage.rollup import merge
 
@@ -68,9 +73,11 @@ def _adapters_of(base: str, objects: list[dict[str, Any]]) -> list[AdapterView]:
 
 
 async def sync_base(
-    name: str, namespace: str, spec_raw: Mapping[str, Any], memory: BaseMemory, settings: OperatorSettings
-) -> dict[str, Any]:
-    """One sync; returns the BaseModel's status patch."""
+    name: str, namespace: str, spec_raw: Mapping[str, Any], memory: BaseMemory, settings: OperatorSettings,
+    conditions: list[Condition] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """One sync; returns the BaseModel's status patch. ``conditions``: the BaseModel's now (the
+    node cache's is set among them, keeping the others)."""
     base = BaseModelSpec.model_validate(dict(spec_raw))
     replicas = await cluster.ready_replicas(namespace, name)
     token = await cluster.admin_token(namespace, name)
@@ -101,10 +108,17 @@ async def sync_base(
             except ReplicaError:
                 continue
     await _apply_pins(pins, ready, stats, clients)
-    await _write_metrics(namespace, ready, stats, memory, settings)
+    node_caches = None
+    if base.node_cache.enabled:
+        now = time.monotonic()
+        rates = {served: rate for served in ready
+                 if (rate := decisions.request_rate(memory.samples.get(served), decisions.sample(now, _entries(stats, served))))
+                 is not None}  # fmt: skip
+        node_caches = await sync_node_caches(name, namespace, base, adapters, pins, rates, token)
+    await _write_metrics(namespace, ready, stats, memory, settings, node_caches.nodes_cached if node_caches else {})
     if time.monotonic() - memory.usage_at >= settings.metrics_interval:
         memory.usage, memory.usage_at = await _usage(list(clients.values())), time.monotonic()
-    return {
+    patch: dict[str, Any] = {
         "phase": "Ready" if replicas else "Progressing",
         "replicas": base.replicas,
         "readyReplicas": len(replicas),
@@ -114,6 +128,13 @@ async def sync_base(
         "usage": memory.usage,
         "observedGeneration": None,
     }
+    if node_caches is not None:
+        patch["nodeCache"] = node_caches.status.body()
+        status_, reason, message = node_caches.condition
+        patch["conditions"] = [
+            c.body() for c in set_condition(list(conditions or []), "NodeCachesReady", status_, reason, message)
+        ]
+    return patch
 
 
 async def _unregister_unclaimed(
@@ -172,7 +193,7 @@ async def _apply_pins(
 
 async def _write_metrics(
     namespace: str, ready: dict[str, AdapterView], stats: ReplicaAdapters, memory: BaseMemory,
-    settings: OperatorSettings,
+    settings: OperatorSettings, nodes_cached: dict[str, int],
 ) -> None:  # fmt: skip
     now = time.monotonic()
     for served, view in ready.items():
@@ -187,11 +208,14 @@ async def _write_metrics(
         # What the replicas report, not what was asked: a replica refuses a pin that would take
         # its last unpinned slot (the adapter's Pinned condition says so).
         pinned = bool(entries) and all(e.pinned for e in entries)
-        pinned_changed = view.status.pinned != pinned
+        cached_on = nodes_cached.get(served)
+        placement_changed = view.status.pinned != pinned or view.status.nodes_cached != cached_on
         refresh_due = now - memory.last_write.get(served, -1e9) >= settings.metrics_refresh
-        if not decisions.worth_writing(view.status.metrics, new, refresh_due=refresh_due) and not pinned_changed:
+        if not decisions.worth_writing(view.status.metrics, new, refresh_due=refresh_due) and not placement_changed:
             continue
-        patch = {"metrics": new.body(), "replicas": placements, "pinned": pinned}
+        patch: dict[str, Any] = {"metrics": new.body(), "replicas": placements, "pinned": pinned}
+        if cached_on is not None:
+            patch["nodesCached"] = cached_on
         await cluster.patch_status(namespace, "loraadapters", view.name, patch)
         memory.last_write[served] = now
 

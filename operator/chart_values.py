@@ -240,6 +240,10 @@ class TenantSaturation(KubeModel):
     min_tokens_per_second: float = Field(default=50, ge=0)
 
 
+class NodeCacheAlert(KubeModel):
+    for_: str = Field(default="30m", alias="for", pattern=r"^[0-9]+(s|m|h)$", description="how long the hot set may not fit")
+
+
 class AdapterStatus(KubeModel):
     enabled: bool = Field(default=False, description="needs kube-state-metrics with files/kube-state-metrics.yaml")
 
@@ -250,6 +254,7 @@ class PrometheusRule(KubeModel):
     slot_thrash: SlotThrash = Field(default_factory=SlotThrash)
     cold_starts: ColdStarts = Field(default_factory=ColdStarts)
     tenant_saturation: TenantSaturation = Field(default_factory=TenantSaturation)
+    node_cache: NodeCacheAlert = Field(default_factory=NodeCacheAlert)
     adapter_status: AdapterStatus = Field(default_factory=AdapterStatus)
 
 

@@ -17,6 +17,7 @@ import yaml
 from kubernetes.utils import parse_quantity
 
 from loraplane.admin_api import engine_sizing
+from loraplane.operator import node_cache_objects as node_cache
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.cluster import (
     BASE_LABEL,
@@ -33,21 +34,16 @@ from loraplane.operator.usage_wiring import USAGE_DIR, usage_wiring
 CONFIG_HASH = "loraplane.dev/engine-config-sha256"
 
 
-class UnsupportedSource(ValueError):
-    """A base source the serving image cannot open by itself."""
-
-
 def labels(base: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "loraplane", COMPONENT_LABEL: "serving", BASE_LABEL: base}
 
 
-def engine_config(spec: BaseModelSpec) -> dict[str, Any]:
-    uri = spec.source.uri
-    if uri.startswith("s3://"):
-        raise UnsupportedSource(f"{uri}: the serving image opens 'embedded' or a path in the image or a mounted volume")
+def engine_config(spec: BaseModelSpec, name: str = "", namespace: str = "") -> dict[str, Any]:
+    """``name`` and ``namespace`` (the BaseModel's) locate its node agent when the node cache is on."""
+    uri = spec.source.uri  # an s3:// one comes with the node cache (the model's rule)
     e = spec.engine
     config: dict[str, Any] = {
-        "model": uri.removeprefix("file://"),
+        "model": node_cache.base_path(spec) if uri.startswith("s3://") else uri.removeprefix("file://"),
         "base_name": spec.source.name,
         "base_revision": spec.source.revision,
         "dtype": spec.source.dtype,
@@ -62,11 +58,15 @@ def engine_config(spec: BaseModelSpec) -> dict[str, Any]:
         "s3_region": spec.adapter_store.region,
         "cache_dir": "/var/cache/loraplane",
     }
+    if spec.node_cache.enabled:
+        config["node_cache_url"] = node_cache.agent_url(name, namespace)
+        config["node_cache_dir"] = node_cache.NODE_CACHE_MOUNT
+        config["s3_endpoint"] = config["s3_region"] = None  # the agent fetches; the pod holds no store settings
     return {k: v for k, v in config.items() if v is not None}
 
 
-def config_hash(spec: BaseModelSpec) -> str:
-    return hashlib.sha256(yaml.safe_dump(engine_config(spec), sort_keys=True).encode()).hexdigest()
+def config_hash(name: str, namespace: str, spec: BaseModelSpec) -> str:
+    return hashlib.sha256(yaml.safe_dump(engine_config(spec, name, namespace), sort_keys=True).encode()).hexdigest()
 
 
 def config_map(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]:
@@ -74,7 +74,7 @@ def config_map(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": f"{name}-engine", "namespace": namespace, "labels": labels(name)},
-        "data": {"engine.yaml": yaml.safe_dump(engine_config(spec), sort_keys=True)},
+        "data": {"engine.yaml": yaml.safe_dump(engine_config(spec, name, namespace), sort_keys=True)},
     }
 
 
@@ -117,8 +117,18 @@ def deployment(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]
     mounts.append(TMP_MOUNT)
     volumes.append(TMP_VOLUME)
     env_from = []
-    if spec.adapter_store.credentials_secret is not None:
+    # With a node cache the agent fetches adapters and the base: the pods need the store's
+    # credentials only to export usage records.
+    needs_store = not spec.node_cache.enabled or spec.usage.bucket is not None
+    if spec.adapter_store.credentials_secret is not None and needs_store:
         env_from.append({"secretRef": {"name": spec.adapter_store.credentials_secret.name}})
+    init_containers = []
+    if spec.node_cache.enabled:
+        volume, mount = node_cache.serving_volume(name, namespace, spec)
+        volumes.append(volume)
+        mounts.append(mount)
+        if spec.source.uri.startswith("s3://"):
+            init_containers.append(node_cache.wait_for_base(spec, r.image))
     probe = {"httpGet": {"path": "/ready", "port": SERVING_PORT}, "periodSeconds": 5}
     container: dict[str, Any] = {
         "name": "serving",
@@ -136,6 +146,7 @@ def deployment(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]
     }
     pod_spec: dict[str, Any] = {
         "securityContext": POD_SECURITY,
+        **({"initContainers": init_containers} if init_containers else {}),
         "containers": [container],
         "volumes": volumes,
         "terminationGracePeriodSeconds": 60,  # graceful shutdown finishes in-flight requests
@@ -154,7 +165,10 @@ def deployment(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             # The config's hash on the pod template: a changed engine config rolls the pods, which
             # would otherwise keep running with the settings they started with.
-            "template": {"metadata": {"labels": labels(name), "annotations": {CONFIG_HASH: config_hash(spec)}}, "spec": pod_spec},
+            "template": {
+                "metadata": {"labels": labels(name), "annotations": {CONFIG_HASH: config_hash(name, namespace, spec)}},
+                "spec": pod_spec,
+            },
         },
     }
 
@@ -215,6 +229,19 @@ def network_policy(
     return _ingress_policy(f"{name}-serving", namespace, labels(name), [api, metrics_ingress(metrics_namespaces)])
 
 
+def node_cache_network_policy(
+    name: str, namespace: str, operator_namespace: str | None, metrics_namespaces: list[str] | None = None
+) -> dict[str, Any]:
+    """Who reaches the node agents: this base's serving pods and the operator, on the API port."""
+    operator: dict[str, Any] = {"podSelector": {"matchLabels": {COMPONENT_LABEL: "operator"}}}
+    operator["namespaceSelector"] = (
+        {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}} if operator_namespace else {}
+    )
+    api = {"from": [{"podSelector": {"matchLabels": labels(name)}}, operator], "ports": [{"protocol": "TCP", "port": "http"}]}
+    pods = node_cache.node_cache_labels(name)
+    return _ingress_policy(f"{name}-node-cache", namespace, pods, [api, metrics_ingress(metrics_namespaces)])
+
+
 def router_network_policy(name: str, namespace: str, metrics_namespaces: list[str]) -> dict[str, Any]:
     """The routers' API port is the base's front door, open to every client; their metrics port
     only from the named namespaces."""
@@ -243,6 +270,9 @@ def children(
     serving = [config_map(name, namespace, spec), deployment(name, namespace, spec), service(name, namespace)]
     serving.append(disruption_budget(f"{name}-serving", namespace, labels(name)))
     serving.append(network_policy(name, namespace, operator_namespace, metrics_namespaces))
+    if spec.node_cache.enabled:
+        serving += [node_cache.daemon_set(name, namespace, spec), node_cache.service(name, namespace)]
+        serving.append(node_cache_network_policy(name, namespace, operator_namespace, metrics_namespaces))
     router = router_objects(name, namespace, spec)
     router.append(disruption_budget(f"{name}-router", namespace, router_labels(name)))
     if metrics_namespaces:

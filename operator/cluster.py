@@ -178,6 +178,7 @@ async def apply_child(manifest: dict[str, Any]) -> None:
         patch: Any
         create, patch = {
             "Deployment": (apps.create_namespaced_deployment, apps.patch_namespaced_deployment),
+            "DaemonSet": (apps.create_namespaced_daemon_set, apps.patch_namespaced_daemon_set),
             "Service": (core.create_namespaced_service, core.patch_namespaced_service),
             "ConfigMap": (core.create_namespaced_config_map, core.patch_namespaced_config_map),
             "ServiceAccount": (core.create_namespaced_service_account, core.patch_namespaced_service_account),
@@ -199,21 +200,23 @@ async def apply_child(manifest: dict[str, Any]) -> None:
     await asyncio.to_thread(write)
 
 
-def _http_port(pod: Any) -> int:
-    """The ``http`` port the pod's serving container declares (the Deployment's template says 8000;
-    tests that stand in for the kubelet run each replica on its own loopback port)."""
+def _http_port(pod: Any, container_name: str, default: int) -> int:
+    """The ``http`` port the pod's container declares (the manifests say 8000 for serving, 8090
+    for the node agent; tests that stand in for the kubelet run each process on its own loopback
+    port)."""
     for container in pod.spec.containers if pod.spec else []:
-        if container.name == "serving":
+        if container.name == container_name:
             for port in container.ports or []:
                 if port.name == "http":
                     return int(port.container_port)
-    return SERVING_PORT
+    return default
 
 
 @dataclass(frozen=True)
 class Replica:
     name: str
     url: str
+    node: str | None = None
 
 
 def _ready(pod: Any) -> bool:
@@ -222,23 +225,29 @@ def _ready(pod: Any) -> bool:
 
 
 async def ready_replicas(namespace: str, base: str) -> list[Replica]:
-    """The serving Pods of ``base`` that report Ready, with their admin URLs, by name.
+    """The serving Pods of ``base`` that report Ready, with their admin URLs, by name."""
+    return await ready_pods(namespace, base, "serving", "serving", SERVING_PORT)
 
-    The URL is always the pod's own IP and its serving container's ``http`` port: nothing a
-    namespace user can write on a pod (an annotation, a label) sends the admin token elsewhere."""
+
+async def ready_pods(namespace: str, base: str, component: str, container: str, default_port: int) -> list[Replica]:
+    """``base``'s Ready pods of one component (serving replicas, node agents), by name.
+
+    The URL is always the pod's own IP and its container's ``http`` port: nothing a namespace user
+    can write on a pod (an annotation, a label) sends the admin token elsewhere."""
 
     def read() -> list[Replica]:
-        selector = f"{BASE_LABEL}={base},{COMPONENT_LABEL}=serving"
+        selector = f"{BASE_LABEL}={base},{COMPONENT_LABEL}={component}"
         pods: list[Any] = _core().list_namespaced_pod(namespace, label_selector=selector).items
         out = []
         for pod in pods:
             labels = pod.metadata.labels or {}
-            if labels.get(BASE_LABEL) != base or labels.get(COMPONENT_LABEL) != "serving" or not _ready(pod):
+            if labels.get(BASE_LABEL) != base or labels.get(COMPONENT_LABEL) != component or not _ready(pod):
                 continue  # filtered here too: not every API emulator honours label selectors
             ip = pod.status.pod_ip if pod.status else None
             if ip:
                 host = f"[{ip}]" if ":" in ip else ip
-                out.append(Replica(pod.metadata.name, f"http://{host}:{_http_port(pod)}"))
+                node = pod.spec.node_name if pod.spec else None
+                out.append(Replica(pod.metadata.name, f"http://{host}:{_http_port(pod, container, default_port)}", node))
         return sorted(out, key=lambda r: r.name)
 
     return await asyncio.to_thread(read)

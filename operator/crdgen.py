@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel
 
 from loraplane.operator.api import GROUP, VERSION
-from loraplane.operator.api.basemodel import CPU_LORAS_RULE, BaseModelSpec, BaseModelStatus
+from loraplane.operator.api.basemodel import CPU_LORAS_RULE, S3_BASE_MESSAGE, S3_BASE_RULE, BaseModelSpec, BaseModelStatus
 from loraplane.operator.api.loraadapter import DOT_SEGMENT_MESSAGE, DOT_SEGMENT_RULE, LoraAdapterSpec, LoraAdapterStatus
 from loraplane.operator.schema_dialect import Node, SchemaDialect
 
@@ -56,7 +56,10 @@ KINDS = (
             {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ],
-        rules={"engine": [{"rule": CPU_LORAS_RULE, "message": "maxCpuLoras must be at least maxLoras"}]},
+        rules={
+            "engine": [{"rule": CPU_LORAS_RULE, "message": "maxCpuLoras must be at least maxLoras"}],
+            "": [{"rule": S3_BASE_RULE, "message": S3_BASE_MESSAGE}],
+        },
     ),
     Kind(
         kind="LoraAdapter",
@@ -143,7 +146,7 @@ def _is_model(annotation: Any) -> bool:
 def _add_rules(schema: dict[str, Any], rules: dict[str, list[dict[str, str]]]) -> None:
     for path, cel in rules.items():
         node = schema
-        for part in path.split("."):
+        for part in filter(None, path.split(".")):  # "" is the object itself (a rule across its fields)
             node = node["properties"][part]
         node["x-kubernetes-validations"] = cel
 

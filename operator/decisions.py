@@ -106,3 +106,37 @@ def hot_set(
     incumbents = set(pinned_now)
     score = {n: r * (1 + hysteresis) if n in incumbents else r for n, r in rates.items() if r > min_rate}
     return set(sorted(score, key=lambda n: (-score[n], n))[: max(0, slots)])
+
+
+@dataclass(frozen=True)
+class StagingCandidate:
+    """One version the nodes might hold, with what ranks it."""
+
+    source: str
+    digest: str
+    pinned: bool = False  # pinned by its manifest or by auto-pinning: it never leaves the nodes
+    prefetch: bool = False
+    rate: float = 0.0  # requests per second over the replicas
+    next_version: bool = False  # validated or being validated, not serving yet: staged before its promotion
+
+
+def node_staging(candidates: Iterable[StagingCandidate]) -> list[StagingCandidate]:
+    """What every node of the base should hold, most wanted first; the agent keeps the head that
+    fits its bound. Pinned versions first (they stay whatever the bound), then the serving
+    versions by request rate (the hot set), then prefetch-marked ones nobody has asked for yet,
+    then next versions, so a promotion finds its files on every node. Each version once, at its
+    best rank; ties by source, so the order is stable between syncs."""
+
+    def rank(c: StagingCandidate) -> tuple[int, float, str]:
+        if c.pinned:
+            return (0, -c.rate, c.source)
+        if c.next_version:
+            return (3, 0.0, c.source)
+        if c.rate > 0:
+            return (1, -c.rate, c.source)
+        return (2 if c.prefetch else 4, 0.0, c.source)
+
+    best: dict[tuple[str, str], StagingCandidate] = {}
+    for c in sorted(candidates, key=rank):
+        best.setdefault((c.source, c.digest), c)
+    return [c for c in best.values() if c.pinned or c.rate > 0 or c.prefetch or c.next_version]

@@ -7,13 +7,14 @@ import logging
 from typing import Any
 
 import kopf
+from pydantic import ValidationError
 
 from loraplane.operator import cluster
 from loraplane.operator.adapter_flow import reconcile, unregister_everywhere
 from loraplane.operator.api import GROUP, VERSION, Condition
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.base_sync import BaseMemory, sync_base
-from loraplane.operator.children import UnsupportedSource, children
+from loraplane.operator.children import children
 from loraplane.operator.conditions import set_condition
 from loraplane.operator.settings import OperatorSettings
 
@@ -86,17 +87,20 @@ async def base_changed(
 ) -> None:
     """The serving ConfigMap, Deployment and Service, owned by the BaseModel (deleted with it)."""
     namespace = namespace or "default"
-    base = BaseModelSpec.model_validate(dict(spec))
     generation = meta.get("generation")
     conditions = [Condition.model_validate(c) for c in status.get("conditions", [])]
     try:
-        manifests = children(name, namespace, base, SETTINGS.operator_namespace, SETTINGS.metrics_namespaces)
-    except UnsupportedSource as err:
-        conditions = set_condition(conditions, "Applied", "False", "UnsupportedSource", str(err), generation)
+        # The API server checks the same rules (the CRD's schema and CEL); an object stored before
+        # a rule existed (an s3:// base without a node cache) is reported, not retried forever.
+        base = BaseModelSpec.model_validate(dict(spec))
+    except ValidationError as err:
+        message = "; ".join(e["msg"] for e in err.errors())[:1024]
+        conditions = set_condition(conditions, "Applied", "False", "InvalidSpec", message, generation)
         patch = {"phase": "Degraded", "conditions": [c.body() for c in conditions]}
         await cluster.patch_status(namespace, "basemodels", name, patch)
-        kopf.event(body, type="Warning", reason="UnsupportedSource", message=str(err))
+        kopf.event(body, type="Warning", reason="InvalidSpec", message=message)
         return
+    manifests = children(name, namespace, base, SETTINGS.operator_namespace, SETTINGS.metrics_namespaces)
     await cluster.ensure_admin_secret(namespace, name, kopf.build_owner_reference(body))
     for manifest in manifests:
         kopf.adopt(manifest, owner=body)
@@ -109,10 +113,12 @@ async def base_changed(
 
 
 @kopf.timer(GROUP, VERSION, "basemodels", interval=SETTINGS.sync_interval, initial_delay=1.0)
-async def base_sync(name: str, namespace: str | None, spec: kopf.Spec, **_: Any) -> None:
+async def base_sync(name: str, namespace: str | None, spec: kopf.Spec, status: kopf.Status, **_: Any) -> None:
     namespace = namespace or "default"
     memory = MEMORY.setdefault((namespace, name), BaseMemory())
-    status = {k: v for k, v in (await sync_base(name, namespace, spec, memory, SETTINGS)).items() if v is not None}
-    if status != memory.last_status:  # an idle fleet costs no writes
-        await cluster.patch_status(namespace, "basemodels", name, status)
-        memory.last_status = status
+    conditions = [Condition.model_validate(c) for c in status.get("conditions", [])]
+    patch = await sync_base(name, namespace, spec, memory, SETTINGS, conditions)
+    written = {k: v for k, v in patch.items() if v is not None}
+    if written != memory.last_status:  # an idle fleet costs no writes
+        await cluster.patch_status(namespace, "basemodels", name, written)
+        memory.last_status = written

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from loraplane.cli.options import admin_token_option, listen_options
+from loraplane.cli.options import admin_token_option, listen_options, metrics_port_option
 
 
 def _bytes(value: str | None) -> int | None:
@@ -35,13 +35,16 @@ def _bytes(value: str | None) -> int | None:
 @click.option("--policy", default="demand", type=click.Choice(["demand", "lru", "lfu", "tinylfu"]), help="Eviction order.")
 @listen_options("0.0.0.0", default_port=8090)
 @admin_token_option("Guards every call but /health and /metrics: the BaseModel's admin token.")
+@metrics_port_option
 @click.pass_context
 def node_agent(ctx: click.Context, cache_dir: Path, max_bytes: str | None, node: str, base_source: str | None,
-               base_digest: str | None, policy: str, host: str, port: int, admin_token: str | None) -> None:  # fmt: skip
+               base_digest: str | None, policy: str, host: str, port: int, admin_token: str | None,
+               metrics_port: int | None) -> None:  # fmt: skip
     """Own a node's adapter cache: fetch for the serving pods on the node, stage what the operator asks."""
     if ctx.invoked_subcommand is not None:
         return
     import uvicorn
+    from prometheus_client import CollectorRegistry, start_http_server
 
     from loraplane.adapter_format.sources import S3Settings
     from loraplane.node_cache.agent import NodeAgent
@@ -51,9 +54,13 @@ def node_agent(ctx: click.Context, cache_dir: Path, max_bytes: str | None, node:
         cache_dir, node, max_bytes=_bytes(max_bytes), s3=S3Settings.from_env(), policy=policy,
         base_source=base_source, base_digest=base_digest,
     )  # fmt: skip
+    registry = CollectorRegistry()
+    app = create_agent_app(agent, admin_token, registry)
+    if metrics_port is not None:  # the series alone, for a NetworkPolicy that opens it to the scraper only
+        start_http_server(metrics_port, addr=host, registry=registry)
     agent.start()
     try:
-        uvicorn.run(create_agent_app(agent, admin_token), host=host, port=port, log_level="info")
+        uvicorn.run(app, host=host, port=port, log_level="info")
     finally:
         agent.close()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from loraplane.admin_api import engine_sizing
 from loraplane.operator.api.common import DNS_LABEL, SOURCE_URI, Condition, KubeModel, ObjectMeta, Quotas, SecretRef
@@ -12,6 +12,11 @@ from loraplane.operator.api.common import DNS_LABEL, SOURCE_URI, Condition, Kube
 # The API server's spelling of EngineSizing._host_holds_device (tests check they agree).
 CPU_LORAS_RULE = "!has(self.maxCpuLoras) || self.maxCpuLoras >= self.maxLoras"
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"  # bytes, as Kubernetes writes them
+# A base in object storage reaches the pods through the node cache, and its identity (the model id
+# adapters name) is explicit: no folder name to fall back on. The model's check and the CRD's rule.
+S3_BASE_RULE = "!self.source.uri.startsWith('s3://') || (self.nodeCache.enabled && has(self.source.name))"
+S3_BASE_MESSAGE = "an s3:// base needs nodeCache.enabled (the node agent copies it to each node) and source.name"
+MAX_STATUS_NODES = 32
 
 
 class ModelSource(KubeModel):
@@ -27,6 +32,11 @@ class ModelSource(KubeModel):
         "adapter whose base_model_name_or_path names another model is refused; default: the checkpoint's own",
     )
     revision: str | None = Field(default=None, description="commit or tag; adapters must be trained on it")
+    digest: str | None = Field(
+        default=None,
+        pattern=r"^sha256:[0-9a-f]{64}$",
+        description="an s3:// base's folder digest (loraplane digest --base): a node's copy that differs is refused",
+    )
     format: Literal["safetensors", "gguf"] = "safetensors"
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     quantization: Literal["fp8"] | None = Field(default=None, description="fp8: float8_e4m3fn base weights")
@@ -59,6 +69,28 @@ class ServingResources(KubeModel):
     memory: str | None = Field(default=None, description="a Kubernetes quantity, e.g. '64Gi'")
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
+
+
+class NodeCache(KubeModel):
+    """A cache on each serving node's disk, owned by a node agent the operator runs as a DaemonSet
+    (per BaseModel: its node selector, tolerations, token and credentials). Adapters and an s3://
+    base are fetched once per node and shared by every serving pod there, and survive their
+    restarts. Off by default: it mounts a hostPath, which Pod Security's baseline level refuses."""
+
+    enabled: bool = False
+    host_path: str = Field(
+        default="/var/lib/loraplane",
+        pattern=r"^/[^.]*$",
+        max_length=512,
+        description="the folder on each node; this BaseModel's cache is <hostPath>/<namespace>/<name>",
+    )
+    size: str = Field(
+        default="50Gi",
+        pattern=QUANTITY,
+        description="adapter files each node keeps, the least wanted evicted beyond it (size it from loraplane plan's "
+        "working set); the base's copy comes on top",
+    )
+    image: str | None = Field(default=None, description="the agent's image; default: the serving image, already on the node")
 
 
 class AdapterStore(KubeModel):
@@ -126,6 +158,13 @@ class BaseModelSpec(KubeModel):
     tenancy: Tenancy = Field(default_factory=Tenancy)
     auto_pinning: AutoPinning = Field(default_factory=AutoPinning)
     usage: UsageRecords = Field(default_factory=UsageRecords)
+    node_cache: NodeCache = Field(default_factory=NodeCache)
+
+    @model_validator(mode="after")
+    def _s3_base_through_the_node_cache(self) -> BaseModelSpec:
+        if self.source.uri.startswith("s3://") and not (self.node_cache.enabled and self.source.name):
+            raise ValueError(S3_BASE_MESSAGE)
+        return self
 
 
 class TenantUsage(KubeModel):
@@ -149,6 +188,27 @@ class UsageStatus(KubeModel):
     export_error: str | None = Field(default=None, max_length=1024)
 
 
+class NodeCacheState(KubeModel):
+    """One node's cache, as its agent reports it."""
+
+    node: str
+    bytes: int = 0
+    max_bytes: int | None = None
+    entries: int = 0
+    hit_rate: float | None = Field(default=None, ge=0, le=1, description="serving pods' reads the node answered")
+    staged: int = Field(default=0, description="adapters the operator staged that are on the node")
+    staged_missing: int = Field(default=0, description="staged adapters not on the node (fetching, failed or no room)")
+    staged_fit: bool = Field(default=True, description="false: the hot set is larger than the cache")
+    base_ready: bool | None = Field(default=None, description="an s3:// base's verified copy is on the node")
+    error: str | None = Field(default=None, max_length=1024)
+
+
+class NodeCacheStatus(KubeModel):
+    nodes: int = Field(default=0, description="nodes whose agent answered")
+    nodes_with_base: int = 0
+    per_node: list[NodeCacheState] = Field(default_factory=list, max_length=MAX_STATUS_NODES)
+
+
 class BaseModelStatus(KubeModel):
     phase: Literal["Pending", "Progressing", "Ready", "Degraded"] = "Pending"
     conditions: list[Condition] = Field(default_factory=list)
@@ -159,6 +219,7 @@ class BaseModelStatus(KubeModel):
     ready_adapters: int = 0
     pinned_adapters: list[str] = Field(default_factory=list)
     usage: UsageStatus | None = None
+    node_cache: NodeCacheStatus | None = None
 
 
 class BaseModelResource(KubeModel):

@@ -101,6 +101,7 @@ class LoraAdapterStatus(KubeModel):
     rank: int | None = None
     size_bytes: int | None = None
     pinned: bool = False
+    nodes_cached: int | None = Field(default=None, description="nodes whose cache holds the serving version")
     replicas: list[ReplicaPlacement] = Field(default_factory=list)
     metrics: AdapterMetrics | None = None
 

@@ -131,7 +131,7 @@ def test_the_service_monitor_scrapes_the_serving_and_router_services_the_operato
 
 def test_the_alerts_encode_the_failure_modes(render: Any) -> None:
     expected = {"LoraplaneAdapterSlotThrash", "LoraplaneColdStartsForHotTenant", "LoraplaneTenantSaturatesReplica",
-                "LoraplaneUsageExportFailing"}  # fmt: skip
+                "LoraplaneUsageExportFailing", "LoraplaneNodeCacheHotSetTooLarge"}  # fmt: skip
     assert set(rules(render)) == expected
     with_status = rules(render, {"monitoring": {"prometheusRule": {"adapterStatus": {"enabled": True}}}})
     assert "LoraplaneAdapterRefused" in with_status

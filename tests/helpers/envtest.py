@@ -54,6 +54,8 @@ RESOURCES = {
     "Service": ("v1", "services", True),
     "ServiceAccount": ("v1", "serviceaccounts", True),
     "Deployment": ("apps/v1", "deployments", True),
+    "DaemonSet": ("apps/v1", "daemonsets", True),
+    "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies", True),
     "EndpointSlice": ("discovery.k8s.io/v1", "endpointslices", True),
     "Role": ("rbac.authorization.k8s.io/v1", "roles", True),
     "RoleBinding": ("rbac.authorization.k8s.io/v1", "rolebindings", True),

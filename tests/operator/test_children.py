@@ -11,7 +11,7 @@ import yaml
 from crd_schema import examples
 
 from loraplane.operator.api.basemodel import BaseModelSpec
-from loraplane.operator.children import CONFIG_HASH, UnsupportedSource, children
+from loraplane.operator.children import CONFIG_HASH, children
 from loraplane.serving.config import EngineConfig
 
 BASE = next(d for d in examples() if d["kind"] == "BaseModel")
@@ -136,11 +136,62 @@ def test_the_deployment_carries_secrets_by_reference_and_the_sizing() -> None:
     assert serving["Service/smollm2-serving"]["spec"]["selector"] == selector
 
 
-def test_a_base_in_object_storage_is_refused_with_a_reason() -> None:
+def test_a_base_in_object_storage_needs_the_node_cache_and_a_model_id() -> None:
     spec = copy.deepcopy(BASE["spec"])
     spec["source"] = {"uri": "s3://models/llama-8b"}
-    with pytest.raises(UnsupportedSource, match="s3://models/llama-8b"):
-        built(spec)
+    with pytest.raises(ValueError, match=r"nodeCache\.enabled"):
+        BaseModelSpec.model_validate(spec)
+    spec["nodeCache"] = {"enabled": True}
+    with pytest.raises(ValueError, match=r"source\.name"):
+        BaseModelSpec.model_validate(spec)
+
+
+S3_BASE = {
+    **BASE["spec"],
+    "source": {"uri": "s3://models/llama-8b", "name": "meta-llama/Llama-3.1-8B-Instruct", "digest": "sha256:" + "ab" * 32},
+    "nodeCache": {"enabled": True, "size": "80Gi"},
+    "adapterStore": {"endpoint": "http://minio.storage:9000", "credentialsSecret": {"name": "store-creds"}},
+    "resources": {**BASE["spec"].get("resources", {}), "nodeSelector": {"gpu": "h200"},
+                  "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+}  # fmt: skip
+
+
+def test_the_node_cache_objects_are_valid_and_wire_the_pods_to_their_own_nodes_agent() -> None:
+    objects = built(S3_BASE)
+    for manifest in objects.values():
+        kubernetes_validate.validate(manifest, kubernetes_validate.latest_version(), strict=True)
+    agents = objects["DaemonSet/smollm2-node-cache"]["spec"]["template"]["spec"]
+    assert agents["nodeSelector"] == {"gpu": "h200"} and agents["tolerations"][0]["key"] == "nvidia.com/gpu"
+    (agent,) = agents["containers"]
+    assert agent["securityContext"]["runAsUser"] == 10001 and not agent["securityContext"]["allowPrivilegeEscalation"]
+    assert agent["args"][agent["args"].index("--max-bytes") + 1] == str(80 * 2**30)
+    assert agent["args"][agent["args"].index("--base-digest") + 1] == S3_BASE["source"]["digest"]
+    assert agent["envFrom"] == [{"secretRef": {"name": "store-creds"}}]  # the agent holds the store's credentials
+    (chown,) = agents["initContainers"]
+    assert chown["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    host = {v["name"]: v for v in agents["volumes"]}["node-cache"]["hostPath"]["path"]
+    assert host == "/var/lib/loraplane/loraplane-demo/smollm2"  # per namespace and BaseModel
+    assert objects["Service/smollm2-node-cache"]["spec"]["internalTrafficPolicy"] == "Local"
+    serving = objects["Deployment/smollm2-serving"]["spec"]["template"]["spec"]
+    (container,) = serving["containers"]
+    assert not container["envFrom"]  # serving pods no longer need the store's credentials
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "node-cache")
+    assert mount["readOnly"] is True
+    assert {v["name"]: v for v in serving["volumes"]}["node-cache"]["hostPath"]["path"] == host
+    (wait,) = serving["initContainers"]
+    assert wait["args"][-2:] == ["--source", "s3://models/llama-8b"]
+    config = EngineConfig.model_validate(yaml.safe_load(objects["ConfigMap/smollm2-engine"]["data"]["engine.yaml"]))
+    assert config.node_cache_url == "http://smollm2-node-cache.loraplane-demo.svc:8090"
+    assert str(config.model).startswith(str(config.node_cache_dir)) and config.base_name == S3_BASE["source"]["name"]
+    who = objects["NetworkPolicy/smollm2-node-cache"]["spec"]["ingress"][0]["from"]
+    assert {"podSelector": {"matchLabels": objects["Deployment/smollm2-serving"]["spec"]["selector"]["matchLabels"]}} in who
+
+
+def test_without_the_node_cache_nothing_mounts_the_host() -> None:
+    objects = built()
+    assert not [k for k in objects if k.startswith("DaemonSet/")]
+    serving = objects["Deployment/smollm2-serving"]["spec"]["template"]["spec"]
+    assert not [v for v in serving["volumes"] if "hostPath" in v]
 
 
 def test_the_router_holds_the_stats_token_and_nothing_that_can_change_a_replica() -> None:

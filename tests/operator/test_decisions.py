@@ -106,3 +106,37 @@ def test_a_small_change_waits_for_the_refresh_and_an_idle_adapter_never_writes()
     assert worth_writing(shown, crept, refresh_due=True)  # late, not lost
     same = metrics(None, sample(2.0, [entry(100, 90, host=9, cold=1)]), "later")
     assert not worth_writing(shown, same, refresh_due=True)  # nothing changed but the timestamp
+
+
+def test_node_staging_puts_pins_first_then_the_hot_set_then_prefetch_then_next_versions() -> None:
+    from loraplane.operator.decisions import StagingCandidate, node_staging
+
+    d = "sha256:" + "0" * 64
+    staged = node_staging([
+        StagingCandidate("s3://a/cold", d),  # unpinned, unused, not prefetch-marked: fetched on demand only
+        StagingCandidate("s3://a/next", "sha256:" + "1" * 64, next_version=True),
+        StagingCandidate("s3://a/warm", d, rate=0.5, prefetch=True),
+        StagingCandidate("s3://a/idle", d, prefetch=True),
+        StagingCandidate("s3://a/hot", d, rate=9.0),
+        StagingCandidate("s3://a/pinned", d, pinned=True),
+        StagingCandidate("s3://a/hot", d, rate=9.0, next_version=True),  # one version, at its best rank
+    ])  # fmt: skip
+    assert [c.source for c in staged] == ["s3://a/pinned", "s3://a/hot", "s3://a/warm", "s3://a/idle", "s3://a/next"]
+
+
+def test_a_version_waiting_for_promotion_is_staged_beside_the_serving_one() -> None:
+    from types import SimpleNamespace
+
+    from loraplane.operator.api.loraadapter import LoraAdapterSpec, LoraAdapterStatus
+    from loraplane.operator.node_cache_sync import candidates
+
+    old, new = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    spec = LoraAdapterSpec.model_validate({"baseModel": "b", "tenant": "t", "source": {"uri": "s3://x/v2", "digest": new}})
+    status = LoraAdapterStatus(phase="Ready", serving_uri="s3://x/v1", serving_digest=old, promoting_digest=new)
+    found = candidates([SimpleNamespace(served="s", spec=spec, status=status)], pins={"s"}, rates={"s": 2.0})
+    assert [(c.source, c.digest, c.pinned, c.next_version) for c in found] == [
+        ("s3://x/v1", old, True, False),
+        ("s3://x/v2", new, False, True),
+    ]
+    failed = LoraAdapterStatus(phase="Failed")
+    assert candidates([SimpleNamespace(served="s", spec=spec, status=failed)], pins=set(), rates={}) == []
