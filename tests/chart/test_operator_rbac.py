@@ -34,6 +34,7 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
 def base_model(name: str, namespace: str) -> dict[str, Any]:
     manifest = copy.deepcopy(next(d for d in examples() if d["kind"] == "BaseModel"))
     manifest["metadata"] = {"name": name, "namespace": namespace}
+    manifest["spec"]["nodeCache"] = {"enabled": True}  # its DaemonSet needs the chart's grant too
     return manifest
 
 
@@ -67,7 +68,8 @@ def test_the_operator_works_with_the_charts_rbac_and_nothing_more(
     try:
         kube.apply(base_model(watched, "team-b"))
         kube.apply(base_model(other, "team-a"))
-        for kind, suffix in (("Deployment", "-serving"), ("Service", "-serving"), ("RoleBinding", "-router")):
+        for kind, suffix in (("Deployment", "-serving"), ("Service", "-serving"), ("RoleBinding", "-router"),
+                             ("DaemonSet", "-node-cache")):  # fmt: skip
             found = lambda kind=kind, suffix=suffix: kube.get(kind, "team-b", watched + suffix)  # noqa: E731
             try:
                 kube.wait_for(f"{kind} {watched}{suffix}", found, timeout=60)

@@ -215,3 +215,23 @@ def test_the_base_is_copied_once_per_node_and_serves_two_pods(
     with node_agent(tmp_path / "node", proxy.url, "--base-source", uris["base"], "--base-digest", digest) as url:
         wait_for("the base on the node", lambda: state(url)["base"]["ready"], timeout=60)
         assert proxy.bytes_from_target == read  # a restarted agent finds its copy
+
+
+def test_a_copy_that_fails_half_way_publishes_nothing(tiny_llama, tmp_path, monkeypatch) -> None:
+    """A crash or a store failure in the middle of a base's copy: nothing is published, nothing
+    half-written is left, and the next try starts clean."""
+    from loraplane.node_cache import base_copy
+
+    def half(source: str, into: Path, s3: object) -> None:
+        (into / "config.json").write_text((tiny_llama / "config.json").read_text())
+        raise ConnectionError("the store went away")
+
+    monkeypatch.setattr(base_copy, "_download", half)
+    store = base_copy.BaseStore(tmp_path)
+    with pytest.raises(ConnectionError):
+        store.ensure(f"file://{tiny_llama}", None, None)
+    assert store.published(f"file://{tiny_llama}") is None
+    assert [p.name for p in (tmp_path / "bases").iterdir()] == ["by-source"]
+    monkeypatch.undo()
+    digest, folder = store.ensure(f"file://{tiny_llama}", folder_digest(tiny_llama), None)
+    assert store.published(f"file://{tiny_llama}") == (digest, folder)

@@ -55,7 +55,11 @@ def test_everything_the_operator_creates_for_a_base_passes_server_side_dry_run(k
     base = example("BaseModel")
     spec = BaseModelSpec.model_validate(base["spec"])
     built = children(base["metadata"]["name"], NS, spec, "loraplane", ["monitoring"])
-    assert {"NetworkPolicy"} <= {m["kind"] for m in built}
+    # And a base from object storage through the node cache, under another name.
+    s3 = {**base["spec"], "source": {"uri": "s3://models/smollm2", "name": "HuggingFaceTB/SmolLM2-135M-Instruct"},
+          "nodeCache": {"enabled": True}}  # fmt: skip
+    built += children("from-s3", NS, BaseModelSpec.model_validate(s3), "loraplane", ["monitoring"])
+    assert {"NetworkPolicy", "DaemonSet"} <= {m["kind"] for m in built}
     r = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(built), check=False)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("(server dry run)") == len(built)
@@ -150,6 +154,18 @@ def test_a_cel_rule_is_evaluated_by_the_server(kube: Kube) -> None:
     assert r.returncode != 0 and "spec.engine: Invalid value" in r.stderr, r.stderr
     assert "maxCpuLoras must be at least maxLoras" in r.stderr
     assert kube.get("BaseModel", NS, "cel") is None
+
+
+def test_the_server_refuses_an_s3_base_without_the_node_cache(kube: Kube) -> None:
+    manifest = example("BaseModel")
+    manifest["metadata"]["name"] = "s3-base"
+    manifest["spec"]["source"] = {"uri": "s3://models/smollm2", "name": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+    r = kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest), check=False)
+    assert r.returncode != 0 and "nodeCache.enabled" in r.stderr, r.stderr
+    manifest["spec"]["nodeCache"] = {"enabled": True}
+    r = kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest), check=False)
+    assert r.returncode == 0, r.stderr
+    kube.kubectl("delete", "basemodel", "-n", NS, "s3-base")
 
 
 def test_the_server_refuses_a_source_with_dot_segments(kube: Kube) -> None:
