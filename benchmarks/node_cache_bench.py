@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -49,8 +50,10 @@ from s3_server import ACCESS, SECRET, moto_server, upload_folder
 PROMPT = list(range(10, 42))
 
 
-def pod(scratch: Path, agent: str | None, node: Path | None, endpoint: str):  # type: ignore[no-untyped-def]
-    settings: dict[str, object] = {"cache_dir": scratch, "max_loras": 2, "max_lora_rank": 64, "s3_endpoint": endpoint}
+def pod(base, scratch: Path, agent: str | None, node: Path | None, endpoint: str):  # type: ignore[no-untyped-def]
+    """A new serving pod: the base already converted (``base``, the probe's checkpoint), a fresh cache of its own."""
+    settings: dict[str, object] = {"model": str(base.folder), "base_name": base.shape.name, "cache_dir": scratch,
+                                   "max_loras": 2, "max_lora_rank": 64, "s3_endpoint": endpoint}  # fmt: skip
     if agent is not None:
         settings.update(node_cache_url=agent, node_cache_dir=node)
     return build_engine(EngineConfig(**settings))  # type: ignore[arg-type]
@@ -64,7 +67,8 @@ def first_token_seconds(engine, name: str, uri: str, digest: str) -> float:  # t
     return time.perf_counter() - start
 
 
-def restarts(args: argparse.Namespace, work: Path, base_shape, endpoint: str) -> None:  # type: ignore[no-untyped-def]
+def restarts(args: argparse.Namespace, work: Path, base, endpoint: str) -> None:  # type: ignore[no-untyped-def]
+    base_shape = base.shape
     folders = {
         f"r16-{i}": write_adapter(work / "restart" / f"r16-{i}", base_shape, 16, seed=100 + i, dtype=torch.bfloat16)
         for i in range(2 * args.rounds)
@@ -88,7 +92,7 @@ def restarts(args: argparse.Namespace, work: Path, base_shape, endpoint: str) ->
             order = ["no node cache", "node cache"] if r % 2 == 0 else ["node cache", "no node cache"]
             for k, contender in enumerate(order):
                 name = names[2 * r + k]
-                engine = pod(work / f"pod-{r}-{k}", agent if contender == "node cache" else None, work / "node", proxy.url)
+                engine = pod(base, work / f"pod-{r}-{k}", agent if contender == "node cache" else None, work / "node", proxy.url)
                 before = proxy.bytes_from_target
                 seconds = first_token_seconds(engine, name, uris[name], digests[name])
                 figures[contender][0].append(seconds)
@@ -157,14 +161,17 @@ def main() -> None:
     os.environ.update(AWS_ACCESS_KEY_ID=ACCESS, AWS_SECRET_ACCESS_KEY=SECRET, AWS_REGION="us-east-1")
     work = Path(tempfile.mkdtemp(prefix="node-cache-bench-"))
     probe = build_engine(EngineConfig(cache_dir=work / "probe", max_loras=1))
-    base_shape = probe.base.shape
-    print(f"embedded {base_shape.name}, dtype {probe.dtype}, torch threads {torch.get_num_threads()}")
+    base = probe.base
+    print(f"embedded {base.shape.name}, dtype {probe.dtype}, torch threads {torch.get_num_threads()}")
     del probe
-    with moto_server() as endpoint:
-        if "restart" not in args.skip:
-            restarts(args, work, base_shape, endpoint)
-        if "zipf" not in args.skip:
-            zipf(args, work, base_shape, endpoint)
+    try:
+        with moto_server() as endpoint:
+            if "restart" not in args.skip:
+                restarts(args, work, base, endpoint)
+            if "zipf" not in args.skip:
+                zipf(args, work, base.shape, endpoint)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -41,15 +41,29 @@ log = logging.getLogger("loraplane.node_agent")
 RETRY_BASE, RETRY_MAX = 1.0, 300.0  # a failed staging fetch or base copy is retried after this, doubling
 
 
+BASE_MISMATCH_RETRY_MAX = 3600.0  # a base whose files differ from its digest: fixed files are found within the hour
+PIN_CLIENT_TTL = 30.0  # a pod resends its pins every few seconds; one silent this long is gone (a rollout renames pods)
+MAX_PIN_CLIENTS = 256
+
+
+class TooManyPinClients(RuntimeError):
+    """More pods pin adapters on this node than any node runs."""
+
+
+class SourceNotAllowed(ValueError):
+    """A source outside the prefixes the agent was started with."""
+
+
 @dataclass
 class _Retry:
     error: str
     permanent: bool
     failures: int = 1
     at: float = field(default_factory=time.monotonic)
+    most: float = RETRY_MAX
 
     def due(self) -> bool:
-        return not self.permanent and time.monotonic() >= self.at + min(RETRY_MAX, RETRY_BASE * 2 ** (self.failures - 1))
+        return not self.permanent and time.monotonic() >= self.at + min(self.most, RETRY_BASE * 2 ** (self.failures - 1))
 
 
 class NodeAgent:
@@ -64,9 +78,14 @@ class NodeAgent:
         lease_seconds: float = 300.0,
         base_source: str | None = None,
         base_digest: str | None = None,
+        allowed_sources: list[str] | None = None,
         on_fetch: Callable[[float], None] | None = None,
     ) -> None:
-        self.store = DiskCache(root, max_bytes=max_bytes, policy=policy)
+        """``allowed_sources``: URI prefixes a pod may have fetched (the BaseModel's tenants'); none:
+        any the agent's credentials can read. The bound is first enforced when the operator's
+        staging arrives (or at the first write), so a restart does not evict what was pinned."""
+        self.store = DiskCache(root, max_bytes=max_bytes, policy=policy, enforce_now=False)
+        self.allowed_sources = list(allowed_sources or [])
         self.bases = BaseStore(root)
         self.node, self.s3, self.lease_seconds, self.on_fetch = node, s3, lease_seconds, on_fetch
         self.hits = self.misses = 0
@@ -77,8 +96,11 @@ class NodeAgent:
         self._leases: dict[str, tuple[Path, float]] = {}
         self._staging: list[StagedAdapter] = []
         self._retries: dict[tuple[str, str], _Retry] = {}
-        self._pod_pins: dict[str, set[str]] = {}
+        self._sizes: dict[tuple[str, str], int] = {}  # bytes of staged versions fetched before
+        self._pod_pins: dict[str, tuple[set[str], float]] = {}  # pod -> (its pinned sources, when it last said)
+        self._head: set[str] = set()  # the staged sources that fit the bound: kept like pins
         self._pinned: set[str] = set()
+        self._pin_lock = threading.Lock()  # the store's pins follow _pinned in the order they were decided
         self.base = BaseState(source=base_source) if base_source else None
         self._base_digest = base_digest
         self._base_retry_state: _Retry | None = None
@@ -90,6 +112,8 @@ class NodeAgent:
     def acquire(self, source: str, digest: str | None, *, counted: bool = True) -> Acquired:
         """A verified copy of the version on this node (fetched if need be), held under a lease.
         ``counted``: a pod's read, which the hit rate is about (staging's own reads are not)."""
+        if self.allowed_sources and not any(_under(source, p) for p in self.allowed_sources):
+            raise SourceNotAllowed(f"{source[:256]} is under none of this node cache's allowed sources")
         with self._lock:
             source_lock = self._source_locks.setdefault(source, threading.Lock())
         start = time.perf_counter()
@@ -117,10 +141,21 @@ class NodeAgent:
             self.store.release(held[0])
 
     def set_pins(self, client: str, sources: list[str]) -> None:
-        """One pod's pinned sources, replacing what it said before."""
+        """One pod's pinned sources, replacing what it said before; forgotten when it stops saying."""
         with self._lock:
-            self._pod_pins[client] = set(sources)
+            if client not in self._pod_pins and len(self._pod_pins) >= MAX_PIN_CLIENTS:
+                raise TooManyPinClients(f"{MAX_PIN_CLIENTS} pods already pin adapters on this node")
+            self._pod_pins[client] = (set(sources), time.monotonic())
         self._apply_pins()
+
+    def _expire_pins(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            gone = [c for c, (_, said) in self._pod_pins.items() if now - said > PIN_CLIENT_TTL]
+            for client in gone:
+                del self._pod_pins[client]
+        if gone:
+            self._apply_pins()
 
     # the operator ---------------------------------------------------------------------------
     def stage(self, adapters: list[StagedAdapter]) -> None:
@@ -128,7 +163,9 @@ class NodeAgent:
             self._staging = list(adapters)
             wanted = {(a.source, a.digest) for a in adapters}
             self._retries = {k: r for k, r in self._retries.items() if k in wanted}
+            self._head &= {a.source for a in adapters}
         self._apply_pins()
+        self.store.enforce()
         self._wake.set()
 
     def state(self) -> NodeCacheState:
@@ -147,14 +184,17 @@ class NodeAgent:
         )  # fmt: skip
 
     def _apply_pins(self) -> None:
-        with self._lock:
-            wanted = set().union(*self._pod_pins.values()) | {a.source for a in self._staging if a.pinned}
-            added, removed = wanted - self._pinned, self._pinned - wanted
-            self._pinned = wanted
-        for source in added:
-            self.store.pin(source)
-        for source in removed:
-            self.store.unpin(source)
+        """The store keeps: every pod's pins, the operator's pinned versions, and the staged head."""
+        with self._pin_lock:
+            with self._lock:
+                wanted = set().union(*(p for p, _ in self._pod_pins.values())) | self._head
+                wanted |= {a.source for a in self._staging if a.pinned}
+                added, removed = wanted - self._pinned, self._pinned - wanted
+                self._pinned = wanted
+            for source in added:
+                self.store.pin(source)
+            for source in removed:
+                self.store.unpin(source)
 
     # the background thread ------------------------------------------------------------------
     def start(self) -> None:
@@ -168,6 +208,7 @@ class NodeAgent:
     def _run(self, interval: float = 5.0) -> None:
         while not self._stop.is_set():
             self._reap_leases()
+            self._expire_pins()
             self._copy_base()
             self._fill()
             self._wake.wait(interval)
@@ -188,12 +229,12 @@ class NodeAgent:
             return
         try:
             digest, _ = self.bases.ensure(self.base.source, self._base_digest, self.s3)
-        except Exception as err:  # reported in state, retried with backoff unless the files are wrong
+        except Exception as err:  # reported in state, retried with backoff
             previous = self._base_retry_state
             message = f"{type(err).__name__}: {err}"[:1024]
-            self._base_retry_state = _Retry(
-                message, isinstance(err, BaseDigestMismatch), (previous.failures + 1) if previous else 1
-            )
+            # Wrong files are retried too, rarely: someone fixes the bucket, not the DaemonSet.
+            most = BASE_MISMATCH_RETRY_MAX if isinstance(err, BaseDigestMismatch) else RETRY_MAX
+            self._base_retry_state = _Retry(message, False, (previous.failures + 1) if previous else 1, most=most)
             self.base = self.base.model_copy(update={"error": message})
             log.warning("base %s not copied: %s", self.base.source, message)
             return
@@ -201,28 +242,56 @@ class NodeAgent:
         self.base = self.base.model_copy(update={"digest": digest, "ready": True, "error": None})
 
     def _fill(self) -> None:
-        """Fetch staged versions in the operator's order while the staged set fits the bound."""
+        """Fetch staged versions in the operator's order while the staged set fits the bound. The
+        head that fits is kept like a pin, each as soon as it is counted, so fetching the next one
+        evicts what nobody staged rather than the staged head (a fetch that evicted its own head
+        would refetch it on the next pass, and so on forever)."""
         with self._lock:
             staging = list(self._staging)
-        total, fit = 0, True
+        total, fit, head = 0, True, set()
         for a in staging:
             if self._stop.is_set():
                 return
+            key = (a.source, a.digest)
             size = self.store.cached_bytes(a.source, a.digest)
+            room = self.store.max_bytes
             if size is None:
-                if self.store.max_bytes is not None and total >= self.store.max_bytes:
+                # A version fetched before and evicted since: if it cannot fit behind the ones
+                # ahead of it, fetching it again would only evict one of them. Its size is known.
+                if room is not None and total + self._sizes.get(key, 0) > room:
                     fit = False
                     break
-                size = self._stage_one(a)
-                if size is None:
+                held = self._stage_one(a)
+                if held is None:
                     continue
-            total += size
-            if self.store.max_bytes is not None and total > self.store.max_bytes:
+                lease, size = held
+                self._sizes[key] = size
+                fits = room is None or total + size <= room
+                if fits:  # kept before the lease ends, or the release's own eviction could take it
+                    head.add(a.source)
+                    self._set_head(self._head | head)
+                self.release(lease)
+                if not fits:
+                    fit = False
+                    break
+                total += size
+                continue
+            if room is not None and total + size > room:
                 fit = False
                 break
+            total += size
+            head.add(a.source)
+            self._set_head(self._head | head)
+        self._set_head(head)
         self.staged_bytes, self.staged_fit = total, fit
 
-    def _stage_one(self, a: StagedAdapter) -> int | None:
+    def _set_head(self, head: set[str]) -> None:
+        with self._lock:
+            self._head = head
+        self._apply_pins()
+
+    def _stage_one(self, a: StagedAdapter) -> tuple[str, int] | None:
+        """Fetch one staged version; its (lease, bytes), held until the caller releases it."""
         key = (a.source, a.digest)
         retry = self._retries.get(key)
         if retry is not None and not retry.due():
@@ -234,12 +303,13 @@ class NodeAgent:
             with self._lock:
                 self._retries[key] = _Retry(message, isinstance(err, AdapterValidationError), retry.failures + 1 if retry else 1)
             return None
-        self.release(got.lease)
         with self._lock:
             self._retries.pop(key, None)
-        if got.tier == "cold" and not self._digest_matches(a, got):
+        size = self.store.cached_bytes(a.source, a.digest)
+        if size is None or (got.tier == "cold" and not self._digest_matches(a, got)):
+            self.release(got.lease)
             return None
-        return self.store.cached_bytes(a.source, a.digest)
+        return got.lease, size
 
     def _digest_matches(self, a: StagedAdapter, got: Acquired) -> bool:
         """A fetch stores whatever the source holds now; a staged digest it does not match is the
@@ -249,3 +319,8 @@ class NodeAgent:
         with self._lock:
             self._retries[(a.source, a.digest)] = _Retry(f"DigestMismatch: {a.source} now holds sha256:{got.content}", True)
         return False
+
+
+def _under(uri: str, prefix: str) -> bool:
+    """At a path boundary: ``s3://adapters/acme`` admits ``s3://adapters/acme/x``, not ``…/acme-evil/x``."""
+    return uri == prefix.rstrip("/") or uri.startswith(prefix if prefix.endswith("/") else prefix + "/")

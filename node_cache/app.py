@@ -1,8 +1,9 @@
 """The node agent's HTTP API (FastAPI, as the replicas'), and its Prometheus series.
 
-Every call but ``/health`` and ``/metrics`` takes the BaseModel's admin token: the serving pods
-and the operator hold it, nothing else on the node does. The series carry no adapter or tenant
-names (only the node's figures), so ``/metrics`` is open to the scraper.
+The serving pods' calls (acquire, release, pins) take the BaseModel's admin token, which they
+hold; the operator's (staging, state) take a token of its own (``<base>-node-cache``) when one is
+set, so a serving pod cannot rewrite what its node holds. The series carry no adapter or tenant
+names (only the node's figures), so ``/metrics`` is open to the scraper, and ``/health`` too.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from loraplane.adapter_format import AdapterValidationError
 from loraplane.admin_api.auth import bearer_matches
-from loraplane.node_cache.agent import NodeAgent
+from loraplane.node_cache.agent import NodeAgent, SourceNotAllowed, TooManyPinClients
 from loraplane.node_cache.models import Acquired, AcquireRequest, NodeCacheState, PinsRequest, ReleaseRequest, StagingRequest
 
 Auth = Annotated[str | None, Header()]  # at module level: the routes' annotations are resolved here
@@ -58,8 +59,11 @@ class _Figures(Collector):
             yield gauge("loraplane_node_cache_base_ready", "1 once the base's verified copy is on the node", float(a.base.ready))
 
 
-def create_agent_app(agent: NodeAgent, token: str | None, registry: CollectorRegistry | None = None) -> FastAPI:
-    """``registry``: where the fetch latency histogram and the figures go (a fresh one by default)."""
+def create_agent_app(
+    agent: NodeAgent, token: str | None, registry: CollectorRegistry | None = None, operator_token: str | None = None
+) -> FastAPI:
+    """``registry``: where the fetch latency histogram and the figures go (a fresh one by default);
+    ``operator_token``: what staging and state take instead of ``token``."""
     registry = registry or CollectorRegistry()
     registry.register(_Figures(agent))
     fetches = Histogram(
@@ -74,8 +78,14 @@ def create_agent_app(agent: NodeAgent, token: str | None, registry: CollectorReg
         if token and not bearer_matches(authorization, token):
             raise HTTPException(401, "the node agent needs the BaseModel's admin token")
 
+    def check_operator(authorization: str | None) -> None:
+        if operator_token and not bearer_matches(authorization, operator_token):
+            raise HTTPException(401, "staging and state take the operator's node cache token")
+        if not operator_token:
+            check(authorization)
+
     @app.get("/health")
-    def health() -> dict[str, str]:
+    async def health() -> dict[str, str]:  # on the event loop: not queued behind fetches in the thread pool
         return {"status": "ok"}
 
     @app.post("/v1/acquire")
@@ -83,6 +93,8 @@ def create_agent_app(agent: NodeAgent, token: str | None, registry: CollectorReg
         check(authorization)
         try:
             return agent.acquire(body.source, body.digest)
+        except SourceNotAllowed as err:
+            raise HTTPException(403, {"code": "source_not_allowed", "message": str(err)}) from None
         except AdapterValidationError as err:  # the source's files are refused: the caller's to report
             raise HTTPException(422, {"code": err.code.value, "message": err.message}) from None
         except ValueError as err:  # a source no fetcher opens
@@ -99,18 +111,21 @@ def create_agent_app(agent: NodeAgent, token: str | None, registry: CollectorReg
     @app.put("/v1/pins", status_code=204)
     def pins(body: PinsRequest, authorization: Auth = None) -> Response:
         check(authorization)
-        agent.set_pins(body.client, body.sources)
+        try:
+            agent.set_pins(body.client, body.sources)
+        except TooManyPinClients as err:
+            raise HTTPException(429, str(err)) from None
         return Response(status_code=204)
 
     @app.put("/v1/staging", status_code=204)
     def staging(body: StagingRequest, authorization: Auth = None) -> Response:
-        check(authorization)
+        check_operator(authorization)
         agent.stage(body.adapters)
         return Response(status_code=204)
 
     @app.get("/v1/state")
     def state(authorization: Auth = None) -> NodeCacheState:
-        check(authorization)
+        check_operator(authorization)
         return agent.state()
 
     return app

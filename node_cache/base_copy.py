@@ -130,11 +130,20 @@ class BaseStore:
         fsync_path(self.links)
 
 
-def wait_for_base(root: Path, source: str, timeout: float, poll: float = 1.0) -> Path:
-    """Block until the source's verified copy is published on this node; its path."""
+def wait_for_base(root: Path, source: str, timeout: float, digest: str | None = None, poll: float = 1.0) -> Path:
+    """Block until the source's verified copy is published on this node (the one with ``digest``,
+    when given: after a new digest, the old copy stays published until the new one replaces it);
+    its path."""
     link = published_path(root, source)
     deadline = time.monotonic() + timeout
-    while not link.exists():
+
+    def ready() -> bool:
+        with contextlib.suppress(OSError):
+            target = link.resolve(strict=True)  # first: a link that is not there is no copy, any digest or none
+            return digest is None or f"sha256:{target.name}" == digest
+        return False
+
+    while not ready():
         if time.monotonic() > deadline:
             raise TimeoutError(f"{source} was not published on this node within {timeout:.0f} s (see the node agent's state)")
         time.sleep(poll)

@@ -4,13 +4,16 @@ whose bodies are ``models``; timeouts the callers choose)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel
 
 from loraplane.adapter_format import AdapterValidationError, ErrorCode
 from loraplane.admin_api.client import shared_pool
 from loraplane.node_cache.models import Acquired, AcquireRequest, NodeCacheState, PinsRequest, ReleaseRequest, StagingRequest
+
+_Model = TypeVar("_Model", bound=BaseModel)
 
 
 class AgentUnavailable(RuntimeError):
@@ -28,6 +31,15 @@ def _raise_for(response: httpx.Response, url: str) -> None:
         raise AdapterValidationError(ErrorCode(detail["code"]), str(detail.get("message", "")))
     message = detail.get("message", detail) if isinstance(detail, dict) else detail
     raise AgentUnavailable(f"node agent {url}: {response.status_code} {message}")
+
+
+def _read(model: type[_Model], response: httpx.Response, url: str) -> _Model:
+    """A reply as its model; one that is not (a proxy's page, another version's garbage) is the
+    agent being unavailable, not a crash of the caller."""
+    try:
+        return model.model_validate(response.json())
+    except ValueError as err:  # JSONDecodeError and pydantic's ValidationError both are
+        raise AgentUnavailable(f"node agent {url}: an answer that is not a {model.__name__}: {str(err)[:256]}") from None
 
 
 class AgentClient:
@@ -49,9 +61,8 @@ class AgentClient:
         return response
 
     def acquire(self, source: str, digest: str | None) -> Acquired:
-        return Acquired.model_validate(
-            self._call("POST", "/v1/acquire", AcquireRequest(source=source, digest=digest), self.fetch_timeout).json()
-        )
+        request = AcquireRequest(source=source, digest=digest)
+        return _read(Acquired, self._call("POST", "/v1/acquire", request, self.fetch_timeout), self.url)
 
     def release(self, lease: str) -> None:
         self._call("POST", "/v1/release", ReleaseRequest(lease=lease))
@@ -60,7 +71,7 @@ class AgentClient:
         self._call("PUT", "/v1/pins", PinsRequest(client=client, sources=sources))
 
     def state(self) -> NodeCacheState:
-        return NodeCacheState.model_validate(self._call("GET", "/v1/state").json())
+        return _read(NodeCacheState, self._call("GET", "/v1/state"), self.url)
 
     def close(self) -> None:
         self.http.close()
@@ -89,4 +100,4 @@ class AsyncAgentClient:
         await self._call("PUT", "/v1/staging", request)
 
     async def state(self) -> NodeCacheState:
-        return NodeCacheState.model_validate((await self._call("GET", "/v1/state")).json())
+        return _read(NodeCacheState, await self._call("GET", "/v1/state"), self.url)

@@ -63,8 +63,9 @@ def _folder_bytes(folder: Path) -> int:
 
 
 class DiskCache:
-    def __init__(self, root: Path, *, max_bytes: int | None = None, policy: str = "demand") -> None:
-        """``max_bytes`` None leaves the cache unbounded."""
+    def __init__(self, root: Path, *, max_bytes: int | None = None, policy: str = "demand", enforce_now: bool = True) -> None:
+        """``max_bytes`` None leaves the cache unbounded. ``enforce_now`` False leaves the adopted
+        entries alone until the first write or :meth:`enforce` (an owner that learns its pins first)."""
         self.root = root / "adapters"
         self.aliases = self.root / "by-source"
         self.aliases.mkdir(parents=True, exist_ok=True)
@@ -78,7 +79,8 @@ class DiskCache:
         # it while protected entries alone fill it (an insert into a full Tier would raise instead).
         self.tier = Tier(2**62, make_policy(policy), name="disk cache", in_use=self._protected)
         self._scan()
-        self._enforce()
+        if enforce_now:
+            self._enforce()
 
     # what is on disk ------------------------------------------------------------------------
     def _scan(self) -> None:
@@ -225,6 +227,11 @@ class DiskCache:
                 self.tier.insert(content, _folder_bytes(target))
             self._enforce()
         return weights, target
+
+    def enforce(self) -> None:
+        """Evict down to the bound now."""
+        with self._lock:
+            self._enforce()
 
     def _enforce(self) -> None:
         """Evict unprotected entries, least wanted first, until the cache fits its bound."""

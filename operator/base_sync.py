@@ -24,9 +24,8 @@ from loraplane.admin_api import AdapterState, AdminClient, ReplicaError
 from loraplane.operator import cluster, decisions
 from loraplane.operator.adapter_flow import parse_status, serving_source, stage
 from loraplane.operator.api.basemodel import MAX_STATUS_TENANTS, BaseModelSpec, TenantUsage, UsageStatus
-from loraplane.operator.api.common import Condition
 from loraplane.operator.api.loraadapter import LoraAdapterSpec
-from loraplane.operator.conditions import now_rfc3339, set_condition
+from loraplane.operator.conditions import Status, now_rfc3339
 from loraplane.operator.node_cache_sync import sync_node_caches
 from loraplane.operator.settings import OperatorSettings
 from loraplane.usage.rollup import merge
@@ -43,6 +42,7 @@ class BaseMemory:
     last_write: dict[str, float] = field(default_factory=dict)
     auto_pinned: set[str] = field(default_factory=set)
     last_status: dict[str, Any] = field(default_factory=dict)
+    node_condition: tuple[Status, str, str] | None = None  # NodeCachesReady, with nodeCache.enabled
     usage: dict[str, Any] | None = None
     usage_at: float = -1e9
 
@@ -73,11 +73,10 @@ def _adapters_of(base: str, objects: list[dict[str, Any]]) -> list[AdapterView]:
 
 
 async def sync_base(
-    name: str, namespace: str, spec_raw: Mapping[str, Any], memory: BaseMemory, settings: OperatorSettings,
-    conditions: list[Condition] | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    """One sync; returns the BaseModel's status patch. ``conditions``: the BaseModel's now (the
-    node cache's is set among them, keeping the others)."""
+    name: str, namespace: str, spec_raw: Mapping[str, Any], memory: BaseMemory, settings: OperatorSettings
+) -> dict[str, Any]:
+    """One sync; returns the BaseModel's status patch (and leaves the node caches' condition in
+    ``memory.node_condition`` for the caller to set among the object's current conditions)."""
     base = BaseModelSpec.model_validate(dict(spec_raw))
     replicas = await cluster.ready_replicas(namespace, name)
     token = await cluster.admin_token(namespace, name)
@@ -114,7 +113,9 @@ async def sync_base(
         rates = {served: rate for served in ready
                  if (rate := decisions.request_rate(memory.samples.get(served), decisions.sample(now, _entries(stats, served))))
                  is not None}  # fmt: skip
-        node_caches = await sync_node_caches(name, namespace, base, adapters, pins, rates, token)
+        node_token = await cluster.node_cache_token(namespace, name)
+        node_caches = await sync_node_caches(name, namespace, base, adapters, pins, rates, node_token)
+    memory.node_condition = node_caches.condition if node_caches else None
     await _write_metrics(namespace, ready, stats, memory, settings, node_caches.nodes_cached if node_caches else {})
     if time.monotonic() - memory.usage_at >= settings.metrics_interval:
         memory.usage, memory.usage_at = await _usage(list(clients.values())), time.monotonic()
@@ -130,10 +131,6 @@ async def sync_base(
     }
     if node_caches is not None:
         patch["nodeCache"] = node_caches.status.body()
-        status_, reason, message = node_caches.condition
-        patch["conditions"] = [
-            c.body() for c in set_condition(list(conditions or []), "NodeCachesReady", status_, reason, message)
-        ]
     return patch
 
 
@@ -209,7 +206,7 @@ async def _write_metrics(
         # its last unpinned slot (the adapter's Pinned condition says so).
         pinned = bool(entries) and all(e.pinned for e in entries)
         cached_on = nodes_cached.get(served)
-        placement_changed = view.status.pinned != pinned or view.status.nodes_cached != cached_on
+        placement_changed = view.status.pinned != pinned or (cached_on is not None and view.status.nodes_cached != cached_on)
         refresh_due = now - memory.last_write.get(served, -1e9) >= settings.metrics_refresh
         if not decisions.worth_writing(view.status.metrics, new, refresh_due=refresh_due) and not placement_changed:
             continue

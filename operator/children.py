@@ -66,7 +66,10 @@ def engine_config(spec: BaseModelSpec, name: str = "", namespace: str = "") -> d
 
 
 def config_hash(name: str, namespace: str, spec: BaseModelSpec) -> str:
-    return hashlib.sha256(yaml.safe_dump(engine_config(spec, name, namespace), sort_keys=True).encode()).hexdigest()
+    """Of the engine config and the base's digest: a new digest for the same s3:// source is a new
+    base, and the pods roll onto it (each waiting for its copy on its node)."""
+    hashed = {"engine": engine_config(spec, name, namespace), "base_digest": spec.source.digest}
+    return hashlib.sha256(yaml.safe_dump(hashed, sort_keys=True).encode()).hexdigest()
 
 
 def config_map(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]:

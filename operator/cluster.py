@@ -26,6 +26,7 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 SERVING_PORT = 8000  # the serving container's port named "http" unless its pod spec names another
 ADMIN_TOKEN_KEY = "admin-token"
 STATS_TOKEN_KEY = "stats-token"
+NODE_CACHE_TOKEN_KEY = "node-cache-token"
 ADMIN_TOKEN_TTL = 60.0  # seconds a token read from its Secret is reused before it is read again
 METRICS_PORT = 9090  # /metrics alone (`--metrics-port`): what Prometheus scrapes, not the API
 
@@ -89,6 +90,17 @@ def stats_secret_name(base: str) -> str:
     return f"{base}-stats"
 
 
+def node_cache_secret_name(base: str) -> str:
+    """The node agents' operator token, ``<base>-node-cache``: staging and state. The serving pods
+    never hold it, so one cannot rewrite what its node keeps."""
+    return f"{base}-node-cache"
+
+
+def node_cache_token_env(base: str) -> dict[str, Any]:
+    ref = {"name": node_cache_secret_name(base), "key": NODE_CACHE_TOKEN_KEY}
+    return {"name": "LORAPLANE_NODE_CACHE_TOKEN", "valueFrom": {"secretKeyRef": ref}}
+
+
 def admin_token_env(base: str) -> dict[str, Any]:
     """The environment variable a serving container reads its base's admin token from."""
     return {
@@ -110,6 +122,7 @@ async def ensure_admin_secret(namespace: str, base: str, owner: Mapping[str, Any
     for name, key, component in (
         (admin_secret_name(base), ADMIN_TOKEN_KEY, "admin-token"),
         (stats_secret_name(base), STATS_TOKEN_KEY, "stats-token"),
+        (node_cache_secret_name(base), NODE_CACHE_TOKEN_KEY, "node-cache-token"),
     ):
         body: dict[str, Any] = {
             "apiVersion": "v1",
@@ -140,17 +153,26 @@ _TOKENS: dict[tuple[str, str], tuple[float, str | None]] = {}
 async def admin_token(namespace: str, base: str) -> str | None:
     """The bearer token of ``base``'s replicas, from its Secret (None until the operator created it),
     cached for ``ADMIN_TOKEN_TTL`` so that a sync of many adapters reads it once."""
+    return await _token(namespace, admin_secret_name(base), ADMIN_TOKEN_KEY)
+
+
+async def node_cache_token(namespace: str, base: str) -> str | None:
+    """The token ``base``'s node agents take for staging and state (cached as the admin token)."""
+    return await _token(namespace, node_cache_secret_name(base), NODE_CACHE_TOKEN_KEY)
+
+
+async def _token(namespace: str, secret: str, key: str) -> str | None:
     now = time.monotonic()
-    cached = _TOKENS.get((namespace, base))
+    cached = _TOKENS.get((namespace, secret))
     if cached is not None and now - cached[0] < ADMIN_TOKEN_TTL:
         return cached[1]
     try:
-        token = (await read_secret(namespace, admin_secret_name(base))).get(ADMIN_TOKEN_KEY) or None
+        token = (await read_secret(namespace, secret)).get(key) or None
     except ApiException as err:
         if err.status != 404:
             raise
         return None  # not created yet: not remembered, so the token is read as soon as it exists
-    _TOKENS[(namespace, base)] = (now, token)
+    _TOKENS[(namespace, secret)] = (now, token)
     return token
 
 
@@ -160,6 +182,30 @@ async def read_secret(namespace: str, name: str) -> dict[str, str]:
         return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
 
     return await asyncio.to_thread(read)
+
+
+RETIRED_LABEL = "loraplane.dev/retired"  # no node carries it: a DaemonSet that selects it runs nowhere
+
+
+async def retire_daemon_set(namespace: str, name: str) -> None:
+    """Stop a DaemonSet's pods without deleting it (the operator holds no delete verb: what a
+    BaseModel owns goes with it, by its owner reference): its pods must also run on nodes labelled
+    ``RETIRED_LABEL``, which none is. Absent, or retired already, is fine."""
+
+    def write() -> None:
+        apps = client.AppsV1Api(_api())
+        try:
+            current: Any = apps.read_namespaced_daemon_set(name, namespace)
+        except ApiException as err:
+            if err.status == 404:
+                return
+            raise
+        if RETIRED_LABEL in (current.spec.template.spec.node_selector or {}):
+            return
+        patch = {"spec": {"template": {"spec": {"nodeSelector": {RETIRED_LABEL: "true"}}}}}
+        apps.patch_namespaced_daemon_set(name, namespace, patch)
+
+    await asyncio.to_thread(write)
 
 
 async def apply_child(manifest: dict[str, Any]) -> None:

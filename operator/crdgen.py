@@ -19,7 +19,15 @@ import yaml
 from pydantic import BaseModel
 
 from loraplane.operator.api import GROUP, VERSION
-from loraplane.operator.api.basemodel import CPU_LORAS_RULE, S3_BASE_MESSAGE, S3_BASE_RULE, BaseModelSpec, BaseModelStatus
+from loraplane.operator.api.basemodel import (
+    CPU_LORAS_RULE,
+    NODE_CACHE_MESSAGE,
+    NODE_CACHE_RULE,
+    S3_BASE_MESSAGE,
+    S3_BASE_RULE,
+    BaseModelSpec,
+    BaseModelStatus,
+)
 from loraplane.operator.api.loraadapter import DOT_SEGMENT_MESSAGE, DOT_SEGMENT_RULE, LoraAdapterSpec, LoraAdapterStatus
 from loraplane.operator.schema_dialect import Node, SchemaDialect
 
@@ -33,7 +41,7 @@ class Kind:
     short_names: list[str]
     spec: type[BaseModel]
     status: type[BaseModel]
-    columns: list[dict[str, str]]
+    columns: list[dict[str, str | int]]  # name, type, jsonPath; priority 1: shown with -o wide
     rules: dict[str, list[dict[str, str]]] = field(default_factory=dict)  # JSON path in spec -> CEL rules
 
     @property
@@ -55,10 +63,11 @@ KINDS = (
             {"name": "Adapters", "type": "integer", "jsonPath": ".status.readyAdapters"},
             {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+            {"name": "Nodes", "type": "integer", "jsonPath": ".status.nodeCache.nodes", "priority": 1},
         ],
         rules={
             "engine": [{"rule": CPU_LORAS_RULE, "message": "maxCpuLoras must be at least maxLoras"}],
-            "": [{"rule": S3_BASE_RULE, "message": S3_BASE_MESSAGE}],
+            "": [{"rule": S3_BASE_RULE, "message": S3_BASE_MESSAGE}, {"rule": NODE_CACHE_RULE, "message": NODE_CACHE_MESSAGE}],
         },
     ),
     Kind(
@@ -76,6 +85,7 @@ KINDS = (
             {"name": "Hit rate", "type": "number", "jsonPath": ".status.metrics.deviceHitRate"},
             {"name": "Req/s", "type": "number", "jsonPath": ".status.metrics.requestsPerSecond"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+            {"name": "Nodes", "type": "integer", "jsonPath": ".status.nodesCached", "priority": 1},
         ],
         rules={"source": [{"rule": DOT_SEGMENT_RULE, "message": DOT_SEGMENT_MESSAGE}]},
     ),

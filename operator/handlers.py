@@ -15,7 +15,7 @@ from loraplane.operator.api import GROUP, VERSION, Condition
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.base_sync import BaseMemory, sync_base
 from loraplane.operator.children import children
-from loraplane.operator.conditions import set_condition
+from loraplane.operator.conditions import Status, set_condition
 from loraplane.operator.settings import OperatorSettings
 
 SETTINGS = OperatorSettings()
@@ -101,6 +101,8 @@ async def base_changed(
         kopf.event(body, type="Warning", reason="InvalidSpec", message=message)
         return
     manifests = children(name, namespace, base, SETTINGS.operator_namespace, SETTINGS.metrics_namespaces)
+    if not base.node_cache.enabled:  # turned off (or never on): its agents stop, and the credentials they hold with them
+        await cluster.retire_daemon_set(namespace, f"{name}-node-cache")
     await cluster.ensure_admin_secret(namespace, name, kopf.build_owner_reference(body))
     for manifest in manifests:
         kopf.adopt(manifest, owner=body)
@@ -112,13 +114,26 @@ async def base_changed(
     )
 
 
+async def _node_cache_status(namespace: str, name: str, condition: tuple[Status, str, str] | None) -> dict[str, Any]:
+    """``NodeCachesReady`` set among the object's conditions as they are now (read fresh: the
+    timer's copy may predate an ``Applied`` written since), or, with the node cache turned off,
+    its condition and ``status.nodeCache`` removed."""
+    fresh = (await cluster.get_custom(namespace, "basemodels", name) or {}).get("status") or {}
+    conditions = [Condition.model_validate(c) for c in fresh.get("conditions", [])]
+    if condition is not None:
+        return {"conditions": [c.body() for c in set_condition(conditions, "NodeCachesReady", *condition)]}
+    kept = [c.body() for c in conditions if c.type != "NodeCachesReady"]
+    return {"conditions": kept, "nodeCache": None}
+
+
 @kopf.timer(GROUP, VERSION, "basemodels", interval=SETTINGS.sync_interval, initial_delay=1.0)
 async def base_sync(name: str, namespace: str | None, spec: kopf.Spec, status: kopf.Status, **_: Any) -> None:
     namespace = namespace or "default"
     memory = MEMORY.setdefault((namespace, name), BaseMemory())
-    conditions = [Condition.model_validate(c) for c in status.get("conditions", [])]
-    patch = await sync_base(name, namespace, spec, memory, SETTINGS, conditions)
+    patch = await sync_base(name, namespace, spec, memory, SETTINGS)
     written = {k: v for k, v in patch.items() if v is not None}
+    if memory.node_condition is not None or "nodeCache" in status:
+        written.update(await _node_cache_status(namespace, name, memory.node_condition))
     if written != memory.last_status:  # an idle fleet costs no writes
         await cluster.patch_status(namespace, "basemodels", name, written)
         memory.last_status = written

@@ -20,7 +20,7 @@ from kubernetes.utils import parse_quantity
 
 from loraplane.node_cache.base_copy import published_path
 from loraplane.operator.api.basemodel import BaseModelSpec
-from loraplane.operator.cluster import BASE_LABEL, COMPONENT_LABEL, METRICS_PORT, admin_token_env
+from loraplane.operator.cluster import BASE_LABEL, COMPONENT_LABEL, METRICS_PORT, admin_token_env, node_cache_token_env
 from loraplane.operator.pod_security import CONTAINER_SECURITY, HOME_ENV, POD_SECURITY, TMP_MOUNT, TMP_VOLUME
 
 AGENT_PORT = 8090
@@ -57,7 +57,8 @@ def wait_for_base(spec: BaseModelSpec, image: str) -> dict[str, Any]:
     return {
         "name": "wait-for-base",
         "image": image,
-        "args": ["node-agent", "--cache-dir", NODE_CACHE_MOUNT, "wait-base", "--source", spec.source.uri],
+        "args": ["node-agent", "--cache-dir", NODE_CACHE_MOUNT, "wait-base", "--source", spec.source.uri]
+        + (["--digest", spec.source.digest] if spec.source.digest else []),
         "volumeMounts": [{"name": "node-cache", "mountPath": NODE_CACHE_MOUNT, "readOnly": True}],
         "securityContext": CONTAINER_SECURITY,
     }
@@ -84,8 +85,12 @@ def daemon_set(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]
         args += ["--base-source", spec.source.uri]
         if spec.source.digest:
             args += ["--base-digest", spec.source.digest]
+    for tenant in spec.tenancy.tenants or []:  # pods may have fetched only what the tenants may publish
+        for prefix in tenant.sources:
+            args += ["--allowed-source", prefix]
     env: list[dict[str, Any]] = [
         admin_token_env(name),
+        node_cache_token_env(name),
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         HOME_ENV,
     ]
@@ -116,7 +121,7 @@ def daemon_set(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]
         "readinessProbe": probe,
         "livenessProbe": probe,
         "volumeMounts": [mount, TMP_MOUNT],
-        "securityContext": {**CONTAINER_SECURITY, "runAsUser": IMAGE_USER},
+        "securityContext": {**CONTAINER_SECURITY, "runAsNonRoot": True, "runAsUser": IMAGE_USER},
     }
     volume = {"name": "node-cache", "hostPath": {"path": host_folder(name, namespace, spec), "type": "DirectoryOrCreate"}}
     pod_spec = {

@@ -8,6 +8,7 @@ its own bound and says when the rest did not fit.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ from loraplane.operator.conditions import Status
 from loraplane.operator.node_cache_objects import AGENT_PORT
 
 MAX_STAGED = 4096  # the agent's own bound on one staging list
+MAX_CALLS = 16  # agents called at once
 
 
 @dataclass
@@ -82,22 +84,30 @@ async def sync_node_caches(
     staged = decisions.node_staging(candidates(views, pins, rates))[:MAX_STAGED]
     request = StagingRequest(adapters=[StagedAdapter(source=c.source, digest=c.digest, pinned=c.pinned) for c in staged])
     agents = await cluster.ready_pods(namespace, name, "node-cache", "node-cache", AGENT_PORT)
-    states: dict[str, AgentState] = {}
-    for agent in agents:
-        client = AsyncAgentClient(agent.url, token)
-        try:
-            await client.stage(request)
-            states[agent.node or agent.name] = await client.state()
-        except AgentUnavailable:
-            continue  # the next sync tries again
+    calls = asyncio.Semaphore(MAX_CALLS)
+
+    async def one(agent: cluster.Replica) -> tuple[str, AgentState] | None:
+        async with calls:  # in parallel: N unreachable nodes cost one timeout per sync, not N
+            client = AsyncAgentClient(agent.url, token)
+            try:
+                await client.stage(request)
+                return agent.node or agent.name, await client.state()
+            except AgentUnavailable:
+                return None  # the next sync tries again
+
+    states = dict(r for r in await asyncio.gather(*(one(a) for a in agents)) if r is not None)
     nodes = [_node_state(node, s) for node, s in sorted(states.items())]
     serving = {v.served: serving_source(v.spec, v.status) for v in views if v.status.phase == "Ready"}
-    nodes_cached = {
-        served: sum(
-            1 for s in states.values() if any(a.cached and (a.source, a.digest) == (src.uri, src.digest) for a in s.staged)
-        )
-        for served, src in serving.items()
-    }
+    nodes_cached = (
+        {
+            served: sum(
+                1 for s in states.values() if any(a.cached and (a.source, a.digest) == (src.uri, src.digest) for a in s.staged)
+            )
+            for served, src in serving.items()
+        }
+        if states
+        else {}
+    )  # no agent answered (a roll of the DaemonSet): the adapters' figures stand
     status = NodeCacheStatus(
         nodes=len(nodes), nodes_with_base=sum(1 for n in nodes if n.base_ready), per_node=nodes[:MAX_STATUS_NODES]
     )

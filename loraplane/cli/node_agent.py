@@ -34,12 +34,17 @@ def _bytes(value: str | None) -> int | None:
 @click.option("--base-digest", help="The base folder's digest (loraplane digest --base); a copy that differs is refused.")
 @click.option("--policy", default="demand", type=click.Choice(["demand", "lru", "lfu", "tinylfu"]), help="Eviction order.")
 @listen_options("0.0.0.0", default_port=8090)
-@admin_token_option("Guards every call but /health and /metrics: the BaseModel's admin token.")
+@admin_token_option("Guards the serving pods' calls: the BaseModel's admin token.")
+@click.option(
+    "--operator-token", envvar="LORAPLANE_NODE_CACHE_TOKEN", help="Guards staging and state (default: the admin token)."
+)
+@click.option("--allowed-source", "allowed_sources", multiple=True, metavar="PREFIX",
+              help="A URI prefix pods may have fetched (repeatable); none: any.")  # fmt: skip
 @metrics_port_option
 @click.pass_context
 def node_agent(ctx: click.Context, cache_dir: Path, max_bytes: str | None, node: str, base_source: str | None,
                base_digest: str | None, policy: str, host: str, port: int, admin_token: str | None,
-               metrics_port: int | None) -> None:  # fmt: skip
+               operator_token: str | None, allowed_sources: tuple[str, ...], metrics_port: int | None) -> None:  # fmt: skip
     """Own a node's adapter cache: fetch for the serving pods on the node, stage what the operator asks."""
     if ctx.invoked_subcommand is not None:
         return
@@ -52,10 +57,10 @@ def node_agent(ctx: click.Context, cache_dir: Path, max_bytes: str | None, node:
 
     agent = NodeAgent(
         cache_dir, node, max_bytes=_bytes(max_bytes), s3=S3Settings.from_env(), policy=policy,
-        base_source=base_source, base_digest=base_digest,
+        base_source=base_source, base_digest=base_digest, allowed_sources=list(allowed_sources),
     )  # fmt: skip
     registry = CollectorRegistry()
-    app = create_agent_app(agent, admin_token, registry)
+    app = create_agent_app(agent, admin_token, registry, operator_token)
     if metrics_port is not None:  # the series alone, for a NetworkPolicy that opens it to the scraper only
         start_http_server(metrics_port, addr=host, registry=registry)
     agent.start()
@@ -67,13 +72,14 @@ def node_agent(ctx: click.Context, cache_dir: Path, max_bytes: str | None, node:
 
 @node_agent.command("wait-base")
 @click.option("--source", required=True, help="The BaseModel's source URI.")
+@click.option("--digest", help="Wait for the copy with this folder digest (the BaseModel's source.digest).")
 @click.option("--timeout", default=3600.0, type=click.FloatRange(min=0), help="Seconds before giving up.")
 @click.pass_context
-def wait_base(ctx: click.Context, source: str, timeout: float) -> None:
+def wait_base(ctx: click.Context, source: str, digest: str | None, timeout: float) -> None:
     """Wait until the base's verified copy is published in the node cache; print its path."""
     from loraplane.node_cache.base_copy import wait_for_base
 
     try:
-        click.echo(wait_for_base(ctx.parent.params["cache_dir"] if ctx.parent else Path("."), source, timeout))
+        click.echo(wait_for_base(ctx.parent.params["cache_dir"] if ctx.parent else Path("."), source, timeout, digest))
     except TimeoutError as err:
         raise click.ClickException(str(err)) from None

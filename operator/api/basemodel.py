@@ -16,6 +16,10 @@ QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"  # bytes, as K
 # adapters name) is explicit: no folder name to fall back on. The model's check and the CRD's rule.
 S3_BASE_RULE = "!self.source.uri.startsWith('s3://') || (self.nodeCache.enabled && has(self.source.name))"
 S3_BASE_MESSAGE = "an s3:// base needs nodeCache.enabled (the node agent copies it to each node) and source.name"
+# The agents run where the selector says: without one they would land on every node of the cluster
+# (copying the base to each), where GPU pods that select nodes by their resource requests never go.
+NODE_CACHE_RULE = "!self.nodeCache.enabled || size(self.resources.nodeSelector) > 0"
+NODE_CACHE_MESSAGE = "nodeCache.enabled needs resources.nodeSelector: the nodes that serve this base, where its agents run"
 MAX_STATUS_NODES = 32
 
 
@@ -164,6 +168,8 @@ class BaseModelSpec(KubeModel):
     def _s3_base_through_the_node_cache(self) -> BaseModelSpec:
         if self.source.uri.startswith("s3://") and not (self.node_cache.enabled and self.source.name):
             raise ValueError(S3_BASE_MESSAGE)
+        if self.node_cache.enabled and not self.resources.node_selector:
+            raise ValueError(NODE_CACHE_MESSAGE)
         return self
 
 

@@ -110,3 +110,27 @@ def test_the_gpu_base_model_runs_its_engine_on_the_gpu_it_requests(render: Any) 
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     engine = EngineConfig.model_validate(yaml.safe_load(objects["ConfigMap/llama-engine"]["data"]["engine.yaml"]))
     assert engine.device == "cuda" and engine.gpu_memory_utilization == 0.92 and engine.dtype == "bfloat16"
+
+
+def test_a_node_cache_from_values_gives_each_node_an_agent_and_its_volume(render: Any) -> None:
+    """The chart's BaseModel with ``nodeCache``: the operator builds the agents' DaemonSet from it
+    (per BaseModel: docs/node-cache.md says why), with the node's folder as a hostPath volume the
+    serving pods mount read-only, against the chart's self-contained object store."""
+    values = {
+        **SELF_CONTAINED,
+        "baseModel": {
+            "enabled": True,
+            "spec": {"nodeCache": {"enabled": True, "size": "40Gi"}, "resources": {"nodeSelector": {"pool": "serving"}}},
+        },
+    }
+    base = render(values).one("BaseModel")
+    assert errors(base) == []
+    spec = BaseModelResource.model_validate(base).spec
+    objects = {f"{o['kind']}/{o['metadata']['name']}": o for o in children("smollm2", "default", spec)}
+    agents = objects["DaemonSet/smollm2-node-cache"]["spec"]["template"]["spec"]
+    volume = next(v for v in agents["volumes"] if v["name"] == "node-cache")
+    assert volume["hostPath"] == {"path": "/var/lib/loraplane/default/smollm2", "type": "DirectoryOrCreate"}
+    assert agents["containers"][0]["envFrom"] == [{"secretRef": {"name": spec.adapter_store.credentials_secret.name}}]
+    serving = objects["Deployment/smollm2-serving"]["spec"]["template"]["spec"]
+    mount = next(m for m in serving["containers"][0]["volumeMounts"] if m["name"] == "node-cache")
+    assert mount["readOnly"] is True

@@ -35,6 +35,7 @@ def base_model(name: str, namespace: str) -> dict[str, Any]:
     manifest = copy.deepcopy(next(d for d in examples() if d["kind"] == "BaseModel"))
     manifest["metadata"] = {"name": name, "namespace": namespace}
     manifest["spec"]["nodeCache"] = {"enabled": True}  # its DaemonSet needs the chart's grant too
+    manifest["spec"]["resources"] = {**manifest["spec"].get("resources", {}), "nodeSelector": {"pool": "serving"}}
     return manifest
 
 

@@ -57,7 +57,8 @@ def test_everything_the_operator_creates_for_a_base_passes_server_side_dry_run(k
     built = children(base["metadata"]["name"], NS, spec, "loraplane", ["monitoring"])
     # And a base from object storage through the node cache, under another name.
     s3 = {**base["spec"], "source": {"uri": "s3://models/smollm2", "name": "HuggingFaceTB/SmolLM2-135M-Instruct"},
-          "nodeCache": {"enabled": True}}  # fmt: skip
+          "nodeCache": {"enabled": True},
+          "resources": {**base["spec"].get("resources", {}), "nodeSelector": {"pool": "a"}}}  # fmt: skip
     built += children("from-s3", NS, BaseModelSpec.model_validate(s3), "loraplane", ["monitoring"])
     assert {"NetworkPolicy", "DaemonSet"} <= {m["kind"] for m in built}
     r = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(built), check=False)
@@ -144,6 +145,8 @@ def test_kubectl_get_prints_the_printer_columns(kube: Kube, tmp_path: Path) -> N
     row = out[1].split()
     spec = manifest["spec"]
     assert row[:7] == ["columns", spec["baseModel"], spec["tenant"], "3", status["phase"], "true", "0.5"], out
+    wide = kube.kubectl("get", "loraadapters", "columns", "-n", NS, "-o", "wide").stdout.splitlines()
+    assert wide[0].split()[-1] == "NODES" and wide[1].split()[-1] == str(status["nodesCached"])  # -o wide only
 
 
 def test_a_cel_rule_is_evaluated_by_the_server(kube: Kube) -> None:
@@ -163,6 +166,9 @@ def test_the_server_refuses_an_s3_base_without_the_node_cache(kube: Kube) -> Non
     r = kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest), check=False)
     assert r.returncode != 0 and "nodeCache.enabled" in r.stderr, r.stderr
     manifest["spec"]["nodeCache"] = {"enabled": True}
+    r = kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest), check=False)
+    assert r.returncode != 0 and "nodeCache.enabled needs resources.nodeSelector" in r.stderr, r.stderr
+    manifest["spec"]["resources"] = {**manifest["spec"].get("resources", {}), "nodeSelector": {"pool": "serving"}}
     r = kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest), check=False)
     assert r.returncode == 0, r.stderr
     kube.kubectl("delete", "basemodel", "-n", NS, "s3-base")

@@ -179,7 +179,7 @@ def test_the_node_cache_objects_are_valid_and_wire_the_pods_to_their_own_nodes_a
     assert mount["readOnly"] is True
     assert {v["name"]: v for v in serving["volumes"]}["node-cache"]["hostPath"]["path"] == host
     (wait,) = serving["initContainers"]
-    assert wait["args"][-2:] == ["--source", "s3://models/llama-8b"]
+    assert wait["args"][-4:] == ["--source", "s3://models/llama-8b", "--digest", S3_BASE["source"]["digest"]]
     config = EngineConfig.model_validate(yaml.safe_load(objects["ConfigMap/smollm2-engine"]["data"]["engine.yaml"]))
     assert config.node_cache_url == "http://smollm2-node-cache.loraplane-demo.svc:8090"
     assert str(config.model).startswith(str(config.node_cache_dir)) and config.base_name == S3_BASE["source"]["name"]

@@ -22,12 +22,13 @@ from s3_server import ACCESS, SECRET, moto_server, upload_folder
 from serving_pods import admin_secret, serving_pod
 
 from loraplane.adapter_format import adapter_digest
-from loraplane.operator.cluster import COMPONENT_LABEL
+from loraplane.operator.cluster import COMPONENT_LABEL, NODE_CACHE_TOKEN_KEY
 from loraplane.serving.api.app import create_app
 from loraplane.serving.api.loopback import serve_app
 
 NS = "team-n"
 TOKEN = "node-agent-test-token"  # node_agent_process's: the BaseModel's admin token, which the agent takes too
+OPERATOR_TOKEN = "node-cache-operator-token"  # staging and state
 pytestmark = pytest.mark.slow
 
 
@@ -63,6 +64,11 @@ def cluster(
         kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
         kube.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "store", "namespace": NS}, "data": creds})
         kube.apply(admin_secret(NS, "tiny", TOKEN))
+        # The operator's own token for the agents, brought before the BaseModel as the admin one is.
+        token = {NODE_CACHE_TOKEN_KEY: base64.b64encode(OPERATOR_TOKEN.encode()).decode()}
+        kube.apply(
+            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tiny-node-cache", "namespace": NS}, "data": token}
+        )
         kube.apply({
             "apiVersion": "loraplane.dev/v1alpha1", "kind": "BaseModel", "metadata": {"name": "tiny", "namespace": NS},
             "spec": {
@@ -71,10 +77,11 @@ def cluster(
                 # The operator validates adapters from the store itself; only the agent reads through the proxy.
                 "adapterStore": {"endpoint": endpoint, "region": "us-east-1", "credentialsSecret": {"name": "store"}},
                 "autoPinning": {"enabled": False}, "nodeCache": {"enabled": True},
+                "resources": {"gpus": 0, "nodeSelector": {"loraplane.dev/serving": "true"}},
             },
         })  # fmt: skip
         node = folder / "node-a"
-        agent = stack.enter_context(node_agent(node, proxy.url))
+        agent = stack.enter_context(node_agent(node, proxy.url, "--operator-token", OPERATOR_TOKEN))
         kube.apply(agent_pod("tiny-node-cache-a", agent, "node-a"))
 
         def replica(name: str) -> str:
@@ -100,7 +107,7 @@ def cluster(
 
 
 def agent_state(url: str) -> dict[str, Any]:
-    return httpx.get(f"{url}/v1/state", headers={"Authorization": f"Bearer {TOKEN}"}).json()  # type: ignore[no-any-return]
+    return httpx.get(f"{url}/v1/state", headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}).json()  # type: ignore[no-any-return]
 
 
 def test_the_operator_stages_adapters_on_the_nodes_and_reports_them(cluster: dict[str, Any], tiny_adapters) -> None:
@@ -156,3 +163,23 @@ def test_a_new_pod_on_the_node_serves_a_staged_adapter_without_reading_the_store
     reply = httpx.post(f"{url}/v1/completions", json={"model": "hot", "prompt": "hello", "max_tokens": 4}, timeout=120)
     assert reply.status_code == 200, reply.text
     assert cluster["proxy"].connections == connections  # the node had it: no object-store read for this pod
+
+
+def test_turning_the_node_cache_off_stops_the_agents_and_clears_the_status(cluster: dict[str, Any]) -> None:
+    kube = cluster["kube"]
+    kube.merge_patch("BaseModel", NS, "tiny", {"spec": {"nodeCache": {"enabled": False}}})
+
+    def retired() -> dict[str, Any] | None:
+        daemons = kube.get("DaemonSet", NS, "tiny-node-cache") or {}
+        selector = daemons.get("spec", {}).get("template", {}).get("spec", {}).get("nodeSelector", {})
+        return daemons if selector.get("loraplane.dev/retired") == "true" else None
+
+    kube.wait_for("the agents' DaemonSet to select no node", retired, timeout=30)
+
+    def cleared() -> bool:
+        status = (kube.get("BaseModel", NS, "tiny") or {}).get("status", {})
+        return "nodeCache" not in status and all(c["type"] != "NodeCachesReady" for c in status.get("conditions", []))
+
+    kube.wait_for("the node cache's status to go", cleared, timeout=30)
+    config = kube.get("ConfigMap", NS, "tiny-engine")
+    assert config is not None and "node_cache_url" not in config["data"]["engine.yaml"]
