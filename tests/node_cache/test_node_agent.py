@@ -8,10 +8,11 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from engine_helpers import engine_greedy, tiny_engine
 from flaky_proxy import flaky_proxy
-from node_agent_process import TOKEN, call, node_agent
+from node_agent_process import TOKEN, call, node_agent, serving_process
 from s3_server import moto_server, upload_folder
 from waiting import wait_for
 
@@ -204,28 +205,46 @@ def test_a_base_whose_digest_differs_is_never_published(store, tmp_path) -> None
         assert waited.returncode != 0 and "not published" in waited.stderr
 
 
-def test_the_base_is_copied_once_per_node_and_serves_two_pods(
-    store, tiny_llama, tiny_adapters, reference, tmp_path, monkeypatch
-) -> None:
-    from loraplane.serving.lora.entries import AdapterSpec
-
+def test_the_base_is_copied_once_per_node_and_serves_two_serving_processes(store, tiny_llama, tiny_adapters, tmp_path) -> None:
+    """Two ``loraplane serve`` processes on one node, and a restart of one: the base is read from the
+    store once, by the agent; a staged adapter serves each process's first request; the restarted
+    process serves it with no contact with the store at all."""
     proxy, uris = store
-    digest = folder_digest(tiny_llama)
-    with node_agent(tmp_path / "node", proxy.url, "--base-source", uris["base"], "--base-digest", digest) as url:
+    base_digest, digest = folder_digest(tiny_llama), adapter_digest(tiny_adapters["qv4"])
+    node = tmp_path / "node"
+    with node_agent(node, proxy.url, "--base-source", uris["base"], "--base-digest", base_digest) as url:
         wait_for("the base on the node", lambda: state(url)["base"]["ready"], timeout=60)
-        waited = wait_base(tmp_path / "node", uris["base"], timeout=10)
+        call(url, "PUT", "/v1/staging", {"adapters": [{"source": uris["qv4"], "digest": digest}]})
+        wait_for("qv4 staged", lambda: state(url)["staged"][0]["cached"], timeout=30)
+        waited = wait_base(node, uris["base"], timeout=10)
         assert waited.returncode == 0, waited.stderr
         path = Path(waited.stdout.strip())
-        assert folder_digest(path.resolve()) == digest
-        read = proxy.bytes_from_target
-        pods = [pod(path, tmp_path / "node", url, tmp_path / f"pod-{i}", monkeypatch, str(tiny_llama)) for i in range(2)]
-        for engine in pods:
-            engine.register_lora(AdapterSpec("qv4", f"file://{tiny_adapters['qv4']}"))
-            assert answer(engine, "qv4") == reference["qv4"]
-        assert proxy.bytes_from_target == read  # neither pod read the base from the store
-    with node_agent(tmp_path / "node", proxy.url, "--base-source", uris["base"], "--base-digest", digest) as url:
+        assert folder_digest(path.resolve()) == base_digest
+        connections = proxy.connections
+
+        from loraplane.serving.engine.sampling_params import SamplingParams
+
+        local = tiny_engine(tiny_llama, tmp_path / "local", {"qv4": tiny_adapters["qv4"]})
+        (expected,) = local.generate([PROMPT], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True), ["qv4"])
+
+        def ask(server: str) -> str:
+            load = {"lora_name": "qv4", "lora_path": uris["qv4"], "digest": digest}
+            loaded = httpx.post(f"{server}/v1/load_lora_adapter", json=load, headers={"Authorization": f"Bearer {TOKEN}"})
+            assert loaded.status_code == 200, loaded.text
+            body = {"model": "qv4", "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+            done = httpx.post(f"{server}/v1/completions", json=body, timeout=120)
+            assert done.status_code == 200, done.text
+            return str(done.json()["choices"][0]["text"])
+
+        for i in range(2):  # two serving processes on the node, one after the other restarted
+            with serving_process(path, str(tiny_llama), node, url, tmp_path / f"pod-{i}") as server:
+                assert ask(server) == expected.text
+        with serving_process(path, str(tiny_llama), node, url, tmp_path / "pod-0") as restarted:
+            assert ask(restarted) == expected.text
+        assert proxy.connections == connections  # not the base, not the adapter: the node had both
+    with node_agent(node, proxy.url, "--base-source", uris["base"], "--base-digest", base_digest) as url:
         wait_for("the base on the node", lambda: state(url)["base"]["ready"], timeout=60)
-        assert proxy.bytes_from_target == read  # a restarted agent finds its copy
+        assert proxy.connections == connections  # a restarted agent finds its copy
 
 
 def test_a_copy_that_fails_half_way_publishes_nothing(tiny_llama, tmp_path, monkeypatch) -> None:
