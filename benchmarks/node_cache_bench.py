@@ -1,7 +1,7 @@
 """What a node cache saves: object-store reads and first-token latency after a pod restart, and how
 much of a Zipf trace a node cache sized to the working set answers.
 
-Run: python benchmarks/node_cache_bench.py  (about 5 minutes on 2 CPU cores)
+Run: python benchmarks/node_cache_bench.py  (about 4 minutes on 2 CPU cores)
 
 A real S3-compatible server on loopback (moto) behind a TCP proxy that counts the bytes it sends,
 the node agent (`loraplane node-agent`) as a real process, and the embedded base with synthetic

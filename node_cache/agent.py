@@ -82,9 +82,11 @@ class NodeAgent:
         on_fetch: Callable[[float], None] | None = None,
     ) -> None:
         """``allowed_sources``: URI prefixes a pod may have fetched (the BaseModel's tenants'); none:
-        any the agent's credentials can read. The bound is first enforced when the operator's
-        staging arrives (or at the first write), so a restart does not evict what was pinned."""
+        any the agent's credentials can read. After a restart onto a non-empty cache the bound is
+        kept only once the pins are known again (``_run``), so a restart does not evict them."""
         self.store = DiskCache(root, max_bytes=max_bytes, policy=policy, enforce_now=False)
+        if len(self.store) == 0:  # nothing adopted from a previous life: nothing a restart could wrongly evict
+            self.store.enforce()
         self.allowed_sources = list(allowed_sources or [])
         self.bases = BaseStore(root)
         self.node, self.s3, self.lease_seconds, self.on_fetch = node, s3, lease_seconds, on_fetch
@@ -101,6 +103,8 @@ class NodeAgent:
         self._head: set[str] = set()  # the staged sources that fit the bound: kept like pins
         self._pinned: set[str] = set()
         self._pin_lock = threading.Lock()  # the store's pins follow _pinned in the order they were decided
+        self._started = time.monotonic()
+        self._staged_once = False
         self.base = BaseState(source=base_source) if base_source else None
         self._base_digest = base_digest
         self._base_retry_state: _Retry | None = None
@@ -164,8 +168,9 @@ class NodeAgent:
             wanted = {(a.source, a.digest) for a in adapters}
             self._retries = {k: r for k, r in self._retries.items() if k in wanted}
             self._head &= {a.source for a in adapters}
+            self._sizes = {k: n for k, n in self._sizes.items() if k in wanted}
+            self._staged_once = True
         self._apply_pins()
-        self.store.enforce()
         self._wake.set()
 
     def state(self) -> NodeCacheState:
@@ -211,6 +216,11 @@ class NodeAgent:
             self._expire_pins()
             self._copy_base()
             self._fill()
+            # The bound is kept from when the pins are known: the pods have resent theirs (they do
+            # every few seconds) and the operator's staging has been counted (or never came).
+            up = time.monotonic() - self._started
+            if up > PIN_CLIENT_TTL and (self._staged_once or up > 2 * PIN_CLIENT_TTL):
+                self.store.enforce()
             self._wake.wait(interval)
             self._wake.clear()
 
@@ -269,7 +279,7 @@ class NodeAgent:
                 fits = room is None or total + size <= room
                 if fits:  # kept before the lease ends, or the release's own eviction could take it
                     head.add(a.source)
-                    self._set_head(self._head | head)
+                    self._set_head(head, keep_previous=True)
                 self.release(lease)
                 if not fits:
                     fit = False
@@ -281,13 +291,16 @@ class NodeAgent:
                 break
             total += size
             head.add(a.source)
-            self._set_head(self._head | head)
+            self._set_head(head, keep_previous=True)
         self._set_head(head)
         self.staged_bytes, self.staged_fit = total, fit
 
-    def _set_head(self, head: set[str]) -> None:
+    def _set_head(self, head: set[str], keep_previous: bool = False) -> None:
+        """``keep_previous``: during a pass, last pass's head stays kept (but only what is still
+        staged) until the pass has counted its own."""
         with self._lock:
-            self._head = head
+            staged = {a.source for a in self._staging}
+            self._head = (self._head & staged) | head if keep_previous else head
         self._apply_pins()
 
     def _stage_one(self, a: StagedAdapter) -> tuple[str, int] | None:
@@ -305,8 +318,11 @@ class NodeAgent:
             return None
         with self._lock:
             self._retries.pop(key, None)
+        if got.tier == "cold" and not self._digest_matches(a, got):  # first: it records why, so it is not refetched
+            self.release(got.lease)
+            return None
         size = self.store.cached_bytes(a.source, a.digest)
-        if size is None or (got.tier == "cold" and not self._digest_matches(a, got)):
+        if size is None:
             self.release(got.lease)
             return None
         return got.lease, size

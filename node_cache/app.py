@@ -78,9 +78,13 @@ def create_agent_app(
         if token and not bearer_matches(authorization, token):
             raise HTTPException(401, "the node agent needs the BaseModel's admin token")
 
+    def is_operator(authorization: str | None) -> bool:
+        """The operator's token (or, without one, the admin token); else 401 unless ``pods_too`` below."""
+        return bool(operator_token) and bearer_matches(authorization, operator_token or "")
+
     def check_operator(authorization: str | None) -> None:
-        if operator_token and not bearer_matches(authorization, operator_token):
-            raise HTTPException(401, "staging and state take the operator's node cache token")
+        if operator_token and not is_operator(authorization):
+            raise HTTPException(401, "staging takes the operator's node cache token")
         if not operator_token:
             check(authorization)
 
@@ -125,7 +129,12 @@ def create_agent_app(
 
     @app.get("/v1/state")
     def state(authorization: Auth = None) -> NodeCacheState:
-        check_operator(authorization)
-        return agent.state()
+        """The operator sees everything; a pod (the admin token) the node's figures, not the list
+        of what is staged (other tenants' sources)."""
+        if not operator_token or is_operator(authorization):
+            check_operator(authorization)
+            return agent.state()
+        check(authorization)
+        return agent.state().model_copy(update={"staged": []})
 
     return app

@@ -64,8 +64,9 @@ def _folder_bytes(folder: Path) -> int:
 
 class DiskCache:
     def __init__(self, root: Path, *, max_bytes: int | None = None, policy: str = "demand", enforce_now: bool = True) -> None:
-        """``max_bytes`` None leaves the cache unbounded. ``enforce_now`` False leaves the adopted
-        entries alone until the first write or :meth:`enforce` (an owner that learns its pins first)."""
+        """``max_bytes`` None leaves the cache unbounded. ``enforce_now`` False evicts nothing (the
+        adopted entries, or what is written meanwhile) until :meth:`enforce`: an owner that learns
+        its pins after a restart says when it knows them."""
         self.root = root / "adapters"
         self.aliases = self.root / "by-source"
         self.aliases.mkdir(parents=True, exist_ok=True)
@@ -78,9 +79,9 @@ class DiskCache:
         # The tier orders and counts; the bound is kept by _enforce, which may leave the cache over
         # it while protected entries alone fill it (an insert into a full Tier would raise instead).
         self.tier = Tier(2**62, make_policy(policy), name="disk cache", in_use=self._protected)
+        self._enforcing = enforce_now
         self._scan()
-        if enforce_now:
-            self._enforce()
+        self._enforce()
 
     # what is on disk ------------------------------------------------------------------------
     def _scan(self) -> None:
@@ -229,13 +230,14 @@ class DiskCache:
         return weights, target
 
     def enforce(self) -> None:
-        """Evict down to the bound now."""
+        """Keep the bound from now on, starting now."""
         with self._lock:
+            self._enforcing = True
             self._enforce()
 
     def _enforce(self) -> None:
         """Evict unprotected entries, least wanted first, until the cache fits its bound."""
-        while self.max_bytes is not None and self.tier.used > self.max_bytes:
+        while self._enforcing and self.max_bytes is not None and self.tier.used > self.max_bytes:
             victim = self.tier.policy.victim(self._protected)
             if victim is None:
                 return

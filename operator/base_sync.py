@@ -116,7 +116,7 @@ async def sync_base(
         node_token = await cluster.node_cache_token(namespace, name)
         node_caches = await sync_node_caches(name, namespace, base, adapters, pins, rates, node_token)
     memory.node_condition = node_caches.condition if node_caches else None
-    await _write_metrics(namespace, ready, stats, memory, settings, node_caches.nodes_cached if node_caches else {})
+    await _write_metrics(namespace, ready, stats, memory, settings, node_caches.nodes_cached if node_caches else None)
     if time.monotonic() - memory.usage_at >= settings.metrics_interval:
         memory.usage, memory.usage_at = await _usage(list(clients.values())), time.monotonic()
     patch: dict[str, Any] = {
@@ -190,8 +190,10 @@ async def _apply_pins(
 
 async def _write_metrics(
     namespace: str, ready: dict[str, AdapterView], stats: ReplicaAdapters, memory: BaseMemory,
-    settings: OperatorSettings, nodes_cached: dict[str, int],
+    settings: OperatorSettings, nodes_cached: dict[str, int] | None,
 ) -> None:  # fmt: skip
+    """``nodes_cached``: per served name, the nodes holding its serving version; None with the node
+    cache off (a figure left from when it was on is removed)."""
     now = time.monotonic()
     for served, view in ready.items():
         entries = _entries(stats, served)
@@ -205,14 +207,17 @@ async def _write_metrics(
         # What the replicas report, not what was asked: a replica refuses a pin that would take
         # its last unpinned slot (the adapter's Pinned condition says so).
         pinned = bool(entries) and all(e.pinned for e in entries)
-        cached_on = nodes_cached.get(served)
-        placement_changed = view.status.pinned != pinned or (cached_on is not None and view.status.nodes_cached != cached_on)
+        cached_on = (nodes_cached or {}).get(served)
+        stale = nodes_cached is None and view.status.nodes_cached is not None
+        placement_changed = (
+            view.status.pinned != pinned or stale or (cached_on is not None and view.status.nodes_cached != cached_on)
+        )
         refresh_due = now - memory.last_write.get(served, -1e9) >= settings.metrics_refresh
         if not decisions.worth_writing(view.status.metrics, new, refresh_due=refresh_due) and not placement_changed:
             continue
         patch: dict[str, Any] = {"metrics": new.body(), "replicas": placements, "pinned": pinned}
-        if cached_on is not None:
-            patch["nodesCached"] = cached_on
+        if cached_on is not None or stale:
+            patch["nodesCached"] = cached_on  # None: a merge patch's removal
         await cluster.patch_status(namespace, "loraadapters", view.name, patch)
         memory.last_write[served] = now
 

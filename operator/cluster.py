@@ -69,9 +69,17 @@ async def list_custom(namespace: str, plural: str) -> list[dict[str, Any]]:
     return await asyncio.to_thread(read)
 
 
-async def patch_status(namespace: str, plural: str, name: str, status: dict[str, Any]) -> None:
+async def patch_status(
+    namespace: str, plural: str, name: str, status: dict[str, Any], resource_version: str | None = None
+) -> None:
+    """``resource_version``: write only over that version of the object (else 409), for a patch
+    that replaces a list read from it."""
+    body: dict[str, Any] = {"status": status}
+    if resource_version is not None:
+        body["metadata"] = {"resourceVersion": resource_version}
+
     def write() -> None:
-        _custom().patch_namespaced_custom_object_status(GROUP, VERSION, namespace, plural, name, {"status": status})
+        _custom().patch_namespaced_custom_object_status(GROUP, VERSION, namespace, plural, name, body)
 
     await asyncio.to_thread(write)
 
@@ -187,10 +195,11 @@ async def read_secret(namespace: str, name: str) -> dict[str, str]:
 RETIRED_LABEL = "loraplane.dev/retired"  # no node carries it: a DaemonSet that selects it runs nowhere
 
 
-async def retire_daemon_set(namespace: str, name: str) -> None:
+async def retire_daemon_set(namespace: str, name: str, retired: bool = True) -> None:
     """Stop a DaemonSet's pods without deleting it (the operator holds no delete verb: what a
     BaseModel owns goes with it, by its owner reference): its pods must also run on nodes labelled
-    ``RETIRED_LABEL``, which none is. Absent, or retired already, is fine."""
+    ``RETIRED_LABEL``, which none is. ``retired`` False takes the label off again (a strategic
+    merge of the full manifest keeps a map key it does not name). Absent, or already so, is fine."""
 
     def write() -> None:
         apps = client.AppsV1Api(_api())
@@ -200,9 +209,9 @@ async def retire_daemon_set(namespace: str, name: str) -> None:
             if err.status == 404:
                 return
             raise
-        if RETIRED_LABEL in (current.spec.template.spec.node_selector or {}):
+        if (RETIRED_LABEL in (current.spec.template.spec.node_selector or {})) == retired:
             return
-        patch = {"spec": {"template": {"spec": {"nodeSelector": {RETIRED_LABEL: "true"}}}}}
+        patch = {"spec": {"template": {"spec": {"nodeSelector": {RETIRED_LABEL: "true" if retired else None}}}}}
         apps.patch_namespaced_daemon_set(name, namespace, patch)
 
     await asyncio.to_thread(write)

@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from loraplane.operator import cluster
@@ -107,6 +108,8 @@ async def base_changed(
     for manifest in manifests:
         kopf.adopt(manifest, owner=body)
         await cluster.apply_child(manifest)
+    if base.node_cache.enabled:  # turned back on: the agents run again
+        await cluster.retire_daemon_set(namespace, f"{name}-node-cache", retired=False)
     message = f"{name}-serving with {base.replicas} replicas"
     conditions = set_condition(conditions, "Applied", "True", "Applied", message, generation)
     await cluster.patch_status(
@@ -114,16 +117,20 @@ async def base_changed(
     )
 
 
-async def _node_cache_status(namespace: str, name: str, condition: tuple[Status, str, str] | None) -> dict[str, Any]:
+async def _node_cache_status(
+    namespace: str, name: str, condition: tuple[Status, str, str] | None
+) -> tuple[dict[str, Any], str | None]:
     """``NodeCachesReady`` set among the object's conditions as they are now (read fresh: the
     timer's copy may predate an ``Applied`` written since), or, with the node cache turned off,
-    its condition and ``status.nodeCache`` removed."""
-    fresh = (await cluster.get_custom(namespace, "basemodels", name) or {}).get("status") or {}
+    its condition and ``status.nodeCache`` removed. With the object's resourceVersion, so the
+    write replaces only the conditions it read."""
+    obj = await cluster.get_custom(namespace, "basemodels", name) or {}
+    fresh, version = obj.get("status") or {}, (obj.get("metadata") or {}).get("resourceVersion")
     conditions = [Condition.model_validate(c) for c in fresh.get("conditions", [])]
     if condition is not None:
-        return {"conditions": [c.body() for c in set_condition(conditions, "NodeCachesReady", *condition)]}
+        return {"conditions": [c.body() for c in set_condition(conditions, "NodeCachesReady", *condition)]}, version
     kept = [c.body() for c in conditions if c.type != "NodeCachesReady"]
-    return {"conditions": kept, "nodeCache": None}
+    return {"conditions": kept, "nodeCache": None}, version
 
 
 @kopf.timer(GROUP, VERSION, "basemodels", interval=SETTINGS.sync_interval, initial_delay=1.0)
@@ -132,8 +139,15 @@ async def base_sync(name: str, namespace: str | None, spec: kopf.Spec, status: k
     memory = MEMORY.setdefault((namespace, name), BaseMemory())
     patch = await sync_base(name, namespace, spec, memory, SETTINGS)
     written = {k: v for k, v in patch.items() if v is not None}
+    version = None
     if memory.node_condition is not None or "nodeCache" in status:
-        written.update(await _node_cache_status(namespace, name, memory.node_condition))
+        fields, version = await _node_cache_status(namespace, name, memory.node_condition)
+        written.update(fields)
     if written != memory.last_status:  # an idle fleet costs no writes
-        await cluster.patch_status(namespace, "basemodels", name, written)
+        try:
+            await cluster.patch_status(namespace, "basemodels", name, written, version)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            return  # the conditions changed since they were read: the next sync writes over the new ones
         memory.last_status = written

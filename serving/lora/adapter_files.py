@@ -110,10 +110,10 @@ class NodeAgentFiles:
 
     def _refresh_loop(self, seconds: float) -> None:
         while True:
+            self._send_pins()  # also keeps them from expiring, and an agent restarted since learns them again
             try:
                 s = self.agent.state()
                 self._figures = DiskCacheStats(bytes=s.bytes, max_bytes=s.max_bytes, entries=s.entries, evictions=s.evictions)
-                self._send_pins()  # an agent restarted since the last pin change learns them again
             except AgentUnavailable:
                 pass  # the last figures stand
             if self._stop.wait(seconds):

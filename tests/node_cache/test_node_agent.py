@@ -272,11 +272,14 @@ def test_staging_takes_the_operators_token_not_the_pods(store, tmp_path) -> None
 
     proxy, _ = store
     with node_agent(tmp_path / "node", proxy.url, "--operator-token", "operator-only") as url:
-        assert call(url, "PUT", "/v1/staging", {"adapters": []}).status_code == 401  # the pods' (admin) token
-        assert call(url, "GET", "/v1/state").status_code == 401
+        staged = {"adapters": [{"source": "s3://adapters/acme/x", "digest": "sha256:" + "0" * 64}]}
+        assert call(url, "PUT", "/v1/staging", staged).status_code == 401  # the pods' (admin) token
         operator = {"Authorization": "Bearer operator-only"}
-        assert httpx.put(url + "/v1/staging", json={"adapters": []}, headers=operator).status_code == 204
-        assert httpx.get(url + "/v1/state", headers=operator).status_code == 200
+        assert httpx.put(url + "/v1/staging", json=staged, headers=operator).status_code == 204
+        assert len(httpx.get(url + "/v1/state", headers=operator).json()["staged"]) == 1
+        figures = call(url, "GET", "/v1/state")  # a pod reads the node's figures, not what is staged
+        assert figures.status_code == 200 and figures.json()["staged"] == []
+        assert httpx.get(url + "/v1/state", headers={"Authorization": "Bearer wrong"}).status_code == 401
         assert call(url, "PUT", "/v1/pins", {"client": "pod-a", "sources": []}).status_code == 204  # still the pods'
 
 

@@ -181,5 +181,16 @@ def test_turning_the_node_cache_off_stops_the_agents_and_clears_the_status(clust
         return "nodeCache" not in status and all(c["type"] != "NodeCachesReady" for c in status.get("conditions", []))
 
     kube.wait_for("the node cache's status to go", cleared, timeout=30)
+    gone = lambda: "nodesCached" not in (kube.get("LoraAdapter", NS, "hot") or {}).get("status", {"nodesCached": 1})  # noqa: E731
+    kube.wait_for("the adapters' nodesCached to go", gone, timeout=30)
     config = kube.get("ConfigMap", NS, "tiny-engine")
     assert config is not None and "node_cache_url" not in config["data"]["engine.yaml"]
+    # And back on: the agents run again where the BaseModel's selector says.
+    kube.merge_patch("BaseModel", NS, "tiny", {"spec": {"nodeCache": {"enabled": True}}})
+
+    def running_again() -> bool:
+        daemons = kube.get("DaemonSet", NS, "tiny-node-cache") or {}
+        selector = daemons.get("spec", {}).get("template", {}).get("spec", {}).get("nodeSelector", {})
+        return selector == {"loraplane.dev/serving": "true"}
+
+    kube.wait_for("the agents' DaemonSet to select the serving nodes again", running_again, timeout=30)
