@@ -1,4 +1,5 @@
-"""``loraplane node-agent`` as a real process on loopback, as the DaemonSet runs it."""
+"""``loraplane node-agent`` and ``loraplane serve`` as real processes on loopback, as the DaemonSet
+and a serving pod with a node cache run them."""
 
 from __future__ import annotations
 
@@ -20,33 +21,41 @@ TOKEN = "node-agent-test-token"
 
 
 @contextmanager
-def node_agent(cache: Path, s3_endpoint: str, *args: str, node: str = "node-1") -> Iterator[str]:
-    """Yields the agent's URL once ``/health`` answers; stops it afterwards. ``args``: more flags."""
-    port = free_port()
-    env = {**os.environ, "AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": ACCESS, "AWS_SECRET_ACCESS_KEY": SECRET,
-           "AWS_REGION": "us-east-1", "LORAPLANE_ADMIN_TOKEN": TOKEN, "NODE_NAME": node}  # fmt: skip
-    command = [sys.executable, "-m", "loraplane.cli", "node-agent", "--cache-dir", str(cache), "--host", "127.0.0.1",
-               "--port", str(port), *args]  # fmt: skip
-    # A file, not a pipe: a pipe nobody reads would fill with access lines and block the agent.
+def _cli_process(args: list[str], env: dict[str, str], port: int, ready_path: str, timeout: float) -> Iterator[str]:
+    """``python -m loraplane.cli ARGS``; yields its URL once ``ready_path`` answers 200, stops it
+    afterwards. Its log goes to a file, not a pipe: a pipe nobody reads would fill with access
+    lines and block the process."""
+    url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
-        url = f"http://127.0.0.1:{port}"
+        proc = subprocess.Popen([sys.executable, "-m", "loraplane.cli", *args], env=env, stdout=subprocess.DEVNULL,
+                                stderr=log, text=True)  # fmt: skip
 
-        def healthy() -> bool:
+        def ready() -> bool:
             if proc.poll() is not None:
                 log.seek(0)
-                raise RuntimeError(f"node-agent exited: {log.read()[-4000:]}")
+                raise RuntimeError(f"loraplane {args[0]} exited: {log.read()[-4000:]}")
             try:
-                return httpx.get(f"{url}/health", timeout=1).status_code == 200
+                return httpx.get(f"{url}{ready_path}", timeout=1).status_code == 200
             except httpx.HTTPError:
                 return False
 
         try:
-            wait_for("the node agent to answer", healthy, timeout=60)
+            wait_for(f"loraplane {args[0]} to answer", ready, timeout=timeout)
             yield url
         finally:
             proc.terminate()
-            proc.wait(timeout=15)
+            proc.wait(timeout=30)
+
+
+@contextmanager
+def node_agent(cache: Path, s3_endpoint: str, *args: str, node: str = "node-1") -> Iterator[str]:
+    """The agent's URL once ``/health`` answers. ``args``: more flags."""
+    port = free_port()
+    env = {**os.environ, "AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": ACCESS, "AWS_SECRET_ACCESS_KEY": SECRET,
+           "AWS_REGION": "us-east-1", "LORAPLANE_ADMIN_TOKEN": TOKEN, "NODE_NAME": node}  # fmt: skip
+    command = ["node-agent", "--cache-dir", str(cache), "--host", "127.0.0.1", "--port", str(port), *args]
+    with _cli_process(command, env, port, "/health", timeout=60) as url:
+        yield url
 
 
 def call(url: str, method: str, path: str, body: object = None) -> httpx.Response:
@@ -67,24 +76,7 @@ def serving_process(base: Path, name: str, node_cache: Path, agent: str, scratch
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}  # a pod without the store's credentials
     env["LORAPLANE_ADMIN_TOKEN"] = TOKEN
-    command = [sys.executable, "-m", "loraplane.cli", "serve", "--config", str(scratch / "engine.yaml"), "--model", str(base),
-               "--served-model-name", name, "--port", str(port)]  # fmt: skip
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
-        url = f"http://127.0.0.1:{port}"
-
-        def ready() -> bool:
-            if proc.poll() is not None:
-                log.seek(0)
-                raise RuntimeError(f"serve exited: {log.read()[-4000:]}")
-            try:
-                return httpx.get(f"{url}/ready", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        try:
-            wait_for("the serving process to be ready", ready, timeout=120)
-            yield url
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    command = ["serve", "--config", str(scratch / "engine.yaml"), "--model", str(base), "--served-model-name", name,
+               "--port", str(port)]  # fmt: skip
+    with _cli_process(command, env, port, "/ready", timeout=120) as url:
+        yield url
