@@ -128,3 +128,9 @@ def open_source(uri: str, s3: S3Settings | None = None) -> AdapterSource:
     if parsed.scheme in ("file", ""):
         return FileSource(uri, Path(parsed.path if parsed.scheme else uri).expanduser())
     raise ValueError(f"{uri!r}: adapter sources are s3://bucket/prefix, file:///path or a local path")
+
+
+def under_prefix(uri: str, prefix: str) -> bool:
+    """``uri`` is ``prefix`` or inside it, at a path-segment boundary: a policy of
+    ``s3://adapters/acme`` admits ``s3://adapters/acme/x``, never ``s3://adapters/acme-evil/x``."""
+    return uri == prefix.rstrip("/") or uri.startswith(prefix if prefix.endswith("/") else prefix + "/")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import shutil
 import statistics
 import sys
@@ -162,7 +163,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="node-cache-bench-"))
     probe = build_engine(EngineConfig(cache_dir=work / "probe", max_loras=1))
     base = probe.base
-    print(f"embedded {base.shape.name}, dtype {probe.dtype}, torch threads {torch.get_num_threads()}")
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())  # fmt: skip
+    print(f"embedded {base.shape.name}, dtype {probe.dtype}, CPU {cpu}, torch threads {torch.get_num_threads()}")
     del probe
     try:
         with moto_server() as endpoint:

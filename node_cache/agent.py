@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loraplane.adapter_format import AdapterValidationError
-from loraplane.adapter_format.sources import S3Settings
+from loraplane.adapter_format.sources import S3Settings, under_prefix
 from loraplane.node_cache.base_copy import BaseDigestMismatch, BaseStore
 from loraplane.node_cache.fetch import acquire
 from loraplane.node_cache.models import (
@@ -116,7 +116,7 @@ class NodeAgent:
     def acquire(self, source: str, digest: str | None, *, counted: bool = True) -> Acquired:
         """A verified copy of the version on this node (fetched if need be), held under a lease.
         ``counted``: a pod's read, which the hit rate is about (staging's own reads are not)."""
-        if self.allowed_sources and not any(_under(source, p) for p in self.allowed_sources):
+        if self.allowed_sources and not any(under_prefix(source, p) for p in self.allowed_sources):
             raise SourceNotAllowed(f"{source[:256]} is under none of this node cache's allowed sources")
         with self._lock:
             source_lock = self._source_locks.setdefault(source, threading.Lock())
@@ -335,8 +335,3 @@ class NodeAgent:
         with self._lock:
             self._retries[(a.source, a.digest)] = _Retry(f"DigestMismatch: {a.source} now holds sha256:{got.content}", True)
         return False
-
-
-def _under(uri: str, prefix: str) -> bool:
-    """At a path boundary: ``s3://adapters/acme`` admits ``s3://adapters/acme/x``, not ``…/acme-evil/x``."""
-    return uri == prefix.rstrip("/") or uri.startswith(prefix if prefix.endswith("/") else prefix + "/")

@@ -79,7 +79,7 @@ def create_agent_app(
             raise HTTPException(401, "the node agent needs the BaseModel's admin token")
 
     def is_operator(authorization: str | None) -> bool:
-        """The operator's token (or, without one, the admin token); else 401 unless ``pods_too`` below."""
+        """The call carries the operator's own token (never true when none is set)."""
         return bool(operator_token) and bearer_matches(authorization, operator_token or "")
 
     def check_operator(authorization: str | None) -> None:

@@ -10,8 +10,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from loraplane.adapter_format.sources import under_prefix
 from loraplane.operator.api.basemodel import BaseModelSpec
-from loraplane.operator.api.loraadapter import SOURCE_SCHEMES, LoraAdapterSpec, under_prefix
+from loraplane.operator.api.loraadapter import SOURCE_SCHEMES, LoraAdapterSpec
 
 
 def _pydantic_errors(err: ValidationError) -> list[str]:

@@ -20,12 +20,6 @@ DOT_SEGMENT_RULE = f"!self.uri.matches('{DOT_SEGMENT}')"
 DOT_SEGMENT_MESSAGE = "spec.source.uri may not contain . or .. path segments"
 
 
-def under_prefix(uri: str, prefix: str) -> bool:
-    """``uri`` is ``prefix`` or inside it, at a path-segment boundary: a policy of
-    ``s3://adapters/acme`` admits ``s3://adapters/acme/x``, never ``s3://adapters/acme-evil/x``."""
-    return uri == prefix.rstrip("/") or uri.startswith(prefix if prefix.endswith("/") else prefix + "/")
-
-
 class AdapterSource(KubeModel):
     uri: str = Field(description="s3://bucket/prefix or file:///path: a PEFT folder", pattern=SOURCE_URI, max_length=2048)
     digest: str = Field(
