@@ -212,8 +212,8 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One scheduling round and one forward pass; outputs of the sequences that advanced."""
         outputs = self._fail_loads()
-        overdue = self.adapters.overdue_drain()
-        if overdue is not None:  # its slot is owed to a waiting adapter (see AdapterManager.overdue_drain)
+        overdue = self.adapters.begin_step()
+        if overdue is not None:  # its slot is owed to a waiting adapter (see DevicePlacement.begin_step)
             name, slot = overdue
             self.scheduler.preempt_where(lambda s: s.adapter == name and s.adapter_slot == slot)
         batch = self.scheduler.schedule()

@@ -2,27 +2,32 @@
 is held by adapters with running requests, one holder stops admitting new requests until its
 running ones finish and the slot frees. Without it a steadily busy adapter keeps its slot for as
 long as its traffic lasts and the waiting one starves (the demo showed 18 s waits with 2 slots
-and 3 busy adapters). One drain at a time; the victim is chosen by ``drain_victim``."""
+and 3 busy adapters). One drain at a time; the victim is chosen by ``drain_victim``.
+
+Its bounds are counted in engine steps, not seconds: a step is the unit in which requests make
+progress, so the same bound costs the same share of the machine whatever its speed. In seconds,
+a 1 s hold was four steps on a 2-core AVX2 CPU and fifteen on a faster one, where the two
+adapters sharing a slot then waited nine times their all-resident time to first token.
+"""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from loraplane.serving.lora.entries import AdapterEntry
 
 # A drained slot's waiter asks again every scheduling step; a drain it stopped asking about (the
-# request was aborted) lapses after this long rather than holding the victim back for good.
-DRAIN_LAPSE_SECONDS = 1.0
-# An adapter placed in a slot keeps it at least this long before a drain may pick it: two adapters
-# sharing one slot then take turns long enough to serve their queues, instead of paying a drain
-# (the victim's running requests finishing while its new ones wait) for every request.
-SLOT_HOLD_SECONDS = 1.0
-# A drained adapter's running requests get this long to finish; then they are preempted (and
-# resume later from the prefix cache). On a CPU a 32-token answer can take ten seconds inside a
-# busy batch, and waiting for it is what made the demo's colder adapters wait longest.
-DRAIN_PREEMPT_SECONDS = 1.0
+# request was aborted) lapses after this many steps rather than holding the victim back for good.
+DRAIN_LAPSE_STEPS = 2
+# An adapter placed in a slot keeps it at least this many steps before a drain may pick it: two
+# adapters sharing one slot then take turns long enough to admit their queues and decode a few
+# tokens, instead of paying a drain (preempting the victim's running requests) for every request.
+SLOT_HOLD_STEPS = 4
+# A drained adapter's running requests get this many steps to finish; then they are preempted
+# (and resume later from the prefix cache). A 32-token answer takes 32 steps or more inside a busy
+# batch, and waiting for it is what made the demo's colder adapters wait longest.
+DRAIN_PREEMPT_STEPS = 2
 
 
 @dataclass
@@ -31,28 +36,33 @@ class Drain:
 
     victim: str
     waiter: str
-    started: float  # monotonic seconds
-    asked: float  # when the waiter last asked; the drain lapses if it stops asking
+    started: int  # the step it began
+    asked: int  # the step the waiter last asked in; the drain lapses if it stops asking
 
 
 class SlotDrain:
     def __init__(self) -> None:
         self.current: Drain | None = None
+        self.step = 0  # engine steps so far: the clock of the drain's bounds and of slot holds
+
+    def tick(self) -> None:
+        """One engine step begins."""
+        self.step += 1
 
     def draining(self, name: str) -> bool:
         """Whether ``name`` is the victim of a drain its waiter still asks for."""
         if self.current is None or self.current.victim != name:
             return False
-        if time.monotonic() - self.current.asked > DRAIN_LAPSE_SECONDS:  # the waiter went away
+        if self.step - self.current.asked > DRAIN_LAPSE_STEPS:  # the waiter went away
             self.current = None
             return False
         return True
 
-    def ask(self, waiter: str, on_device: Callable[[str], bool], choose: Callable[[str, float], str | None]) -> None:
+    def ask(self, waiter: str, on_device: Callable[[str], bool], choose: Callable[[str, int], str | None]) -> None:
         """``waiter`` found every slot held: start a drain for it (``choose`` picks the victim),
         keep its drain going, or leave another waiter's drain in place."""
-        now, current = time.monotonic(), self.current
-        if current is not None and current.waiter != waiter and now - current.asked < DRAIN_LAPSE_SECONDS:
+        now, current = self.step, self.current
+        if current is not None and current.waiter != waiter and now - current.asked <= DRAIN_LAPSE_STEPS:
             return  # one drain at a time; the next waiter's turn comes after this one's
         if current is not None and current.waiter == waiter and on_device(current.victim):
             current.asked = now  # still draining for this waiter
@@ -66,27 +76,28 @@ class SlotDrain:
             self.current = None
 
     def overdue(self) -> str | None:
-        """The victim whose running requests have held its slot for DRAIN_PREEMPT_SECONDS since the
+        """The victim whose running requests have held its slot for DRAIN_PREEMPT_STEPS since the
         drain began: the engine preempts them (they resume later, mostly from the prefix cache), so
         a waiter's wait is bounded by the hold and this, not by the victim's longest request."""
         d = self.current
-        if d is None or not self.draining(d.victim) or time.monotonic() - d.started < DRAIN_PREEMPT_SECONDS:
+        if d is None or not self.draining(d.victim) or self.step - d.started < DRAIN_PREEMPT_STEPS:
             return None
         return d.victim
 
 
 def drain_victim(
-    entries: Iterable[tuple[str, AdapterEntry]], waiter: str, now: float, hot: frozenset[str], demand: Callable[[str], float]
+    entries: Iterable[tuple[str, AdapterEntry]], waiter: str, now: int, hot: frozenset[str], demand: Callable[[str], float]
 ) -> str | None:
     """The slot holder to drain for ``waiter`` under demand placement: the one in least demand
-    among those neither pinned, nor hot, nor placed within SLOT_HOLD_SECONDS; the fewest running
-    requests break ties (its slot frees soonest). None when every holder is protected: the waiter
-    asks again next step. A waiter therefore gets a slot within SLOT_HOLD_SECONDS plus the
-    victim's longest running request, and the hot set is never its price."""
+    among those neither pinned, nor hot, nor placed within SLOT_HOLD_STEPS (``now`` is the
+    step); the fewest running requests break ties (its slot frees soonest). None when every
+    holder is protected: the waiter asks again next step. A waiter therefore gets a slot within
+    SLOT_HOLD_STEPS plus DRAIN_PREEMPT_STEPS (and one to place it), and the hot set is never its
+    price."""
     candidates = [
         e
         for name, e in entries
-        if e.slot is not None and not e.pinned and name not in hot and name != waiter and now - e.placed_at >= SLOT_HOLD_SECONDS
+        if e.slot is not None and not e.pinned and name not in hot and name != waiter and now - e.placed_step >= SLOT_HOLD_STEPS
     ]
     if not candidates:
         return None

@@ -60,7 +60,7 @@ class AdapterEntry:
     failures: int = 0  # transient failures in a row
     retry_at: float = 0.0  # no new load before this (monotonic seconds)
     retired_key: str | None = None  # set once a new version took its name (see _retire)
-    placed_at: float = 0.0  # when it last took a device slot (monotonic seconds)
+    placed_step: int = 0  # the engine step in which it last took a device slot (see drain.SlotDrain)
 
     @property
     def slot(self) -> int | None:

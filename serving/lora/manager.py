@@ -228,8 +228,9 @@ class AdapterManager:
             self.metrics.observe_load(name, entry.spec.tenant, "host", time.perf_counter() - start)
         return slot
 
-    def overdue_drain(self) -> tuple[str, int] | None:
-        return self.placement.overdue_drain()
+    def begin_step(self) -> tuple[str, int] | None:
+        """Called once per engine step: the drained adapter whose running requests to preempt."""
+        return self.placement.begin_step()
 
     def residency(self, name: str) -> Tier:
         return self._get(name).residency

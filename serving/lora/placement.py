@@ -8,7 +8,6 @@ registration, loading and the host tier stay with the manager.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 
 from loraplane.eviction import Tier, TierFullError, make_policy
@@ -103,21 +102,23 @@ class DevicePlacement:
             self.drain.ask(name, self._on_device, self._drain_victim)
             return None
         self.drain.placed(name)
-        entry.placement, entry.placed_at = self.store.place(entry.loaded), time.monotonic()
+        entry.placement, entry.placed_step = self.store.place(entry.loaded), self.drain.step
         if entry.pinned:
             self.tier.pin(name)
         return entry.placement.slot
 
-    def overdue_drain(self) -> tuple[str, int] | None:
-        """The drained adapter (and its slot) whose running requests the engine should preempt
-        (see ``SlotDrain.overdue``); only under demand placement."""
+    def begin_step(self) -> tuple[str, int] | None:
+        """An engine step begins (the drain's clock ticks); returns the drained adapter (and its
+        slot) whose running requests the engine should preempt now (see ``SlotDrain.overdue``),
+        only under demand placement."""
+        self.drain.tick()
         victim = self.drain.overdue() if self.follows_demand else None
         entry = self.entries.get(victim) if victim is not None else None
         if victim is None or entry is None or entry.slot is None or not entry.running:
             return None
         return victim, entry.slot
 
-    def _drain_victim(self, waiter: str, now: float) -> str | None:
+    def _drain_victim(self, waiter: str, now: int) -> str | None:
         if not self.follows_demand:  # the policy's own order, as the device tier would evict
             victim = self.tier.policy.victim(lambda k: k in self.tier.pinned)
             return None if victim is None else str(victim)

@@ -1,8 +1,8 @@
 """Placement that follows demand: the hot adapter keeps its slot, a waiter's wait is bounded.
 
-The bounds are in seconds (a slot holder keeps its slot SLOT_HOLD_SECONDS, a drained holder's
-requests are preempted after DRAIN_PREEMPT_SECONDS); these tests set them to zero so the
-behaviour shows in a handful of steps of the tiny model instead of in wall time.
+The bounds are counted in engine steps (a slot holder keeps its slot SLOT_HOLD_STEPS, a drained
+holder's requests are preempted after DRAIN_PREEMPT_STEPS), so these tests run with the defaults
+a server runs with and the behaviour shows in a handful of steps of the tiny model.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ PROMPT = [5, 6, 7, 8]
 
 @pytest.fixture
 def no_hold(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(drain, "SLOT_HOLD_SECONDS", 0.0)
-    monkeypatch.setattr(drain, "DRAIN_PREEMPT_SECONDS", 0.0)
+    """The hot set forms on the first requests (a server waits for HOT_SET_MIN decayed ones)."""
     monkeypatch.setattr(demand, "HOT_SET_MIN", 1.0)
 
 
@@ -79,7 +78,10 @@ def test_a_waiter_is_served_without_waiting_for_the_holders_long_requests(tiny_l
             if out.finished:
                 done[out.request_id] = (step, out.token_ids)
         step += 1
-    assert done[waiter][0] < 20, f"all8 waited {done[waiter][0]} steps for qv4's long requests"
+    # The holder was placed long enough ago: its requests are preempted DRAIN_PREEMPT_STEPS after
+    # the drain begins, all8 takes the slot the step after, then prefills and decodes its 4 tokens.
+    bound = drain.DRAIN_PREEMPT_STEPS + 1 + 4
+    assert done[waiter][0] <= bound, f"all8 waited {done[waiter][0]} steps for qv4's long requests (bound {bound})"
     assert engine.scheduler.num_preemptions >= 2
     assert done[first][1] == expected[0].token_ids
     assert done[second][1] == expected[1].token_ids
@@ -110,3 +112,36 @@ def test_time_to_first_token_is_a_histogram_per_adapter(tiny_llama, tiny_adapter
     text = generate_latest(engine.metrics.registry).decode()
     assert 'loraplane_time_to_first_token_seconds_count{adapter="qv4",tenant="tenant-a"} 1.0' in text
     assert 'loraplane_time_to_first_token_seconds_count{adapter="__base__",tenant="__base__"} 1.0' in text
+
+
+def test_a_drain_counts_its_bounds_in_engine_steps_whatever_a_step_lasts() -> None:
+    """The hold and the preemption delay are engine steps: a holder placed fewer than
+    SLOT_HOLD_STEPS steps ago is never the victim, and a drained holder's requests become overdue
+    exactly DRAIN_PREEMPT_STEPS steps after its drain began, however long those steps took (in
+    seconds, the same bound was four steps on one CPU and fifteen on another)."""
+    from types import SimpleNamespace
+
+    slots = drain.SlotDrain()
+    holder = SimpleNamespace(slot=0, pinned=False, placed_step=0, running=2, spec=SimpleNamespace(name="held"))
+
+    def choose(waiter: str, now: int) -> str | None:
+        return drain.drain_victim([("held", holder)], waiter, now, frozenset(), lambda _n: 1.0)  # type: ignore[list-item]
+
+    for _ in range(drain.SLOT_HOLD_STEPS - 1):
+        slots.tick()
+        slots.ask("waiter", lambda _n: True, choose)
+        assert slots.current is None, "a holder inside its hold was drained"
+    slots.tick()
+    slots.ask("waiter", lambda _n: True, choose)
+    assert slots.current is not None and slots.current.victim == "held"
+    for _ in range(drain.DRAIN_PREEMPT_STEPS - 1):
+        assert slots.overdue() is None
+        slots.tick()
+        slots.ask("waiter", lambda _n: True, choose)
+    assert slots.overdue() is None
+    slots.tick()
+    assert slots.overdue() == "held"
+    # A waiter that stops asking (its request was aborted) lets the drain lapse.
+    for _ in range(drain.DRAIN_LAPSE_STEPS + 1):
+        slots.tick()
+    assert not slots.draining("held") and slots.current is None
