@@ -124,3 +124,48 @@ def test_a_crashed_fetch_is_cleaned_up_at_the_next_start(tmp_path: Path) -> None
     DiskCache(tmp_path)
     assert not old.exists()
     assert fresh.exists()  # perhaps another replica's fetch in progress: left alone
+
+
+def test_a_commit_is_durable_before_it_is_visible(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Crash consistency, by the order of the system calls: every fetched file and the staged
+    folder are fsynced before the rename that makes the folder visible under its content address,
+    and the cache folder after it; the alias is written to a temporary file, fsynced, renamed over
+    the old one, and its folder fsynced. A crash between any two calls leaves either the old state
+    or a complete new entry, never a visible folder whose files the disk has not got."""
+    calls: list[tuple[str, ...]] = []
+    real_fsync, real_rename, real_replace = os.fsync, os.rename, os.replace
+
+    def fsync(fd: int) -> None:
+        calls.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def rename(src, dst) -> None:  # type: ignore[no-untyped-def]
+        calls.append(("rename", str(src), str(dst)))
+        real_rename(src, dst)
+
+    def replace(src, dst) -> None:  # type: ignore[no-untyped-def]
+        calls.append(("rename", str(src), str(dst)))
+        real_replace(src, dst)
+
+    cache = DiskCache(tmp_path, max_bytes=1024 * KB, policy="lru")
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(os, "replace", replace)
+    digest, folder = fetch(cache, "s3://b/a", 10 * KB, 1)
+    monkeypatch.undo()
+
+    renames = [i for i, c in enumerate(calls) if c[0] == "rename"]
+    assert len(renames) == 2, calls  # the folder into place, then the alias
+    folder_at, alias_at = renames
+    staged = calls[folder_at][1]
+    assert calls[folder_at][2] == str(folder)
+    synced_before = {c[1] for c in calls[:folder_at] if c[0] == "fsync"}
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        assert f"{staged}/{name}" in synced_before, f"{name} was not fsynced before the folder became visible"
+    assert staged in synced_before, "the staged folder's entries were not fsynced before its rename"
+    root = str(folder.parent)
+    assert ("fsync", root) in calls[folder_at:alias_at], "the rename into the cache folder was not made durable"
+    alias_tmp, alias = calls[alias_at][1], calls[alias_at][2]
+    assert ("fsync", alias_tmp) in calls[folder_at:alias_at], "the alias was renamed before its contents were on disk"
+    assert ("fsync", str(Path(alias).parent)) in calls[alias_at:], "the alias's rename was not made durable"
+    assert cache.get("s3://b/a", digest) == (digest, folder)
