@@ -17,8 +17,10 @@ from dataclasses import dataclass
 
 from loraplane.serving.lora.entries import AdapterEntry
 
-# A drained slot's waiter asks again every scheduling step; a drain it stopped asking about (the
-# request was aborted) lapses after this many steps rather than holding the victim back for good.
+# A drain lasts while its waiter has requests queued. A waiter asks again whenever admission
+# reaches its request, which is not every step (a full batch admits nobody); after this many steps
+# without an ask the drain checks the queue, and lapses if the waiter's requests are gone (aborted),
+# rather than holding the victim back for good.
 DRAIN_LAPSE_STEPS = 2
 # An adapter placed in a slot keeps it at least this many steps before a drain may pick it: two
 # adapters sharing one slot then take turns long enough to admit their queues and decode a few
@@ -41,9 +43,22 @@ class Drain:
 
 
 class SlotDrain:
-    def __init__(self) -> None:
+    def __init__(self, still_waiting: Callable[[str], bool]) -> None:
+        """``still_waiting(name)``: whether ``name`` has requests queued (read only when a waiter
+        has not asked for DRAIN_LAPSE_STEPS, since it counts the scheduler's queue)."""
         self.current: Drain | None = None
         self.step = 0  # engine steps so far: the clock of the drain's bounds and of slot holds
+        self.still_waiting = still_waiting
+
+    def _live(self) -> Drain | None:
+        """The current drain, unless its waiter has gone (see DRAIN_LAPSE_STEPS)."""
+        d = self.current
+        if d is not None and self.step - d.asked > DRAIN_LAPSE_STEPS:
+            if not self.still_waiting(d.waiter):
+                self.current = d = None
+            else:
+                d.asked = self.step
+        return d
 
     def tick(self) -> None:
         """One engine step begins."""
@@ -53,16 +68,13 @@ class SlotDrain:
         """Whether ``name`` is the victim of a drain its waiter still asks for."""
         if self.current is None or self.current.victim != name:
             return False
-        if self.step - self.current.asked > DRAIN_LAPSE_STEPS:  # the waiter went away
-            self.current = None
-            return False
-        return True
+        return self._live() is not None
 
     def ask(self, waiter: str, on_device: Callable[[str], bool], choose: Callable[[str, int], str | None]) -> None:
         """``waiter`` found every slot held: start a drain for it (``choose`` picks the victim),
         keep its drain going, or leave another waiter's drain in place."""
-        now, current = self.step, self.current
-        if current is not None and current.waiter != waiter and now - current.asked <= DRAIN_LAPSE_STEPS:
+        now, current = self.step, self._live()
+        if current is not None and current.waiter != waiter:
             return  # one drain at a time; the next waiter's turn comes after this one's
         if current is not None and current.waiter == waiter and on_device(current.victim):
             current.asked = now  # still draining for this waiter

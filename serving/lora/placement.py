@@ -43,7 +43,7 @@ class DevicePlacement:
         self.store.on_kv_short(lambda: self.evict_idle(spare_hot=False))
         # The victim is the one in least demand outside the hot set, never the one that is simply
         # always busy (see drain.drain_victim).
-        self.drain = SlotDrain()
+        self.drain = SlotDrain(lambda name: self.demands.queued().get(name, 0) > 0)
 
     def busy(self, key: object) -> bool:
         entry = self.lookup(key)

@@ -118,10 +118,13 @@ def test_a_drain_counts_its_bounds_in_engine_steps_whatever_a_step_lasts() -> No
     """The hold and the preemption delay are engine steps: a holder placed fewer than
     SLOT_HOLD_STEPS steps ago is never the victim, and a drained holder's requests become overdue
     exactly DRAIN_PREEMPT_STEPS steps after its drain began, however long those steps took (in
-    seconds, the same bound was four steps on one CPU and fifteen on another)."""
+    seconds, the same bound was four steps on one CPU and fifteen on another). The drain lasts
+    while its waiter has requests queued, asked or not (a full batch admits nobody, so the waiter
+    does not ask every step), and lapses once they are gone."""
     from types import SimpleNamespace
 
-    slots = drain.SlotDrain()
+    queued = {"waiter"}
+    slots = drain.SlotDrain(lambda name: name in queued)
     holder = SimpleNamespace(slot=0, pinned=False, placed_step=0, running=2, spec=SimpleNamespace(name="held"))
 
     def choose(waiter: str, now: int) -> str | None:
@@ -141,7 +144,12 @@ def test_a_drain_counts_its_bounds_in_engine_steps_whatever_a_step_lasts() -> No
     assert slots.overdue() is None
     slots.tick()
     assert slots.overdue() == "held"
-    # A waiter that stops asking (its request was aborted) lets the drain lapse.
+    # Steps in which the waiter does not ask (the batch was full) keep the drain while it waits.
+    for _ in range(3 * drain.DRAIN_LAPSE_STEPS):
+        slots.tick()
+    assert slots.draining("held")
+    # Its requests gone (aborted), the drain lapses and the victim admits again.
+    queued.clear()
     for _ in range(drain.DRAIN_LAPSE_STEPS + 1):
         slots.tick()
     assert not slots.draining("held") and slots.current is None
