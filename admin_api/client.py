@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections.abc import Generator
 from typing import Any
 
 import httpx
@@ -15,6 +16,7 @@ from pydantic import BaseModel
 
 from loraplane.adapter_format import BaseShape
 from loraplane.adapter_format.golden import DriftReport
+from loraplane.admin_api.auth import sign_request
 from loraplane.admin_api.models import LoadLoraRequest, NamedAdapterState, ReplicaStats, UnloadLoraRequest, VerifyRequest
 from loraplane.usage import UsageRollup
 
@@ -42,6 +44,22 @@ def shared_pool() -> httpx.AsyncClient:
     return pool
 
 
+class SignedAuth(httpx.Auth):
+    """Signs each request with the admin token instead of sending it (see ``auth``): the replica
+    verifies the signature, and whatever answers at the address learns nothing reusable."""
+
+    requires_request_body = True
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        host = request.headers.get("host") or request.url.netloc.decode("ascii")
+        target = request.url.raw_path.decode("ascii")
+        request.headers["Authorization"] = sign_request(self.token, request.method, host, target, request.content)
+        yield request
+
+
 class AdminClient:
     """One replica's admin API. ``http`` is the connection pool to use (by default one shared per
     event loop); ``timeout`` counts from when a connection is ours."""
@@ -50,7 +68,7 @@ class AdminClient:
         self, url: str, admin_token: str | None = None, timeout: float = 30.0, *, http: httpx.AsyncClient | None = None
     ) -> None:
         self.url, self.timeout, self.http = url.rstrip("/"), timeout, http
-        self.headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+        self.auth = SignedAuth(admin_token) if admin_token else None
 
     async def _call(self, method: str, path: str, body: BaseModel | None = None) -> Any:
         # Waiting for one of the pool's connections is the caller's own queue, not the replica
@@ -60,7 +78,7 @@ class AdminClient:
         payload = body.model_dump(mode="json", exclude_none=True) if body is not None else None
         try:
             r = await (self.http or shared_pool()).request(
-                method, f"{self.url}{path}", json=payload, headers=self.headers, timeout=timeout
+                method, f"{self.url}{path}", json=payload, auth=self.auth or httpx.USE_CLIENT_DEFAULT, timeout=timeout
             )
         except httpx.HTTPError as err:
             raise ReplicaError(self.url, f"unreachable: {type(err).__name__}: {err}") from None

@@ -9,19 +9,59 @@ names (only the node's figures), so ``/metrics`` is open to the scraper, and ``/
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated
+from dataclasses import dataclass
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Header, HTTPException, Response
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from prometheus_client import CollectorRegistry, Histogram, make_asgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from loraplane.adapter_format import AdapterValidationError
-from loraplane.admin_api.auth import bearer_matches
+from loraplane.admin_api.auth import SIGNED_SCHEME, bearer_matches, request_target, signed_request_matches
 from loraplane.node_cache.agent import NodeAgent, SourceNotAllowed, TooManyPinClients
 from loraplane.node_cache.models import Acquired, AcquireRequest, NodeCacheState, PinsRequest, ReleaseRequest, StagingRequest
 
-Auth = Annotated[str | None, Header()]  # at module level: the routes' annotations are resolved here
+
+@dataclass(frozen=True)
+class Credentials:
+    """What a call may do: a serving pod's calls (the BaseModel's admin token, or no token set)
+    and the operator's (its own node cache token)."""
+
+    pod: bool
+    operator: bool
+
+
+@dataclass(frozen=True)
+class AgentTokens:
+    token: str | None
+    operator_token: str | None
+    admin_hosts: frozenset[str]
+
+
+async def _credentials(request: Request) -> Credentials:
+    """Which tokens the call carries, as a bearer or as a signature of this very request
+    (``admin_api.auth``: the operator and the serving pods sign; the tokens never cross the wire,
+    so a pod posing as the agent learns nothing it can use)."""
+    tokens: AgentTokens = request.app.state.tokens
+    authorization = request.headers.get("authorization")
+    fields: dict[str, Any] = {}
+    if (authorization or "").startswith(SIGNED_SCHEME):
+        host = request.headers.get("host", "")
+        fields = {"body": await request.body(), "target": request_target(request.scope), "host": host}
+
+    def carries(t: str) -> bool:
+        if not fields:
+            return bearer_matches(authorization, t)
+        return signed_request_matches(authorization, t, method=request.method, admin_hosts=tokens.admin_hosts, **fields)
+
+    operator = bool(tokens.operator_token) and carries(tokens.operator_token or "")
+    return Credentials(pod=not tokens.token or carries(tokens.token), operator=operator)
+
+
+Caller = Annotated[Credentials, Depends(_credentials)]  # at module level: the routes' annotations are resolved here
+
+
 FETCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
 
 
@@ -60,10 +100,15 @@ class _Figures(Collector):
 
 
 def create_agent_app(
-    agent: NodeAgent, token: str | None, registry: CollectorRegistry | None = None, operator_token: str | None = None
+    agent: NodeAgent,
+    token: str | None,
+    registry: CollectorRegistry | None = None,
+    operator_token: str | None = None,
+    admin_hosts: frozenset[str] = frozenset(),
 ) -> FastAPI:
     """``registry``: where the fetch latency histogram and the figures go (a fresh one by default);
-    ``operator_token``: what staging and state take instead of ``token``."""
+    ``operator_token``: what staging and state take instead of ``token``; ``admin_hosts``: the
+    agent's own addresses (its pod IP and its Service's name), which a signed call must name."""
     registry = registry or CollectorRegistry()
     registry.register(_Figures(agent))
     fetches = Histogram(
@@ -72,29 +117,26 @@ def create_agent_app(
     )  # fmt: skip
     agent.on_fetch = fetches.labels(agent.node).observe
     app = FastAPI(title="loraplane node agent", docs_url=None, redoc_url=None)
+    app.state.tokens = AgentTokens(token, operator_token, admin_hosts)
     app.mount("/metrics", make_asgi_app(registry))
 
-    def check(authorization: str | None) -> None:
-        if token and not bearer_matches(authorization, token):
+    def check(who: Credentials) -> None:
+        if not who.pod:
             raise HTTPException(401, "the node agent needs the BaseModel's admin token")
 
-    def is_operator(authorization: str | None) -> bool:
-        """The call carries the operator's own token (never true when none is set)."""
-        return bool(operator_token) and bearer_matches(authorization, operator_token or "")
-
-    def check_operator(authorization: str | None) -> None:
-        if operator_token and not is_operator(authorization):
+    def check_operator(who: Credentials) -> None:
+        if operator_token and not who.operator:
             raise HTTPException(401, "staging takes the operator's node cache token")
         if not operator_token:
-            check(authorization)
+            check(who)
 
     @app.get("/health")
     async def health() -> dict[str, str]:  # on the event loop: not queued behind fetches in the thread pool
         return {"status": "ok"}
 
     @app.post("/v1/acquire")
-    def acquire(body: AcquireRequest, authorization: Auth = None) -> Acquired:
-        check(authorization)
+    def acquire(body: AcquireRequest, who: Caller) -> Acquired:
+        check(who)
         try:
             return agent.acquire(body.source, body.digest)
         except SourceNotAllowed as err:
@@ -107,14 +149,14 @@ def create_agent_app(
             raise HTTPException(503, {"code": "unavailable", "message": f"{type(err).__name__}: {err}"}) from None
 
     @app.post("/v1/release", status_code=204)
-    def release(body: ReleaseRequest, authorization: Auth = None) -> Response:
-        check(authorization)
+    def release(body: ReleaseRequest, who: Caller) -> Response:
+        check(who)
         agent.release(body.lease)
         return Response(status_code=204)
 
     @app.put("/v1/pins", status_code=204)
-    def pins(body: PinsRequest, authorization: Auth = None) -> Response:
-        check(authorization)
+    def pins(body: PinsRequest, who: Caller) -> Response:
+        check(who)
         try:
             agent.set_pins(body.client, body.sources)
         except TooManyPinClients as err:
@@ -122,19 +164,19 @@ def create_agent_app(
         return Response(status_code=204)
 
     @app.put("/v1/staging", status_code=204)
-    def staging(body: StagingRequest, authorization: Auth = None) -> Response:
-        check_operator(authorization)
+    def staging(body: StagingRequest, who: Caller) -> Response:
+        check_operator(who)
         agent.stage(body.adapters)
         return Response(status_code=204)
 
     @app.get("/v1/state")
-    def state(authorization: Auth = None) -> NodeCacheState:
+    def state(who: Caller) -> NodeCacheState:
         """The operator sees everything; a pod (the admin token) the node's figures, not the list
         of what is staged (other tenants' sources)."""
-        if not operator_token or is_operator(authorization):
-            check_operator(authorization)
+        if not operator_token or who.operator:
+            check_operator(who)
             return agent.state()
-        check(authorization)
+        check(who)
         return agent.state().model_copy(update={"staged": []})
 
     return app

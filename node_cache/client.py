@@ -10,7 +10,7 @@ import httpx
 from pydantic import BaseModel
 
 from loraplane.adapter_format import AdapterValidationError, ErrorCode
-from loraplane.admin_api.client import shared_pool
+from loraplane.admin_api.client import SignedAuth, shared_pool
 from loraplane.node_cache.models import Acquired, AcquireRequest, NodeCacheState, PinsRequest, ReleaseRequest, StagingRequest
 
 _Model = TypeVar("_Model", bound=BaseModel)
@@ -47,8 +47,8 @@ class AgentClient:
 
     def __init__(self, url: str, token: str | None, *, fetch_timeout: float = 900.0) -> None:
         self.url = url.rstrip("/")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(headers=headers, timeout=httpx.Timeout(10.0))
+        # Signed, not sent (admin_api.auth): a pod posing as the agent learns no token.
+        self.http = httpx.Client(auth=SignedAuth(token) if token else None, timeout=httpx.Timeout(10.0))
         self.fetch_timeout = fetch_timeout
 
     def _call(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> httpx.Response:
@@ -83,13 +83,13 @@ class AsyncAgentClient:
 
     def __init__(self, url: str, token: str | None, timeout: float = 10.0) -> None:
         self.url, self.timeout = url.rstrip("/"), timeout
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.auth = SignedAuth(token) if token else None
 
     async def _call(self, method: str, path: str, body: Any = None) -> httpx.Response:
         payload = body.model_dump(mode="json", exclude_none=True) if body is not None else None
         try:
             response = await shared_pool().request(
-                method, self.url + path, json=payload, headers=self.headers, timeout=self.timeout
+                method, self.url + path, json=payload, auth=self.auth or httpx.USE_CLIENT_DEFAULT, timeout=self.timeout
             )
         except httpx.HTTPError as err:
             raise AgentUnavailable(f"node agent {self.url}: {type(err).__name__}: {err}") from None

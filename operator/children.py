@@ -114,6 +114,9 @@ def deployment(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]
     env: list[dict[str, Any]] = [
         admin_token_env(name),
         stats_token_env(name),
+        # The operator and the router sign their admin calls for the pod's IP (admin_api.auth):
+        # the replica refuses a signature made for any other address.
+        {"name": "LORAPLANE_ADMIN_HOSTS", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         HOME_ENV,
         *usage_env,
     ]

@@ -36,9 +36,13 @@ def host_folder(name: str, namespace: str, spec: BaseModelSpec) -> str:
     return f"{spec.node_cache.host_path.rstrip('/')}/{namespace}/{name}"
 
 
+def service_host(name: str, namespace: str) -> str:
+    return f"{name}-node-cache.{namespace}.svc"
+
+
 def agent_url(name: str, namespace: str) -> str:
     """The agent on the calling pod's own node: the Service routes to local endpoints only."""
-    return f"http://{name}-node-cache.{namespace}.svc:{AGENT_PORT}"
+    return f"http://{service_host(name, namespace)}:{AGENT_PORT}"
 
 
 def base_path(spec: BaseModelSpec) -> str:
@@ -92,6 +96,10 @@ def daemon_set(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]
         admin_token_env(name),
         node_cache_token_env(name),
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        # Signed calls (admin_api.auth) must name the agent: the operator dials the pod's IP, the
+        # serving pods the Service; a signature captured by a pod posing as either is refused.
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "LORAPLANE_ADMIN_HOSTS", "value": f"$(POD_IP) {service_host(name, namespace)}"},
         HOME_ENV,
     ]
     store = spec.adapter_store

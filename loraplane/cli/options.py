@@ -80,6 +80,13 @@ def admin_token_option(help: str) -> Callable[[F], F]:
     return click.option("--admin-token", envvar="LORAPLANE_ADMIN_TOKEN", help=help)
 
 
+admin_hosts_option = click.option(
+    "--admin-host", "admin_hosts", multiple=True, envvar="LORAPLANE_ADMIN_HOSTS",
+    help="This server's own address (the operator passes the pod's IP); a signed admin call made for any other "
+    "address is refused, so a call captured elsewhere cannot be replayed here. Repeatable; unset: any address.",
+)  # fmt: skip
+
+
 def tenants_option(help: str) -> Callable[[F], F]:
     return click.option("--tenants", "tenants_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), help=help)
 

@@ -7,7 +7,14 @@ from typing import Any
 
 import click
 
-from loraplane.cli.options import admin_token_option, engine_flags, listen_options, metrics_port_option, tenants_option
+from loraplane.cli.options import (
+    admin_hosts_option,
+    admin_token_option,
+    engine_flags,
+    listen_options,
+    metrics_port_option,
+    tenants_option,
+)
 from loraplane.cli.usage import make_metering, usage_options
 
 
@@ -38,6 +45,7 @@ from loraplane.cli.usage import make_metering, usage_options
     "--stats-token", envvar="LORAPLANE_STATS_TOKEN",
     help="A second bearer token that may only read /admin/stats: the router's, so that it can change nothing.",
 )  # fmt: skip
+@admin_hosts_option
 @tenants_option("YAML/JSON of tenants, their API keys and quotas (e.g. a mounted Secret); without it the API is open.")
 @metrics_port_option
 @usage_options
@@ -53,6 +61,7 @@ def serve(
     lora_modules: tuple[str, ...],
     admin_token: str | None,
     stats_token: str | None,
+    admin_hosts: tuple[str, ...],
     tenants_path: Path | None,
     max_pending_requests: int,
     metrics_port: int | None,
@@ -96,6 +105,7 @@ def serve(
     app = create_app(
         lambda: build_engine(config), admin_token=admin_token, stats_token=stats_token or None, tenants=tenants,
         max_pending_requests=max_pending_requests, metering=metering,
+        admin_hosts=frozenset(h.lower() for h in admin_hosts),
     )  # fmt: skip
     if metrics_port is not None:
         from loraplane.serving.api.metrics_port import serve_metrics

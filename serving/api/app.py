@@ -37,14 +37,18 @@ def create_app(
     max_pending_requests: int = 256,
     metering: Metering | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    admin_hosts: frozenset[str] = frozenset(),
 ) -> FastAPI:
     """``max_pending_requests`` bounds the requests queued or running in the engine; beyond it the
     server sheds load with 503 and ``Retry-After`` instead of queueing without bound, from the
     tenants over their share of it first (see ``load_shedding``). ``metering``
     receives one usage record per request (by default they are only counted, not spooled).
-    ``stats_token`` may read ``/admin/stats`` and nothing else (the router's token)."""
+    ``stats_token`` may read ``/admin/stats`` and nothing else (the router's token).
+    ``admin_hosts``: this replica's own addresses, which a signed admin call must name."""
     meters = metering or Metering("local")
-    state = ServerState(make_engine, admin_token, max_pending_requests, tenants or Tenants(None), meters, stats_token)
+    state = ServerState(
+        make_engine, admin_token, max_pending_requests, tenants or Tenants(None), meters, stats_token, admin_hosts
+    )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

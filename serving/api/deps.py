@@ -14,7 +14,6 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from loraplane.admin_api.auth import bearer_matches
 from loraplane.serving.api.async_engine import AsyncEngine
 from loraplane.serving.api.errors import APIError, require_admin
 from loraplane.serving.api.load_shedding import PendingRequests
@@ -29,9 +28,12 @@ class ServerState:
 
     def __init__(
         self, make_engine: Callable[[], LLMEngine], admin_token: str | None, max_pending_requests: int, tenants: Tenants,
-        metering: Metering, stats_token: str | None = None,
+        metering: Metering, stats_token: str | None = None, admin_hosts: frozenset[str] = frozenset(),
     ) -> None:  # fmt: skip
+        """``admin_hosts``: this replica's own addresses; a signed admin call must name one of them
+        (the operator passes the pod's IP), so one captured elsewhere cannot be replayed here."""
         self.make_engine, self.admin_token, self.stats_token = make_engine, admin_token, stats_token
+        self.admin_hosts = admin_hosts
         self.tenants, self.metering = tenants, metering
         self.engine: AsyncEngine | None = None
         self.load_error: str | None = None
@@ -62,19 +64,17 @@ def _engine(request: Request) -> AsyncEngine:
     return _server(request).ready()
 
 
-def _admin(request: Request) -> AsyncEngine:
+async def _admin(request: Request) -> AsyncEngine:
     state = _server(request)
-    require_admin(request.headers.get("authorization"), state.admin_token)
+    await require_admin(request, state.admin_token, admin_hosts=state.admin_hosts)
     return state.ready()
 
 
-def _stats_reader(request: Request) -> AsyncEngine:
+async def _stats_reader(request: Request) -> AsyncEngine:
     """The admin token, or the stats token: what the router holds, which reads the replica's
     figures and can change nothing (least privilege for the pod every tenant's traffic crosses)."""
     state = _server(request)
-    authorization = request.headers.get("authorization")
-    if not (state.stats_token and bearer_matches(authorization, state.stats_token)):
-        require_admin(authorization, state.admin_token)
+    await require_admin(request, state.admin_token, reader_token=state.stats_token, admin_hosts=state.admin_hosts)
     return state.ready()
 
 

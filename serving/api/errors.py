@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from loraplane.admin_api.auth import bearer_matches
+from loraplane.admin_api.auth import SIGNED_SCHEME, bearer_matches, request_target, signed_request_matches
 
 
 class APIError(Exception):
@@ -64,7 +64,23 @@ async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body(str(message), type_), status_code=exc.status_code, headers=exc.headers)
 
 
-def require_admin(authorization: str | None, token: str | None) -> None:
-    """401 unless no admin token is set or the header carries it."""
-    if token and not bearer_matches(authorization, token):
-        raise APIError(401, "admin calls need the admin token", type_="authentication_error", code="invalid_api_key")
+async def require_admin(
+    request: Request, token: str | None, *, reader_token: str | None = None, admin_hosts: frozenset[str] = frozenset()
+) -> None:
+    """401 unless no admin token is set or the request carries it, as a bearer or as a signature
+    of this request (``admin_api.auth``; ``admin_hosts``: the addresses a signature may name).
+    ``reader_token`` is accepted too where a call only reads (the router's stats token)."""
+    if not token:
+        return
+    authorization = request.headers.get("authorization")
+    tokens = [t for t in (token, reader_token) if t]
+    if any(bearer_matches(authorization, t) for t in tokens):
+        return
+    if (authorization or "").startswith(SIGNED_SCHEME):  # the body is read only for a signed call
+        host, body, target = request.headers.get("host", ""), await request.body(), request_target(request.scope)
+        for t in tokens:
+            if signed_request_matches(
+                authorization, t, method=request.method, host=host, target=target, body=body, admin_hosts=admin_hosts
+            ):
+                return
+    raise APIError(401, "admin calls need the admin token", type_="authentication_error", code="invalid_api_key")

@@ -29,5 +29,5 @@ async def metrics(request: Request, server: Server) -> Response:
     adapters to any of them, so only the admin token reads them here (Prometheus scrapes the
     metrics port)."""
     if not server.tenants.open:
-        require_admin(request.headers.get("authorization"), server.admin_token)
+        await require_admin(request, server.admin_token, admin_hosts=server.admin_hosts)
     return Response(generate_latest(request.app.state.metrics), media_type=CONTENT_TYPE_LATEST)

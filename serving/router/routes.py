@@ -63,12 +63,12 @@ async def ready(state: State) -> dict[str, object]:
 async def prometheus(request: Request, state: State) -> Response:
     """Admin token only where tenants are set (the series name them); see metrics_port."""
     if not state.tenants.open:
-        require_admin(request.headers.get("authorization"), state.admin_token)
+        await require_admin(request, state.admin_token)
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/router/replicas")
 async def replicas(request: Request, state: State) -> dict[str, object]:
-    require_admin(request.headers.get("authorization"), state.admin_token)
+    await require_admin(request, state.admin_token)
     table = sorted(state.table.replicas.values(), key=lambda r: r.name)
     return {"policy": state.config.policy, "epsilon": state.config.epsilon, "replicas": [r.view() for r in table]}

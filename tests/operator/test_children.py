@@ -120,6 +120,9 @@ def test_the_deployment_carries_secrets_by_reference_and_the_sizing() -> None:
     refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "secretKeyRef" in e.get("valueFrom", {})}
     assert refs["LORAPLANE_ADMIN_TOKEN"] == {"name": "smollm2-admin", "key": "admin-token"}
     assert refs["LORAPLANE_STATS_TOKEN"] == {"name": "smollm2-stats", "key": "stats-token"}
+    # The replica knows its own address, so a signed admin call made for another pod is refused.
+    fields = {e["name"]: e["valueFrom"]["fieldRef"] for e in container["env"] if "fieldRef" in e.get("valueFrom", {})}
+    assert fields["LORAPLANE_ADMIN_HOSTS"] == {"fieldPath": "status.podIP"}
     assert "nvidia.com/gpu" not in container["resources"]["limits"]  # gpus: 0 in the embedded example
     gpu = copy.deepcopy(BASE["spec"])
     gpu["resources"] = {"gpus": 2, "nodeSelector": {"gpu": "h100"}, "tolerations": [{"key": "gpu", "operator": "Exists"}]}

@@ -1,0 +1,72 @@
+"""The node agent takes signed calls (``admin_api.auth``) for its own addresses only.
+
+Serving pods reach the agent through a Service that selects pods by label, and the operator
+dials agents it found by label: a pod a namespace user labels like an agent would receive their
+calls. They sign rather than send their tokens, so such a pod learns nothing it can use against
+the real agent, whose ``--admin-host`` addresses (its pod IP, its Service's name) a signature
+must name.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from loraplane.admin_api.auth import sign_request
+from loraplane.node_cache.agent import NodeAgent
+from loraplane.node_cache.app import create_agent_app
+
+POD, OPERATOR = "pods-admin-token", "operators-node-cache-token"
+SERVICE = "smollm2-node-cache.team-a.svc"
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[NodeAgent]:
+    agent = NodeAgent(tmp_path / "node", "node-1", max_bytes=None)
+    agent.start()
+    yield agent
+    agent.close()
+
+
+class Agent:
+    """The agent's app, called as if dialled at ``host`` (Starlette's test client runs it in-process)."""
+
+    def __init__(self, agent: NodeAgent, host: str) -> None:
+        app = create_agent_app(agent, POD, operator_token=OPERATOR, admin_hosts=frozenset({"10.1.2.3", SERVICE}))
+        self.host, self.http = f"{host}:8090", TestClient(app, base_url=f"http://{host}:8090")
+
+    def call(self, method: str, path: str, token: str, body: object = None, *, sent: object = None) -> int:
+        """The status of a call signed by ``token`` over ``body``; ``sent``: a different body put
+        under that signature."""
+        signed = json.dumps(body).encode() if body is not None else b""
+        content = json.dumps(sent).encode() if sent is not None else signed
+        headers = {"Authorization": sign_request(token, method, self.host, path, signed), "content-type": "application/json"}
+        return self.http.request(method, path, content=content, headers=headers).status_code
+
+
+def test_signed_calls_for_the_agents_own_addresses_are_taken(agent: NodeAgent) -> None:
+    for host in (SERVICE, "10.1.2.3"):  # the pods dial the Service, the operator the pod's IP
+        node = Agent(agent, host)
+        assert node.call("GET", "/v1/state", POD) == 200
+        assert node.call("PUT", "/v1/pins", POD, {"client": "pod-a", "sources": []}) == 204
+        assert node.call("PUT", "/v1/staging", OPERATOR, {"adapters": []}) == 204
+        # Each token keeps its own reach: the pods' cannot stage.
+        assert node.call("PUT", "/v1/staging", POD, {"adapters": []}) == 401
+
+
+def test_a_signature_for_another_address_or_by_another_token_is_refused(agent: NodeAgent) -> None:
+    elsewhere = Agent(agent, "10.9.9.9")  # what a pod posing as an agent would have been sent
+    assert elsewhere.call("GET", "/v1/state", POD) == 401
+    assert elsewhere.call("PUT", "/v1/staging", OPERATOR, {"adapters": []}) == 401
+    here = Agent(agent, SERVICE)
+    assert here.call("GET", "/v1/state", "a-guess") == 401
+    # A signed body cannot be swapped: the signature covers it.
+    evil = {"adapters": [{"source": "s3://evil/x", "digest": "sha256:" + "0" * 64}]}
+    assert here.call("PUT", "/v1/staging", OPERATOR, {"adapters": []}, sent=evil) == 401
+    assert here.call("PUT", "/v1/staging", OPERATOR, evil) == 204  # the same body, signed, is taken
+    # A person's bearer token still works, as before.
+    assert here.http.get("/v1/state", headers={"Authorization": f"Bearer {POD}"}).status_code == 200
