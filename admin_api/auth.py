@@ -86,19 +86,3 @@ def _hostname(host: str) -> str:
     if host.startswith("["):
         return host[1 : host.find("]")] if "]" in host else host
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-
-
-def admin_matches(
-    authorization: str | None,
-    token: str,
-    *,
-    method: str,
-    host: str,
-    target: str,
-    body: bytes,
-    admin_hosts: frozenset[str] = frozenset(),
-) -> bool:
-    """The token as a bearer, or a signature by it of this request (see the module)."""
-    return bearer_matches(authorization, token) or signed_request_matches(
-        authorization, token, method=method, host=host, target=target, body=body, admin_hosts=admin_hosts
-    )

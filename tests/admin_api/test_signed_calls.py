@@ -22,7 +22,7 @@ from engine_helpers import Built, tiny_engine
 from loraplane.admin_api import LoadLoraRequest
 from loraplane.admin_api.auth import (
     SIGNATURE_WINDOW_SECONDS,
-    admin_matches,
+    bearer_matches,
     sign_request,
     signed_request_matches,
 )
@@ -60,7 +60,8 @@ def test_a_signature_covers_the_method_the_address_the_path_the_body_and_the_tim
      "Loraplane-HMAC-SHA256 t=1,sig=é", "Basic YWRtaW46YWRtaW4="],
 )  # fmt: skip
 def test_malformed_headers_are_refused_not_raised(authorization: str) -> None:
-    assert not admin_matches(authorization, ADMIN, method="GET", host="h", target="/", body=b"")
+    assert not bearer_matches(authorization, ADMIN)
+    assert not signed_request_matches(authorization, ADMIN, method="GET", host="h", target="/", body=b"")
 
 
 class Rogue(BaseHTTPRequestHandler):
