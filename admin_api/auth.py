@@ -20,8 +20,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
 SIGNED_SCHEME = "Loraplane-HMAC-SHA256"
 # A signed request older or newer than this is refused: the window a captured request could be
@@ -73,16 +73,40 @@ def signed_request_matches(
     return hmac.compare_digest(signature.encode(), _signature(token, method, host, target, body, int(stamp)).encode())
 
 
-def request_target(scope: Mapping[str, Any]) -> str:
-    """The path and query of an ASGI request as the caller sent them (what a signature covers)."""
-    raw_path = scope.get("raw_path") or str(scope.get("path", "")).encode()
-    query = scope.get("query_string", b"")
-    return raw_path.decode("latin-1") + (f"?{query.decode('latin-1')}" if query else "")
-
-
 def _hostname(host: str) -> str:
     """``host[:port]`` without the port (an IPv6 literal keeps its brackets off)."""
     host = host.lower()
     if host.startswith("["):
         return host[1 : host.find("]")] if "]" in host else host
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+class Request(Protocol):
+    """What :func:`tokens_carried` reads of a request: Starlette's ``Request`` has it (this
+    package stays free of the web framework; both servers pass theirs)."""
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    @property
+    def method(self) -> str: ...
+    @property
+    def scope(self) -> Mapping[str, Any]: ...
+    async def body(self) -> bytes: ...
+
+
+async def tokens_carried(request: Request, tokens: Iterable[str], admin_hosts: frozenset[str] = frozenset()) -> set[str]:
+    """The ``tokens`` the request carries, as a bearer or as a signature of this very request.
+    The body is read (to check its digest) only for a signed call."""
+    authorization = request.headers.get("authorization")
+    if not (authorization or "").startswith(SIGNED_SCHEME):
+        return {t for t in tokens if bearer_matches(authorization, t)}
+    scope = request.scope
+    raw_path = scope.get("raw_path") or str(scope.get("path", "")).encode()
+    query = scope.get("query_string", b"")
+    target = raw_path.decode("latin-1") + (f"?{query.decode('latin-1')}" if query else "")
+    method, host, body = request.method, request.headers.get("host", ""), await request.body()
+    return {
+        t
+        for t in tokens
+        if signed_request_matches(authorization, t, method=method, host=host, target=target, body=body, admin_hosts=admin_hosts)
+    }

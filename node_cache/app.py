@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from prometheus_client import CollectorRegistry, Histogram, make_asgi_app
@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from loraplane.adapter_format import AdapterValidationError
-from loraplane.admin_api.auth import SIGNED_SCHEME, bearer_matches, request_target, signed_request_matches
+from loraplane.admin_api.auth import tokens_carried
 from loraplane.node_cache.agent import NodeAgent, SourceNotAllowed, TooManyPinClients
 from loraplane.node_cache.models import Acquired, AcquireRequest, NodeCacheState, PinsRequest, ReleaseRequest, StagingRequest
 
@@ -43,20 +43,9 @@ async def _credentials(request: Request) -> Credentials:
     """Which tokens the call carries, as a bearer or as a signature of this very request
     (``admin_api.auth``: the operator and the serving pods sign; the tokens never cross the wire,
     so a pod posing as the agent learns nothing it can use)."""
-    tokens: AgentTokens = request.app.state.tokens
-    authorization = request.headers.get("authorization")
-    fields: dict[str, Any] = {}
-    if (authorization or "").startswith(SIGNED_SCHEME):
-        host = request.headers.get("host", "")
-        fields = {"body": await request.body(), "target": request_target(request.scope), "host": host}
-
-    def carries(t: str) -> bool:
-        if not fields:
-            return bearer_matches(authorization, t)
-        return signed_request_matches(authorization, t, method=request.method, admin_hosts=tokens.admin_hosts, **fields)
-
-    operator = bool(tokens.operator_token) and carries(tokens.operator_token or "")
-    return Credentials(pod=not tokens.token or carries(tokens.token), operator=operator)
+    t: AgentTokens = request.app.state.tokens
+    found = await tokens_carried(request, [x for x in (t.token, t.operator_token) if x], t.admin_hosts)
+    return Credentials(pod=not t.token or t.token in found, operator=bool(t.operator_token) and t.operator_token in found)
 
 
 Caller = Annotated[Credentials, Depends(_credentials)]  # at module level: the routes' annotations are resolved here

@@ -45,7 +45,7 @@ def _bytes(value: str | None) -> int | None:
 @click.pass_context
 def node_agent(ctx: click.Context, cache_dir: Path, max_bytes: str | None, node: str, base_source: str | None,
                base_digest: str | None, policy: str, host: str, port: int, admin_token: str | None,
-               operator_token: str | None, admin_hosts: tuple[str, ...], allowed_sources: tuple[str, ...],
+               operator_token: str | None, admin_hosts: frozenset[str], allowed_sources: tuple[str, ...],
                metrics_port: int | None) -> None:  # fmt: skip
     """Own a node's adapter cache: fetch for the serving pods on the node, stage what the operator asks."""
     if ctx.invoked_subcommand is not None:
@@ -62,7 +62,7 @@ def node_agent(ctx: click.Context, cache_dir: Path, max_bytes: str | None, node:
         base_source=base_source, base_digest=base_digest, allowed_sources=list(allowed_sources),
     )  # fmt: skip
     registry = CollectorRegistry()
-    app = create_agent_app(agent, admin_token, registry, operator_token, frozenset(h.lower() for h in admin_hosts))
+    app = create_agent_app(agent, admin_token, registry, operator_token, admin_hosts)
     if metrics_port is not None:  # the series alone, for a NetworkPolicy that opens it to the scraper only
         start_http_server(metrics_port, addr=host, registry=registry)
     agent.start()

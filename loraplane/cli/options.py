@@ -82,6 +82,7 @@ def admin_token_option(help: str) -> Callable[[F], F]:
 
 admin_hosts_option = click.option(
     "--admin-host", "admin_hosts", multiple=True, envvar="LORAPLANE_ADMIN_HOSTS",
+    callback=lambda _ctx, _param, hosts: frozenset(h.lower() for h in hosts),  # a Host header's case does not count
     help="This server's own address (the operator passes the pod's IP); a signed admin call made for any other "
     "address is refused, so a call captured elsewhere cannot be replayed here. Repeatable; unset: any address.",
 )  # fmt: skip

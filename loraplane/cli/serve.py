@@ -61,7 +61,7 @@ def serve(
     lora_modules: tuple[str, ...],
     admin_token: str | None,
     stats_token: str | None,
-    admin_hosts: tuple[str, ...],
+    admin_hosts: frozenset[str],
     tenants_path: Path | None,
     max_pending_requests: int,
     metrics_port: int | None,
@@ -105,7 +105,7 @@ def serve(
     app = create_app(
         lambda: build_engine(config), admin_token=admin_token, stats_token=stats_token or None, tenants=tenants,
         max_pending_requests=max_pending_requests, metering=metering,
-        admin_hosts=frozenset(h.lower() for h in admin_hosts),
+        admin_hosts=admin_hosts,
     )  # fmt: skip
     if metrics_port is not None:
         from loraplane.serving.api.metrics_port import serve_metrics

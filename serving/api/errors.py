@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from loraplane.admin_api.auth import SIGNED_SCHEME, bearer_matches, request_target, signed_request_matches
+from loraplane.admin_api.auth import tokens_carried
 
 
 class APIError(Exception):
@@ -70,17 +70,5 @@ async def require_admin(
     """401 unless no admin token is set or the request carries it, as a bearer or as a signature
     of this request (``admin_api.auth``; ``admin_hosts``: the addresses a signature may name).
     ``reader_token`` is accepted too where a call only reads (the router's stats token)."""
-    if not token:
-        return
-    authorization = request.headers.get("authorization")
-    tokens = [t for t in (token, reader_token) if t]
-    if any(bearer_matches(authorization, t) for t in tokens):
-        return
-    if (authorization or "").startswith(SIGNED_SCHEME):  # the body is read only for a signed call
-        host, body, target = request.headers.get("host", ""), await request.body(), request_target(request.scope)
-        for t in tokens:
-            if signed_request_matches(
-                authorization, t, method=request.method, host=host, target=target, body=body, admin_hosts=admin_hosts
-            ):
-                return
-    raise APIError(401, "admin calls need the admin token", type_="authentication_error", code="invalid_api_key")
+    if token and not await tokens_carried(request, [t for t in (token, reader_token) if t], admin_hosts):
+        raise APIError(401, "admin calls need the admin token", type_="authentication_error", code="invalid_api_key")
