@@ -13,6 +13,12 @@ other, so a captured call cannot be replayed against the real replicas either.
 Written here rather than taken from a library: HTTP Message Signatures (RFC 9421) would fit, but
 no maintained Python implementation of it was in use here, and the scheme needs only the
 standard library's ``hmac``; both ends live in this package.
+
+The answer is signed back (``RESPONSE_HEADER``): the server keys an HMAC by the token the call
+was signed with, over the call's own signature, the status and the body's digest. A caller that
+checks it (``client.SignedAuth``) learns that it is talking to a holder of the token, which no
+label can fake: the operator proves a pod this way before it sends the pod anything (the adapter
+sources it registers), and the router before it routes a tenant's prompt there.
 """
 
 from __future__ import annotations
@@ -20,13 +26,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any, Protocol
 
 SIGNED_SCHEME = "Loraplane-HMAC-SHA256"
 # A signed request older or newer than this is refused: the window a captured request could be
 # replayed in against the same address (clocks within a cluster agree far better than this).
 SIGNATURE_WINDOW_SECONDS = 60.0
+RESPONSE_HEADER = "Loraplane-Response-Signature"
+# Where a checked signed call leaves (token, its Authorization header) in the ASGI scope, for
+# SignedResponses to sign the answer with.
+_SIGNER_KEY = "loraplane.signer"
 
 
 def bearer_matches(authorization: str | None, token: str) -> bool:
@@ -73,6 +83,18 @@ def signed_request_matches(
     return hmac.compare_digest(signature.encode(), _signature(token, method, host, target, body, int(stamp)).encode())
 
 
+def sign_response(token: str, authorization: str, status: int, body: bytes) -> str:
+    """The ``RESPONSE_HEADER`` value for the answer to the call signed by ``authorization``: bound
+    to that call, so an answer cannot be replayed to another."""
+    message = "\n".join(["response", authorization, str(status), hashlib.sha256(body).hexdigest()])
+    return "sig=" + hmac.new(token.encode(), message.encode(), hashlib.sha256).hexdigest()
+
+
+def response_signed(header: str | None, token: str, authorization: str, status: int, body: bytes) -> bool:
+    """Whether ``header`` is the holder of ``token``'s signature of this answer to this call."""
+    return hmac.compare_digest((header or "").encode(), sign_response(token, authorization, status, body).encode())
+
+
 def _hostname(host: str) -> str:
     """``host[:port]`` without the port (an IPv6 literal keeps its brackets off)."""
     host = host.lower()
@@ -90,13 +112,14 @@ class Request(Protocol):
     @property
     def method(self) -> str: ...
     @property
-    def scope(self) -> Mapping[str, Any]: ...
+    def scope(self) -> MutableMapping[str, Any]: ...
     async def body(self) -> bytes: ...
 
 
 async def tokens_carried(request: Request, tokens: Iterable[str], admin_hosts: frozenset[str] = frozenset()) -> set[str]:
     """The ``tokens`` the request carries, as a bearer or as a signature of this very request.
-    The body is read (to check its digest) only for a signed call."""
+    The body is read (to check its digest) only for a signed call, and the token that signed it
+    is left in the scope for :class:`SignedResponses` to sign the answer with."""
     authorization = request.headers.get("authorization")
     if not (authorization or "").startswith(SIGNED_SCHEME):
         return {t for t in tokens if bearer_matches(authorization, t)}
@@ -105,8 +128,54 @@ async def tokens_carried(request: Request, tokens: Iterable[str], admin_hosts: f
     query = scope.get("query_string", b"")
     target = raw_path.decode("latin-1") + (f"?{query.decode('latin-1')}" if query else "")
     method, host, body = request.method, request.headers.get("host", ""), await request.body()
-    return {
+    found = {
         t
         for t in tokens
         if signed_request_matches(authorization, t, method=method, host=host, target=target, body=body, admin_hosts=admin_hosts)
     }
+    if found:
+        scope[_SIGNER_KEY] = (next(iter(found)), authorization)
+    return found
+
+
+_Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+_Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+_App = Callable[[MutableMapping[str, Any], _Receive, _Send], Awaitable[None]]
+
+
+class SignedResponses:
+    """ASGI middleware that signs the answer to every call whose signature was checked (see
+    :func:`tokens_carried`). Only those answers are held until their last byte, to be hashed:
+    admin answers are small JSON, and every other answer passes through untouched.
+
+    Plain ASGI rather than a framework's middleware class, so this package stays free of the web
+    framework and the replicas and the node agent share one implementation."""
+
+    def __init__(self, app: _App) -> None:
+        self.app = app
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: _Receive, send: _Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start: MutableMapping[str, Any] | None = None
+        chunks: list[bytes] = []
+
+        async def signing_send(message: MutableMapping[str, Any]) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start" and _SIGNER_KEY in scope:
+                start = message  # held: the header needs the whole body
+                return
+            if start is None or message["type"] != "http.response.body":
+                await send(message)
+                return
+            chunks.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            body, (token, authorization) = b"".join(chunks), scope[_SIGNER_KEY]
+            signature = sign_response(token, authorization, start["status"], body)
+            headers = [*start.get("headers", []), (RESPONSE_HEADER.lower().encode(), signature.encode())]
+            await send({**start, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
+        await self.app(scope, receive, signing_send)

@@ -16,9 +16,11 @@ from pydantic import BaseModel
 
 from loraplane.adapter_format import BaseShape
 from loraplane.adapter_format.golden import DriftReport
-from loraplane.admin_api.auth import sign_request
+from loraplane.admin_api.auth import RESPONSE_HEADER, response_signed, sign_request
 from loraplane.admin_api.models import LoadLoraRequest, NamedAdapterState, ReplicaStats, UnloadLoraRequest, VerifyRequest
 from loraplane.usage import UsageRollup
+
+UNPROVEN = "unproven_replica"  # ReplicaError.code when an answer was not signed by the token's holder
 
 
 class ReplicaError(RuntimeError):
@@ -44,11 +46,20 @@ def shared_pool() -> httpx.AsyncClient:
     return pool
 
 
+class UnsignedAnswer(httpx.HTTPError):
+    """A success answer without the token holder's signature of it: whatever answered at that
+    address is not a replica (or an agent) of this base, so nothing it says is believed."""
+
+
 class SignedAuth(httpx.Auth):
     """Signs each request with the admin token instead of sending it (see ``auth``): the replica
-    verifies the signature, and whatever answers at the address learns nothing reusable."""
+    verifies the signature, and whatever answers at the address learns nothing reusable. Every
+    success answer must be signed back by the token's holder (``UnsignedAnswer`` otherwise);
+    error answers are not checked, since the server cannot sign the ones it gives before it knows
+    the caller (a 401, a body over its size cap), and an error grants nothing."""
 
     requires_request_body = True
+    requires_response_body = True
 
     def __init__(self, token: str) -> None:
         self.token = token
@@ -56,8 +67,12 @@ class SignedAuth(httpx.Auth):
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
         host = request.headers.get("host") or request.url.netloc.decode("ascii")
         target = request.url.raw_path.decode("ascii")
-        request.headers["Authorization"] = sign_request(self.token, request.method, host, target, request.content)
-        yield request
+        authorization = request.headers["Authorization"] = sign_request(self.token, request.method, host, target, request.content)
+        response = yield request
+        if response.is_success and not response_signed(
+            response.headers.get(RESPONSE_HEADER), self.token, authorization, response.status_code, response.content
+        ):
+            raise UnsignedAnswer(f"{request.url.netloc.decode('ascii')} answered without the token holder's signature")
 
 
 class AdminClient:
@@ -70,7 +85,7 @@ class AdminClient:
         self.url, self.timeout, self.http = url.rstrip("/"), timeout, http
         self.auth = SignedAuth(admin_token) if admin_token else None
 
-    async def _call(self, method: str, path: str, body: BaseModel | None = None) -> Any:
+    async def _call(self, method: str, path: str, body: BaseModel | None = None, *, signed: bool = True) -> Any:
         # Waiting for one of the pool's connections is the caller's own queue, not the replica
         # failing. With a pool timeout, a fleet of 2,000 adapters created at once against a real API
         # server timed out in the queue, retried, and turned into a retry storm of Events.
@@ -78,8 +93,14 @@ class AdminClient:
         payload = body.model_dump(mode="json", exclude_none=True) if body is not None else None
         try:
             r = await (self.http or shared_pool()).request(
-                method, f"{self.url}{path}", json=payload, auth=self.auth or httpx.USE_CLIENT_DEFAULT, timeout=timeout
+                method,
+                f"{self.url}{path}",
+                json=payload,
+                auth=(self.auth if signed else None) or httpx.USE_CLIENT_DEFAULT,
+                timeout=timeout,
             )
+        except UnsignedAnswer as err:
+            raise ReplicaError(self.url, f"not a replica of this base: {err}", code=UNPROVEN) from None
         except httpx.HTTPError as err:
             raise ReplicaError(self.url, f"unreachable: {type(err).__name__}: {err}") from None
         if r.status_code >= 400:
@@ -91,13 +112,28 @@ class AdminClient:
         return r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
 
     async def ready(self) -> bool:
-        """Whether the replica has its base loaded (``/ready``)."""
+        """Whether the replica has its base loaded (``/ready``: open to anyone, so unsigned, and
+        no proof of who answered; see ``proven``)."""
         try:
-            await self._call("GET", "/ready")
+            await self._call("GET", "/ready", signed=False)
         except ReplicaError as err:
             if err.status is None:
                 raise
             return False
+        return True
+
+    async def proven(self) -> bool | None:
+        """Whether the pod at this address holds the admin token: True when it signed its answer
+        to a signed call, False when it answered without that signature or refused the token, None
+        when it could not say (unreachable, still loading its base, an error; a pod posing as a
+        replica can answer with errors too, so None proves nothing). Asked before anything is sent
+        that such a pod should not read."""
+        try:
+            await self._call("GET", "/admin/base")
+        except ReplicaError as err:
+            if err.code == UNPROVEN or err.status in (401, 403):
+                return False
+            return None
         return True
 
     async def usage(self) -> UsageRollup:

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from loraplane.adapter_format import AdapterValidationError
-from loraplane.admin_api.auth import tokens_carried
+from loraplane.admin_api.auth import SignedResponses, tokens_carried
 from loraplane.node_cache.agent import NodeAgent, SourceNotAllowed, TooManyPinClients
 from loraplane.node_cache.models import Acquired, AcquireRequest, NodeCacheState, PinsRequest, ReleaseRequest, StagingRequest
 
@@ -107,6 +107,7 @@ def create_agent_app(
     agent.on_fetch = fetches.labels(agent.node).observe
     app = FastAPI(title="loraplane node agent", docs_url=None, redoc_url=None)
     app.state.tokens = AgentTokens(token, operator_token, admin_hosts)
+    app.add_middleware(SignedResponses)  # a caller knows the answer came from this base's agent
     app.mount("/metrics", make_asgi_app(registry))
 
     def check(who: Credentials) -> None:

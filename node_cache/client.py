@@ -10,14 +10,24 @@ import httpx
 from pydantic import BaseModel
 
 from loraplane.adapter_format import AdapterValidationError, ErrorCode
-from loraplane.admin_api.client import SignedAuth, shared_pool
+from loraplane.admin_api.client import SignedAuth, UnsignedAnswer, shared_pool
 from loraplane.node_cache.models import Acquired, AcquireRequest, NodeCacheState, PinsRequest, ReleaseRequest, StagingRequest
 
 _Model = TypeVar("_Model", bound=BaseModel)
 
 
 class AgentUnavailable(RuntimeError):
-    """The agent did not answer, or answered that the fetch failed for a reason that may pass."""
+    """The agent did not answer, or answered that the fetch failed for a reason that may pass;
+    ``status`` is the HTTP status it answered with (None when it did not answer)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class NotTheAgent(AgentUnavailable):
+    """What answered at the agent's address did not sign its answer with the token: a pod posing
+    as the agent (``admin_api.auth``). Nothing it said is believed."""
 
 
 def _raise_for(response: httpx.Response, url: str) -> None:
@@ -30,7 +40,7 @@ def _raise_for(response: httpx.Response, url: str) -> None:
     if response.status_code == 422 and isinstance(detail, dict) and detail.get("code") in ErrorCode._value2member_map_:
         raise AdapterValidationError(ErrorCode(detail["code"]), str(detail.get("message", "")))
     message = detail.get("message", detail) if isinstance(detail, dict) else detail
-    raise AgentUnavailable(f"node agent {url}: {response.status_code} {message}")
+    raise AgentUnavailable(f"node agent {url}: {response.status_code} {message}", response.status_code)
 
 
 def _read(model: type[_Model], response: httpx.Response, url: str) -> _Model:
@@ -55,6 +65,8 @@ class AgentClient:
         payload = body.model_dump(mode="json", exclude_none=True) if body is not None else None
         try:
             response = self.http.request(method, self.url + path, json=payload, timeout=timeout or httpx.USE_CLIENT_DEFAULT)
+        except UnsignedAnswer as err:
+            raise NotTheAgent(f"node agent {self.url}: {err}") from None
         except httpx.HTTPError as err:
             raise AgentUnavailable(f"node agent {self.url}: {type(err).__name__}: {err}") from None
         _raise_for(response, self.url)
@@ -91,10 +103,22 @@ class AsyncAgentClient:
             response = await shared_pool().request(
                 method, self.url + path, json=payload, auth=self.auth or httpx.USE_CLIENT_DEFAULT, timeout=self.timeout
             )
+        except UnsignedAnswer as err:
+            raise NotTheAgent(f"node agent {self.url}: {err}") from None
         except httpx.HTTPError as err:
             raise AgentUnavailable(f"node agent {self.url}: {type(err).__name__}: {err}") from None
         _raise_for(response, self.url)
         return response
+
+    async def proven(self) -> bool | None:
+        """As ``AdminClient.proven``: whether the pod at this address holds the operator's token."""
+        try:
+            await self._call("GET", "/v1/state")
+        except NotTheAgent:
+            return False
+        except AgentUnavailable as err:
+            return False if err.status in (401, 403) else None
+        return True
 
     async def stage(self, request: StagingRequest) -> None:
         await self._call("PUT", "/v1/staging", request)

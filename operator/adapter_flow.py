@@ -26,6 +26,7 @@ from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.api.common import Quotas
 from loraplane.operator.api.loraadapter import AdapterSource, LoraAdapterSpec, LoraAdapterStatus, ReplicaPlacement
 from loraplane.operator.conditions import Status, condition, set_condition
+from loraplane.operator.replica_proof import only_proven
 from loraplane.operator.settings import OperatorSettings
 
 # A replica answers these the same way however often it is asked (a body or adapter it refuses).
@@ -112,6 +113,14 @@ async def quality_gate(client: AdminClient, spec: LoraAdapterSpec) -> str:
     return note + (f", KL {report.mean_kl:.3f}" if report.mean_kl is not None else "")
 
 
+async def proven_replicas(namespace: str, base: str, token: str | None) -> list[cluster.Replica]:
+    """The ready serving pods of ``base`` that hold its admin token (``replica_proof``)."""
+    replicas = await cluster.ready_replicas(namespace, base)
+    if token is None:  # a base without a token (tests, a dev cluster): nothing to prove with
+        return replicas
+    return await only_proven(replicas, lambda r: AdminClient(r.url, token).proven())
+
+
 async def reconcile(
     name: str, namespace: str, generation: int | None, spec_raw: Mapping[str, Any], status_raw: Mapping[str, Any] | None,
     settings: OperatorSettings, *, served_by: str | None = None,
@@ -153,12 +162,12 @@ async def reconcile(
         else:  # the version serving stays; the change is refused
             out.condition("Promoted", "False", reason, f"{spec.source.digest} refused: {message}", generation)
         return out
-    replicas = await cluster.ready_replicas(namespace, spec.base_model)
+    token = await cluster.admin_token(namespace, spec.base_model)
+    replicas = await proven_replicas(namespace, spec.base_model, token)
     if not replicas:
         out.condition("Staged", "False", "NoReadyReplicas", f"no serving replica of {spec.base_model!r} is ready yet", generation)
         out.status.phase = "Pending" if out.status.serving_digest is None else out.status.phase
         return out
-    token = await cluster.admin_token(namespace, spec.base_model)
     clients = [AdminClient(r.url, token) for r in replicas]
     try:
         return await _reconcile_on(name, namespace, generation, spec, base, replicas, clients, out)
@@ -275,7 +284,7 @@ async def unregister_everywhere(name: str, namespace: str, spec_raw: Mapping[str
     spec = LoraAdapterSpec.model_validate(dict(spec_raw))
     served = spec.served_name or name
     token = await cluster.admin_token(namespace, spec.base_model)
-    clients = [AdminClient(r.url, token) for r in await cluster.ready_replicas(namespace, spec.base_model)]
+    clients = [AdminClient(r.url, token) for r in await proven_replicas(namespace, spec.base_model, token)]
     try:
         await asyncio.gather(*(c.unregister(served) for c in clients))
     except ReplicaError as err:

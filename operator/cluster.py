@@ -272,6 +272,7 @@ class Replica:
     name: str
     url: str
     node: str | None = None
+    uid: str | None = None  # the pod's: a new pod at a reused name and address proves itself again
 
 
 def _ready(pod: Any) -> bool:
@@ -302,7 +303,8 @@ async def ready_pods(namespace: str, base: str, component: str, container: str, 
             if ip:
                 host = f"[{ip}]" if ":" in ip else ip
                 node = pod.spec.node_name if pod.spec else None
-                out.append(Replica(pod.metadata.name, f"http://{host}:{_http_port(pod, container, default_port)}", node))
+                url = f"http://{host}:{_http_port(pod, container, default_port)}"
+                out.append(Replica(pod.metadata.name, url, node, pod.metadata.uid))
         return sorted(out, key=lambda r: r.name)
 
     return await asyncio.to_thread(read)

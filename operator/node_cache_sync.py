@@ -20,6 +20,7 @@ from loraplane.operator.adapter_flow import serving_source
 from loraplane.operator.api.basemodel import MAX_STATUS_NODES, BaseModelSpec, NodeCacheState, NodeCacheStatus
 from loraplane.operator.conditions import Status
 from loraplane.operator.node_cache_objects import AGENT_PORT
+from loraplane.operator.replica_proof import only_proven
 
 MAX_STAGED = 4096  # the agent's own bound on one staging list
 MAX_CALLS = 16  # agents called at once
@@ -84,6 +85,8 @@ async def sync_node_caches(
     staged = decisions.node_staging(candidates(views, pins, rates))[:MAX_STAGED]
     request = StagingRequest(adapters=[StagedAdapter(source=c.source, digest=c.digest, pinned=c.pinned) for c in staged])
     agents = await cluster.ready_pods(namespace, name, "node-cache", "node-cache", AGENT_PORT)
+    if token is not None:  # the staging list names every tenant's sources: only for the base's own agents
+        agents = await only_proven(agents, lambda a: AsyncAgentClient(a.url, token).proven())
     calls = asyncio.Semaphore(MAX_CALLS)
 
     async def one(agent: cluster.Replica) -> tuple[str, AgentState] | None:

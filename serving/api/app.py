@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from loraplane.admin_api.auth import SignedResponses
 from loraplane.serving.api import admin_routes, openai_routes, ops_routes
 from loraplane.serving.api.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from loraplane.serving.api.deps import ServerState
@@ -60,6 +61,7 @@ def create_app(
 
     app = FastAPI(title="loraplane", lifespan=lifespan)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(SignedResponses)  # answers to signed admin calls are signed back (admin_api.auth)
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)

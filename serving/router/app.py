@@ -44,7 +44,7 @@ def create_router_app(
     discovery by Service; by default the in-cluster config, or the kubeconfig outside a cluster.
     ``metering`` records the requests the router refuses itself (quotas, no replica, a bad body
     from a known tenant); what reaches a replica is recorded there, so nothing counts twice."""
-    table = ReplicaTable()
+    table = ReplicaTable(proof_first=admin_token is not None)
     meters = metering or Metering("router")
     state = RouterState(config, table, RouterMetrics(table), tenants or Tenants(None), meters, admin_token)
     state.metrics.registry.register(UsageCollector(meters))
@@ -63,7 +63,7 @@ def create_router_app(
                 loop = asyncio.get_running_loop()
                 watch = EndpointSliceWatch(
                     kube_api_client or _kube_client(), config.namespace, config.service,
-                    lambda members: _call_soon(loop, table.set_members, members),
+                    lambda members: _call_soon(loop, _joined, table, upkeep, members),
                 )  # fmt: skip
                 watch.start()
             await upkeep.once()
@@ -87,6 +87,13 @@ def create_router_app(
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
     app.include_router(routes)
     return app
+
+
+def _joined(table: ReplicaTable, upkeep: Upkeep, members: dict[str, str]) -> None:
+    """Discovery's news: the new membership, and a check now, so a pod that joined is up (or
+    refused) within one answer rather than at the next tick."""
+    table.set_members(members)
+    upkeep.soon()
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:

@@ -39,8 +39,11 @@ class Replica:
 class ReplicaTable:
     """Every replica the discovery reports, by name. Only the router's event loop touches it."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, proof_first: bool = False) -> None:
+        """``proof_first``: a new member is down until the upkeep reads its signed stats (the router
+        holds a token): being in the Service says only that a pod wears the labels."""
         self.replicas: dict[str, Replica] = {}
+        self.proof_first = proof_first
 
     def set_members(self, members: dict[str, str]) -> None:
         """Replace the membership (name -> URL) with what discovery reports now; a replica that
@@ -49,7 +52,10 @@ class ReplicaTable:
             if name not in members or self.replicas[name].url != members[name]:
                 del self.replicas[name]
         for name, url in members.items():
-            self.replicas.setdefault(name, Replica(name, url.rstrip("/")))
+            if name not in self.replicas:
+                replica = self.replicas[name] = Replica(name, url.rstrip("/"))
+                if self.proof_first:
+                    self.mark_down(replica, "not yet proven a replica of this base")
 
     def up(self) -> list[Replica]:
         return [r for r in self.replicas.values() if r.up]

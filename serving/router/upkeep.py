@@ -1,5 +1,7 @@
 """Keeping the table true: every replica's ``/admin/stats`` on an interval (residency and queue
-depth), and ``/ready`` for the replicas marked down, which brings them back once they answer."""
+depth), which also brings a replica up once it answers. With the stats token the answer must be
+signed by its holder (``admin_api.auth``), so a pod that joins the Service by wearing the serving
+labels is never up and never sent a tenant's prompt. Without a token, ``/ready`` decides."""
 
 from __future__ import annotations
 
@@ -22,17 +24,13 @@ class Upkeep:
     ) -> None:  # fmt: skip
         self.table, self.client, self.tenants, self.interval = table, client, tenants, interval
         self.admin_token = admin_token
+        self._soon: set[asyncio.Task[None]] = set()
 
     def _admin(self, replica: Replica, timeout: float) -> AdminClient:
         return AdminClient(replica.url, self.admin_token, timeout, http=self.client)
 
     async def check(self, replica: Replica) -> None:
         try:
-            if not replica.up:
-                if await self._admin(replica, self.interval + 1).ready():
-                    log.info("replica %s is back", replica.name)
-                    self.table.mark_up(replica)
-                return
             if self.admin_token is not None:  # stats need the token; without it only /ready
                 try:
                     stats = await self._admin(replica, self.interval + 4).stats()
@@ -42,8 +40,15 @@ class Upkeep:
                     if err.status == 503:  # still loading its base
                         self.table.mark_down(replica, "not ready")
                     return
+                if not replica.up:  # its answer is signed: a replica of this base, ready
+                    log.info("replica %s is up", replica.name)
+                    self.table.mark_up(replica)
                 self.table.apply_stats(replica, stats)
                 self.learn_quotas(stats)
+            elif not replica.up:
+                if await self._admin(replica, self.interval + 1).ready():
+                    log.info("replica %s is back", replica.name)
+                    self.table.mark_up(replica)
             elif not await self._admin(replica, self.interval + 1).ready():
                 self.table.mark_down(replica, "/ready refused")
         except ReplicaError as err:  # unreachable
@@ -59,6 +64,12 @@ class Upkeep:
         several replicas each would otherwise allow the adapter its full quota."""
         for name, entry in stats.adapters.items():
             self.tenants.set_adapter_limits(name, entry.quotas)
+
+    def soon(self) -> None:
+        """A check now rather than at the next tick, for a replica that just joined."""
+        task = asyncio.create_task(self.once())
+        self._soon.add(task)  # held: the loop keeps only a weak reference to a task
+        task.add_done_callback(self._soon.discard)
 
     async def once(self) -> None:
         await asyncio.gather(*(self.check(r) for r in list(self.table.replicas.values())))

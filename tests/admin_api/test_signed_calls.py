@@ -21,12 +21,16 @@ from engine_helpers import Built, tiny_engine
 
 from loraplane.admin_api import LoadLoraRequest
 from loraplane.admin_api.auth import (
+    RESPONSE_HEADER,
     SIGNATURE_WINDOW_SECONDS,
     bearer_matches,
+    response_signed,
     sign_request,
+    sign_response,
     signed_request_matches,
 )
-from loraplane.admin_api.client import AdminClient, ReplicaError
+from loraplane.admin_api.client import UNPROVEN, AdminClient, ReplicaError
+from loraplane.operator import adapter_flow, cluster, replica_proof
 from loraplane.serving.api.app import create_app
 from loraplane.serving.api.loopback import serve_app
 
@@ -64,18 +68,23 @@ def test_malformed_headers_are_refused_not_raised(authorization: str) -> None:
     assert not signed_request_matches(authorization, ADMIN, method="GET", host="h", target="/", body=b"")
 
 
+FAILED = (500, json.dumps({"error": {"message": "no"}}).encode(), {"content-type": "application/json"})
+
+
 class Rogue(BaseHTTPRequestHandler):
-    """A pod wearing the serving labels: it records what it is sent and answers like a replica
-    that failed."""
+    """A pod wearing the serving labels: it records what it is sent and gives ``answer`` (by
+    default, that of a replica that failed)."""
 
     seen: ClassVar[list[tuple[str, str, dict[str, str], bytes]]] = []
+    answer: ClassVar[tuple[int, bytes, dict[str, str]]] = FAILED
 
     def _record(self) -> None:
         body = self.rfile.read(int(self.headers.get("content-length") or 0))
         Rogue.seen.append((self.command, self.path, dict(self.headers.items()), body))
-        payload = json.dumps({"error": {"message": "no"}}).encode()
-        self.send_response(500)
-        self.send_header("content-type", "application/json")
+        status, payload, headers = Rogue.answer
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
         self.send_header("content-length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
@@ -92,6 +101,7 @@ def rogue() -> Iterator[str]:
     server = ThreadingHTTPServer(("127.0.0.2", 0), Rogue)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     Rogue.seen.clear()
+    Rogue.answer = FAILED
     yield f"http://127.0.0.2:{server.server_address[1]}"
     server.shutdown()
 
@@ -140,3 +150,86 @@ def test_a_pod_posing_as_a_replica_gets_nothing_it_can_use(replica: str, rogue: 
         assert r.status_code == 401, (host, r.text)
     state = httpx.get(f"{replica}/admin/adapters/evil", headers={"Authorization": f"Bearer {ADMIN}"})
     assert state.status_code == 404  # nothing was registered
+
+
+def test_an_answer_is_signed_for_its_call_its_status_and_its_body() -> None:
+    call = sign_request(ADMIN, "GET", "10.0.0.7:8000", "/admin/base", b"", at=1_000_000)
+    other_call = sign_request(ADMIN, "GET", "10.0.0.7:8000", "/admin/base", b"", at=1_000_001)
+    header = sign_response(ADMIN, call, 200, b'{"name": "smollm2"}')
+    assert ADMIN not in header
+    assert response_signed(header, ADMIN, call, 200, b'{"name": "smollm2"}')
+    assert not response_signed(header, ADMIN, other_call, 200, b'{"name": "smollm2"}')  # not replayable to another call
+    assert not response_signed(header, ADMIN, call, 200, b'{"name": "other"}')
+    assert not response_signed(header, ADMIN, call, 201, b'{"name": "smollm2"}')
+    assert not response_signed(header, STATS, call, 200, b'{"name": "smollm2"}')
+    assert not response_signed(None, ADMIN, call, 200, b'{"name": "smollm2"}')
+
+
+def test_only_a_holder_of_the_token_can_prove_itself_a_replica(replica: str, rogue: str) -> None:
+    """The rogue pod answers the way the real replica did, down to its signature header (copied
+    from an answer the real one gave): the client still refuses it, since that signature was for
+    another call. Its data is never returned to the caller."""
+    real = httpx.get(
+        f"{replica}/admin/base", headers={"Authorization": sign_request(ADMIN, "GET", replica[7:], "/admin/base", b"")}
+    )
+    assert RESPONSE_HEADER.lower() in real.headers
+    Rogue.answer = (200, real.content, {k: v for k, v in real.headers.items() if k.lower() != "content-length"})
+
+    async def calls() -> None:
+        assert await AdminClient(replica, ADMIN, http=httpx.AsyncClient()).proven() is True
+        assert (
+            await AdminClient(replica, STATS, http=httpx.AsyncClient()).proven() is False
+        )  # the stats token cannot read the base
+        assert await AdminClient(replica, "a-guess", http=httpx.AsyncClient()).proven() is False
+        assert await AdminClient(rogue, ADMIN, http=httpx.AsyncClient()).proven() is False
+        with pytest.raises(ReplicaError) as refused:
+            await AdminClient(rogue, ADMIN, http=httpx.AsyncClient()).base()
+        assert refused.value.code == UNPROVEN
+        assert await AdminClient("http://127.0.0.3:9", ADMIN, http=httpx.AsyncClient()).proven() is None  # nobody there
+
+    asyncio.run(calls())
+
+
+def test_the_operator_sends_registrations_only_to_pods_that_proved_themselves(
+    replica: str, rogue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator lists pods by label; the rogue one wears the labels. It is asked to prove
+    itself (a GET with no body) and, failing, is sent nothing more; the real replica proves
+    itself once and is remembered."""
+    pods = [cluster.Replica("serving-0", replica, uid="uid-0"), cluster.Replica("serving-evil", rogue, uid="uid-9")]
+
+    async def ready_replicas(namespace: str, base: str) -> list[cluster.Replica]:
+        return pods
+
+    monkeypatch.setattr(cluster, "ready_replicas", ready_replicas)
+    monkeypatch.setattr(replica_proof, "_proven", type(replica_proof._proven)())
+    proven = asyncio.run(adapter_flow.proven_replicas("team-a", "smollm2", ADMIN))
+    assert [p.name for p in proven] == ["serving-0"]
+    assert [(method, path, body) for method, path, _, body in Rogue.seen] == [("GET", "/admin/base", b"")]
+    assert ("uid-0", replica) in replica_proof._proven
+    assert [p.name for p in asyncio.run(adapter_flow.proven_replicas("team-a", "smollm2", None))] == ["serving-0", "serving-evil"]
+
+
+def test_every_secret_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Timing itself is a benchmark's to measure; what a test can hold is that each answer comes
+    from ``hmac.compare_digest`` (whose time does not depend on where a guess goes wrong) and
+    not from ``==``: with the comparison replaced by one that never agrees, nothing matches."""
+    from loraplane.admin_api import auth
+
+    compared: list[tuple[bytes, bytes]] = []
+
+    def never_equal(a: bytes, b: bytes) -> bool:
+        compared.append((a, b))
+        return False
+
+    call = sign_request(ADMIN, "GET", "h", "/", b"")
+    answer = sign_response(ADMIN, call, 200, b"{}")
+    assert bearer_matches(f"Bearer {ADMIN}", ADMIN) and signed_request_matches(
+        call, ADMIN, method="GET", host="h", target="/", body=b""
+    )
+    assert response_signed(answer, ADMIN, call, 200, b"{}")
+    monkeypatch.setattr(auth.hmac, "compare_digest", never_equal)
+    assert not bearer_matches(f"Bearer {ADMIN}", ADMIN)
+    assert not signed_request_matches(call, ADMIN, method="GET", host="h", target="/", body=b"")
+    assert not response_signed(answer, ADMIN, call, 200, b"{}")
+    assert len(compared) == 3 and all(a == b for a, b in compared)  # each one the comparison that decided

@@ -9,11 +9,14 @@ must name.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+from fastapi import FastAPI, Response  # at module level: FastAPI resolves the routes' annotations here
 from fastapi.testclient import TestClient
 
 from loraplane.admin_api.auth import sign_request
@@ -70,3 +73,35 @@ def test_a_signature_for_another_address_or_by_another_token_is_refused(agent: N
     assert here.call("PUT", "/v1/staging", OPERATOR, evil) == 204  # the same body, signed, is taken
     # A person's bearer token still works, as before.
     assert here.http.get("/v1/state", headers={"Authorization": f"Bearer {POD}"}).status_code == 200
+
+
+def test_only_the_agent_itself_can_answer_as_the_agent(agent: NodeAgent) -> None:
+    """A pod posing as the agent answers with a copy of a real answer, down to its signature
+    header: the operator's client finds it unproven (so it is sent no staging list), and a
+    serving pod's client believes nothing it says."""
+    from loraplane.admin_api.auth import RESPONSE_HEADER
+    from loraplane.node_cache.client import AgentClient, AsyncAgentClient, NotTheAgent
+    from loraplane.serving.api.loopback import serve_app
+
+    real_app = create_agent_app(agent, POD, operator_token=OPERATOR)
+    with serve_app(real_app, ready_path="/health") as real:
+        answer = httpx.get(f"{real}/v1/state", headers={"Authorization": sign_request(POD, "GET", real[7:], "/v1/state", b"")})
+        assert answer.status_code == 200 and RESPONSE_HEADER.lower() in answer.headers
+        copied = {k: v for k, v in answer.headers.items() if k.lower() not in ("content-length", "date", "server")}
+        impostor = FastAPI()
+
+        @impostor.get("/health")
+        async def health() -> dict[str, str]:
+            return {"status": "ok"}
+
+        @impostor.get("/v1/state")
+        async def state() -> Response:
+            return Response(answer.content, headers=copied)
+
+        with serve_app(impostor, ready_path="/health") as rogue:
+            assert asyncio.run(AsyncAgentClient(real, OPERATOR).proven()) is True
+            assert asyncio.run(AsyncAgentClient(real, "a-guess").proven()) is False
+            assert asyncio.run(AsyncAgentClient(rogue, OPERATOR).proven()) is False
+            assert AgentClient(real, POD).state().node == "node-1"
+            with pytest.raises(NotTheAgent):
+                AgentClient(rogue, POD).state()

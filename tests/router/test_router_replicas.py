@@ -16,7 +16,9 @@ import httpx
 import openai
 import pytest
 from envtest import control_plane, node_address
+from fastapi import FastAPI, Request  # at module level: FastAPI resolves the routes' annotations here
 
+from loraplane.admin_api.auth import SignedResponses, tokens_carried
 from loraplane.serving.api.loopback import serve_app
 from loraplane.serving.api.tenants import Tenants, load_tenants
 from loraplane.serving.bench.deployment import Fleet, spawn_replicas
@@ -176,17 +178,20 @@ def test_the_edge_validates_like_a_replica_and_hides_other_tenants_adapters_befo
 
 
 def test_a_replica_that_answers_garbage_does_not_stop_the_upkeep(fleet: Fleet) -> None:
-    from fastapi import FastAPI
+    """A holder of the token (its answers signed) whose stats do not parse: a replica of another
+    version, or a broken one. It is down, and the others go on."""
     from fastapi.responses import PlainTextResponse
 
     garbage = FastAPI()
+    garbage.add_middleware(SignedResponses)
 
     @garbage.get("/ready")
     async def ready() -> dict[str, str]:
         return {"status": "ready"}
 
     @garbage.get("/admin/stats")
-    async def stats() -> PlainTextResponse:
+    async def stats(request: Request) -> PlainTextResponse:
+        assert await tokens_carried(request, [fleet.admin_token])
         return PlainTextResponse("<html>not json</html>", media_type="application/json")
 
     with serve_app(garbage) as bad_url, router_for(fleet, replicas=[bad_url, *fleet.urls]) as url:
@@ -196,10 +201,44 @@ def test_a_replica_that_answers_garbage_does_not_stop_the_upkeep(fleet: Fleet) -
             bad = table(fleet, url)[name_of(bad_url)]
             seen_down = not bad["up"] and "unreadable" in (bad["error"] or "")
             time.sleep(0.1)
-        assert seen_down
+        assert seen_down, bad["error"]
         view = table(fleet, url)
         assert all(view[name_of(u)]["up"] and view[name_of(u)]["registered"] == len(OWNERS) for u in fleet.urls)
         assert complete(url, fleet.keys["acme"], "qv4").status_code == 200
+
+
+def test_a_pod_posing_as_a_replica_is_never_sent_a_prompt(fleet: Fleet) -> None:
+    """A pod that joins the serving Service by wearing its labels, and answers the stats call with
+    a real replica's answer (its signature header included): it does not hold the token, so it
+    cannot sign the answer to the router's call. It is never up, and it receives no prompt."""
+    from fastapi.responses import Response
+
+    real = httpx.get(f"{fleet.urls[0]}/admin/stats", headers={"Authorization": f"Bearer {fleet.admin_token}"}, timeout=30)
+    copied = {k: v for k, v in real.headers.items() if k.lower() not in ("content-length", "date", "server")}
+    prompts: list[str] = []
+    impostor = FastAPI()
+
+    @impostor.get("/ready")
+    async def ready() -> dict[str, str]:
+        return {"status": "ready"}
+
+    @impostor.get("/admin/stats")
+    async def stats() -> Response:
+        return Response(real.content, headers=copied)
+
+    @impostor.post("/v1/completions")
+    async def completions(request: Request) -> dict[str, str]:
+        prompts.append((await request.json())["prompt"])
+        return {"id": "stolen"}
+
+    with serve_app(impostor) as rogue_url, router_for(fleet, replicas=[rogue_url, *fleet.urls]) as url:
+        for _ in range(12):  # the hash would send some of these to a fourth replica
+            r = complete(url, fleet.keys["acme"], "qv4", prompt=f"secret {_}", user=f"u{_}")
+            assert r.status_code == 200 and r.json()["id"] != "stolen", r.text
+        rogue = table(fleet, url)[name_of(rogue_url)]
+        assert not rogue["up"] and "not a replica of this base" in rogue["error"], rogue
+        assert rogue["registered"] == 0
+    assert prompts == []
 
 
 def test_replicas_are_discovered_from_the_services_endpointslices(fleet: Fleet, tmp_path: Path) -> None:
