@@ -393,7 +393,9 @@ def install(kube: Kube) -> None:
 
         def established(name: str = name) -> bool:
             obj = kube.get("CustomResourceDefinition", None, name) or {}
-            return any(c["type"] == "Established" and c["status"] == "True" for c in obj.get("status", {}).get("conditions", []))
+            # A CRD just created can read back with "conditions": null before the server fills them in.
+            conditions = (obj.get("status") or {}).get("conditions") or []
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
         kube.wait_for(f"CRD {name} Established", established, timeout=30)
     for doc in yaml.safe_load_all((REPO / "crds" / "rbac.yaml").read_text()):
