@@ -4,8 +4,8 @@ An adapter's digest covers everything that changes what it computes: its PEFT co
 example ``lora_alpha``, which sets the scaling), its weights, and its golden outputs (the
 quality gate's reference), as the sha256 over one ``name=sha256:<hex>`` line per file in a fixed
 order (``-`` for an absent golden file). Manifests written before it declared the digest of
-the weights file alone; that form is still accepted unless a server requires the adapter digest
-(see "Digests" in ``docs/gitops.md``).
+the weights file alone; that form is refused unless a server is told to accept it during a
+migration (``requireAdapterDigest: false``; "Digests" in ``docs/gitops.md``).
 """
 
 from __future__ import annotations

@@ -34,8 +34,8 @@ class ValidationLimits:
     allow_rank_truncation: bool = False
     supported_modules: tuple[str, ...] = LLAMA_TARGETS
     # Refuse a declared digest of the weights file alone (the earlier form), which leaves the
-    # config and the golden outputs free to change under it.
-    require_adapter_digest: bool = False
+    # config and the golden outputs free to change under it; False accepts it, for a migration.
+    require_adapter_digest: bool = True
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,8 @@ def _digest_scope(declared: str, whole: str, weights: str, limits: ValidationLim
         raise _fail(
             ErrorCode.DIGEST_MISMATCH,
             f"the declared digest {declared} covers only {WEIGHTS_FILE}; this server requires the adapter's digest "
-            f"{whole} (config, weights and golden outputs; `loraplane digest FOLDER` prints it)",
+            f"{whole} (config, weights and golden outputs; `loraplane digest FOLDER` prints it; "
+            f"requireAdapterDigest: false accepts the earlier form)",
         )
     raise _fail(
         ErrorCode.DIGEST_MISMATCH,

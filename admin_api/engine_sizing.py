@@ -57,9 +57,10 @@ class EngineSizing(BaseModel):
         "adapters in their slots and drains the least-demanded busy one for a waiting adapter",
     )
     require_adapter_digest: bool = Field(
-        default=False,
+        default=True,
         description="refuse an adapter whose declared digest is of adapter_model.safetensors alone (the earlier "
-        "form); the adapter digest also covers adapter_config.json and the golden outputs",
+        "form, accepted only when this is false); the adapter digest also covers adapter_config.json and the golden "
+        "outputs",
     )
 
     @model_validator(mode="after")

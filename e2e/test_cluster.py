@@ -69,7 +69,7 @@ def port_forward(namespace: str, target: str, port: int) -> Iterator[str]:
 def test_the_daily_promotion_story_on_a_real_cluster() -> None:
     import torch
 
-    from loraplane.adapter_format import file_digest
+    from loraplane.adapter_format import adapter_digest
     from loraplane.serving.lora.synthetic import PEFT_DEFAULT, write_adapter
     from loraplane.serving.weights.base import resolve_base
 
@@ -98,7 +98,7 @@ def test_the_daily_promotion_story_on_a_real_cluster() -> None:
             folder = write_adapter(Path(tmp) / prefix, shape, 8, PEFT_DEFAULT, seed=seed, dtype=torch.bfloat16)
             for f in folder.iterdir():
                 client.fput_object("adapters", f"{prefix}/{f.name}", str(f))
-            return f"s3://adapters/{prefix}", file_digest(folder / "adapter_model.safetensors")
+            return f"s3://adapters/{prefix}", adapter_digest(folder)
 
         for i, a in enumerate(adapters):
             spec = {k: v for k, v in a["spec"].items() if k not in ("rank", "targetModules", "qualityGate")}

@@ -27,7 +27,7 @@ from scenario import condition, daily_promotion, example_manifests, status_of, w
 from serving_pods import admin_secret, serving_pod
 from tiny_models import make_peft_adapter, make_tiny_llama
 
-from loraplane.adapter_format import file_digest
+from loraplane.adapter_format import adapter_digest
 from loraplane.serving.bench.deployment import Fleet, spawn_replicas, spawn_router
 from loraplane.serving.config import EngineConfig
 
@@ -59,7 +59,7 @@ def upload(
     path = make_peft_adapter(base, folder, rank, 2 * rank, targets, False, seed=seed)
     if golden:  # what a training pipeline ships for the quality gate: greedy answers on its base
         record_golden(base, path, folder.parent / f"{folder.name}-cache")
-    return upload_folder(endpoint, "adapters", prefix, path), file_digest(path / "adapter_model.safetensors")
+    return upload_folder(endpoint, "adapters", prefix, path), adapter_digest(path)
 
 
 def record_golden(base: Path, adapter: Path, cache: Path) -> None:

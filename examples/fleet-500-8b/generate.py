@@ -49,8 +49,8 @@ HEADER = """\
 # Pinned: the {num_pinned} adapters with at least {pin_pct:g}% of all requests each. Own quotas: those whose
 # expected load, doubled, exceeds the base's defaultQuotas. The {num_truncated} adapters of rank {truncated_ranks},
 # above maxLoraRank {cap}, declare their real rank and are served truncated (rankPolicy: Truncate).
-# The digests are placeholders (sha256 of "name@version"): the fine-tuning pipeline writes the
-# sha256sum of each version's adapter_model.safetensors, which the operator checks before serving.
+# The digests are placeholders (sha256 of "name@version"): the fine-tuning pipeline writes each
+# version's adapter digest (`loraplane digest <folder>`), which the operator checks before serving.
 # Each version's folder also holds golden_outputs.json for the quality gate.
 """
 

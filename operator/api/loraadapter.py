@@ -23,7 +23,9 @@ DOT_SEGMENT_MESSAGE = "spec.source.uri may not contain . or .. path segments"
 class AdapterSource(KubeModel):
     uri: str = Field(description="s3://bucket/prefix or file:///path: a PEFT folder", pattern=SOURCE_URI, max_length=2048)
     digest: str = Field(
-        description="sha256 of adapter_model.safetensors, as sha256sum prints it, prefixed sha256:",
+        description="the adapter digest, as `loraplane digest FOLDER` prints it: sha256 over adapter_config.json, "
+        "adapter_model.safetensors and golden_outputs.json (docs/gitops.md, Digests); the weights file's sha256 alone "
+        "only where the BaseModel sets requireAdapterDigest: false",
         pattern=r"^sha256:[0-9a-f]{64}$",
     )
 

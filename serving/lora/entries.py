@@ -87,7 +87,7 @@ class AdapterEntry:
             residency=self.residency,
             pinned=self.pinned,
             running=self.running,
-            digest=loaded.digest if loaded else self.spec.digest,
+            digest=loaded.manifest.adapter_digest if loaded else self.spec.digest,
             rank=loaded.rank if loaded else None,
             slot=self.slot,
             truncation_error=loaded.truncation_error if loaded else None,

@@ -82,11 +82,10 @@ def make_adapter(
 
 def test_a_good_adapter_yields_its_manifest(tmp_path: Path) -> None:
     folder = make_adapter(tmp_path / "good")
-    digest = file_digest(folder / "adapter_model.safetensors")
-    m = validate_adapter_dir(folder, BASE, expected_digest=digest)
+    m = validate_adapter_dir(folder, BASE, expected_digest=adapter_digest(folder))
     assert (m.rank, m.alpha, m.scaling) == (4, 8, 2.0)
     assert m.target_modules == ("q_proj", "v_proj") and m.layers == (0, 1)
-    assert m.digest == digest and m.dtype == "F32" and not m.needs_truncation
+    assert m.digest == file_digest(folder / "adapter_model.safetensors") and m.dtype == "F32" and not m.needs_truncation
 
 
 def test_the_adapter_digest_covers_config_weights_and_golden_outputs(tmp_path: Path) -> None:
@@ -95,17 +94,19 @@ def test_the_adapter_digest_covers_config_weights_and_golden_outputs(tmp_path: P
     assert whole != weights
     m = validate_adapter_dir(folder, BASE, expected_digest=whole)
     assert (m.digest, m.adapter_digest, m.digest_scope) == (weights, whole, "adapter")
-    # The earlier form (the weights alone) is still accepted, and says so.
-    assert validate_adapter_dir(folder, BASE, expected_digest=weights).digest_scope == "weights"
+    # The earlier form (the weights alone) is refused by default, naming the digest to declare,
+    # and accepted (saying so) only where a migration turned the requirement off.
+    expect(ErrorCode.DIGEST_MISMATCH, folder, f"requires the adapter's digest {whole}", expected_digest=weights)
+    lenient = ValidationLimits(require_adapter_digest=False)
+    assert validate_adapter_dir(folder, BASE, lenient, expected_digest=weights).digest_scope == "weights"
     # A new lora_alpha over the same weights is another adapter: the declared adapter digest refuses
     # it, naming what the folder now hashes to; the weights-only digest cannot tell.
     config = json.loads((folder / "adapter_config.json").read_text())
     (folder / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": 64}))
     expect(ErrorCode.DIGEST_MISMATCH, folder, f"adapter's digest is {adapter_digest(folder)}", expected_digest=whole)
-    assert validate_adapter_dir(folder, BASE, expected_digest=weights).scaling == 16.0
-    strict = ValidationLimits(require_adapter_digest=True)
-    expect(ErrorCode.DIGEST_MISMATCH, folder, "covers only adapter_model.safetensors", strict, expected_digest=weights)
-    assert validate_adapter_dir(folder, BASE, strict, expected_digest=adapter_digest(folder)).digest_scope == "adapter"
+    assert validate_adapter_dir(folder, BASE, lenient, expected_digest=weights).scaling == 16.0
+    expect(ErrorCode.DIGEST_MISMATCH, folder, "covers only adapter_model.safetensors", expected_digest=weights)
+    assert validate_adapter_dir(folder, BASE, expected_digest=adapter_digest(folder)).digest_scope == "adapter"
     # So does a change of the golden outputs alone.
     before = adapter_digest(folder)
     (folder / GOLDEN_FILE).write_text("{}")

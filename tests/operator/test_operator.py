@@ -44,7 +44,7 @@ pytestmark = pytest.mark.slow
 
 
 def digest_of(folder: Path) -> str:
-    return file_digest(folder / "adapter_model.safetensors")
+    return adapter_digest(folder)
 
 
 @dataclass
@@ -55,6 +55,7 @@ class Stack:
     folder: Path
     uris: dict[str, str] = field(default_factory=dict)
     digests: dict[str, str] = field(default_factory=dict)
+    weights_digests: dict[str, str] = field(default_factory=dict)  # the earlier form: adapter_model.safetensors alone
     replicas: dict[str, str] = field(default_factory=dict)  # pod name -> URL
     engines: dict[str, Any] = field(default_factory=dict)  # pod name -> the engine its app serves (built here)
     operator: subprocess.Popen[bytes] | None = None
@@ -129,6 +130,7 @@ def stack(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory: py
         for name, path in tiny_adapters.items():
             s.uris[name] = upload_folder(endpoint, "adapters", f"acme/{name}", path)
             s.digests[name] = digest_of(path)
+            s.weights_digests[name] = file_digest(path / "adapter_model.safetensors")
         for how in ("base", "missing", "nan", "pickle"):
             bad = corrupt(tiny_adapters["qv4"], folder / f"bad-{how}", how)
             s.uris[how] = upload_folder(endpoint, "adapters", f"broken/{how}", bad)
@@ -174,10 +176,10 @@ def test_a_valid_adapter_is_validated_staged_and_ready_on_every_replica(stack: S
         "Ready": ("True", "Serving"),
     }  # fmt: skip
     assert status["servingDigest"] == stack.digests["qv4"] and status["rank"] == 4 and status["pinned"] is True
-    # Declared by its weights alone (the earlier form): served, and told the adapter digest to declare.
+    # Declared by its adapter digest, which covers the config and the golden outputs as well.
     validated = next(c for c in status["conditions"] if c["type"] == "Validated")
-    assert status["adapterDigest"] == adapter_digest(tiny_adapters["qv4"]) != stack.digests["qv4"]
-    assert f"declare {status['adapterDigest']}" in validated["message"]
+    assert status["adapterDigest"] == adapter_digest(tiny_adapters["qv4"]) == stack.digests["qv4"]
+    assert "declare" not in validated["message"]
     assert sorted(r["replica"] for r in status["replicas"]) == ["tiny-serving-0", "tiny-serving-1"]
     for url in stack.replicas.values():
         state = stack.on_replica(url, "support")
@@ -288,7 +290,8 @@ GATE = {"qualityGate": {"minTokenAgreement": 0.9}}
 
 @pytest.mark.parametrize(
     ("how", "reason", "spec"),
-    [("digest", "DigestMismatch", {}), ("base", "BaseMismatch", {}), ("rank", "RankOverCap", {}),
+    [("digest", "DigestMismatch", {}), ("weights-only", "DigestMismatch", {}), ("base", "BaseMismatch", {}),
+     ("rank", "RankOverCap", {}),
      ("missing", "MissingFile", {}), ("nan", "CorruptSafetensors", {}), ("pickle", "PickleRefused", {}),
      ("drifted", "QualityGateFailed", GATE), ("no-golden", "GoldenOutputsMissing", GATE)],
 )  # fmt: skip
@@ -298,6 +301,8 @@ def test_a_bad_adapter_fails_alone_with_its_reason(stack: Stack, how: str, reaso
         uri, digest = stack.uris["mlp16"], stack.digests["mlp16"]  # rank 16 on a base capped at 8
     if how == "no-golden":
         digest = stack.digests["qv4"]  # a valid adapter, but nothing to replay for the gate it asks for
+    if how == "weights-only":  # the earlier form, refused unless the base sets requireAdapterDigest: false
+        uri, digest = stack.uris["qv4"], stack.weights_digests["qv4"]
     name = f"bad-{how}"
     stack.apply(lora(name, uri, digest, **spec))
     status = stack.wait_phase(name, "Failed")["status"]

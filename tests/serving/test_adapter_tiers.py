@@ -16,7 +16,7 @@ from broken_adapters import corrupt
 from engine_helpers import engine_greedy, tiny_engine
 from s3_server import ACCESS, SECRET, moto_server, upload_folder
 
-from loraplane.adapter_format import ErrorCode, file_digest
+from loraplane.adapter_format import ErrorCode, adapter_digest
 from loraplane.admin_api import Tier
 from loraplane.serving.api.admin_view import replica_stats
 from loraplane.serving.engine.sampling_params import SamplingParams
@@ -129,7 +129,7 @@ def test_invalid_adapters_from_s3_fail_alone(env, s3, tiny_llama, tiny_adapters,
 
 def test_disk_cache_survives_a_restart(env, s3, tiny_llama, tiny_adapters, reference, tmp_path, monkeypatch) -> None:
     _, uris = s3
-    digest = file_digest(tiny_adapters["mlp16"] / "adapter_model.safetensors")
+    digest = adapter_digest(tiny_adapters["mlp16"])
     first = tiny_engine(tiny_llama, tmp_path, max_loras=1)
     first.register_lora(AdapterSpec("mlp16", uris["mlp16"], digest=digest))
     assert run(first, "mlp16").token_ids == reference["mlp16"]
@@ -149,7 +149,7 @@ def test_disk_cache_survives_a_restart(env, s3, tiny_llama, tiny_adapters, refer
 def test_a_corrupted_disk_cache_entry_is_fetched_again(env, s3, tiny_llama, tiny_adapters, reference, tmp_path) -> None:
     """Bit rot in the node cache costs one refetch, not a permanently failed adapter."""
     _, uris = s3
-    digest = file_digest(tiny_adapters["mlp16"] / "adapter_model.safetensors")
+    digest = adapter_digest(tiny_adapters["mlp16"])
     first = tiny_engine(tiny_llama, tmp_path, max_loras=1)
     first.register_lora(AdapterSpec("mlp16", uris["mlp16"], digest=digest))
     assert run(first, "mlp16").token_ids == reference["mlp16"]
