@@ -47,16 +47,17 @@ def shared_pool() -> httpx.AsyncClient:
 
 
 class UnsignedAnswer(httpx.HTTPError):
-    """A success answer without the token holder's signature of it: whatever answered at that
+    """An answer below 400 without the token holder's signature of it: whatever answered at that
     address is not a replica (or an agent) of this base, so nothing it says is believed."""
 
 
 class SignedAuth(httpx.Auth):
     """Signs each request with the admin token instead of sending it (see ``auth``): the replica
     verifies the signature, and whatever answers at the address learns nothing reusable. Every
-    success answer must be signed back by the token's holder (``UnsignedAnswer`` otherwise);
-    error answers are not checked, since the server cannot sign the ones it gives before it knows
-    the caller (a 401, a body over its size cap), and an error grants nothing."""
+    answer below 400 must be signed back by the token's holder (``UnsignedAnswer`` otherwise; a
+    redirect too, since these clients do not follow one and the callers read its body); error
+    answers are not checked, since the server cannot sign the ones it gives before it knows the
+    caller (a 401, a body over its size cap), and an error grants nothing."""
 
     requires_request_body = True
     requires_response_body = True
@@ -69,7 +70,7 @@ class SignedAuth(httpx.Auth):
         target = request.url.raw_path.decode("ascii")
         authorization = request.headers["Authorization"] = sign_request(self.token, request.method, host, target, request.content)
         response = yield request
-        if response.is_success and not response_signed(
+        if response.status_code < 400 and not response_signed(
             response.headers.get(RESPONSE_HEADER), self.token, authorization, response.status_code, response.content
         ):
             raise UnsignedAnswer(f"{request.url.netloc.decode('ascii')} answered without the token holder's signature")
@@ -103,12 +104,14 @@ class AdminClient:
             raise ReplicaError(self.url, f"not a replica of this base: {err}", code=UNPROVEN) from None
         except httpx.HTTPError as err:
             raise ReplicaError(self.url, f"unreachable: {type(err).__name__}: {err}") from None
-        if r.status_code >= 400:
+        if not r.is_success:  # a redirect included: not followed, and not an answer
             try:
-                error = r.json().get("error", {})
+                body = r.json()
             except ValueError:
-                error = {}
-            raise ReplicaError(self.url, error.get("message", r.text), r.status_code, error.get("code"))
+                body = None
+            found = body.get("error") if isinstance(body, dict) else None
+            error: dict[str, Any] = found if isinstance(found, dict) else {}
+            raise ReplicaError(self.url, str(error.get("message", r.text)), r.status_code, error.get("code"))
         return r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
 
     async def ready(self) -> bool:

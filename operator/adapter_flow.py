@@ -115,10 +115,11 @@ async def quality_gate(client: AdminClient, spec: LoraAdapterSpec) -> str:
 
 async def proven_replicas(namespace: str, base: str, token: str | None) -> list[cluster.Replica]:
     """The ready serving pods of ``base`` that hold its admin token (``replica_proof``)."""
-    replicas = await cluster.ready_replicas(namespace, base)
-    if token is None:  # a base without a token (tests, a dev cluster): nothing to prove with
-        return replicas
-    return await only_proven(replicas, lambda r: AdminClient(r.url, token).proven())
+    if token is None:
+        # No Secret yet (the BaseModel's handler creates it before the Deployment): a real replica
+        # cannot have started without it, so any Ready pod with the labels now is not one.
+        return []
+    return await only_proven(await cluster.ready_replicas(namespace, base), lambda r: AdminClient(r.url, token).proven())
 
 
 async def reconcile(

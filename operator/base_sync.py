@@ -78,8 +78,10 @@ async def sync_base(
     """One sync; returns the BaseModel's status patch (and leaves the node caches' condition in
     ``memory.node_condition`` for the caller to set among the object's current conditions)."""
     base = BaseModelSpec.model_validate(dict(spec_raw))
-    replicas = await cluster.ready_replicas(namespace, name)
     token = await cluster.admin_token(namespace, name)
+    # Without the Secret no real replica can have started; every answer read below is signed by
+    # the token's holder (admin_api.auth), so a pod with the labels alone is never believed.
+    replicas = await cluster.ready_replicas(namespace, name) if token else []
     clients = {r.name: AdminClient(r.url, token) for r in replicas}
     fingerprint = None
     stats: ReplicaAdapters = {}

@@ -85,8 +85,9 @@ async def sync_node_caches(
     staged = decisions.node_staging(candidates(views, pins, rates))[:MAX_STAGED]
     request = StagingRequest(adapters=[StagedAdapter(source=c.source, digest=c.digest, pinned=c.pinned) for c in staged])
     agents = await cluster.ready_pods(namespace, name, "node-cache", "node-cache", AGENT_PORT)
-    if token is not None:  # the staging list names every tenant's sources: only for the base's own agents
-        agents = await only_proven(agents, lambda a: AsyncAgentClient(a.url, token).proven())
+    # The staging list names every tenant's sources: only for the base's own agents, which cannot
+    # have started without the token's Secret.
+    agents = await only_proven(agents, lambda a: AsyncAgentClient(a.url, token).proven()) if token else []
     calls = asyncio.Semaphore(MAX_CALLS)
 
     async def one(agent: cluster.Replica) -> tuple[str, AgentState] | None:

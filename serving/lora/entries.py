@@ -87,7 +87,8 @@ class AdapterEntry:
             residency=self.residency,
             pinned=self.pinned,
             running=self.running,
-            digest=loaded.manifest.adapter_digest if loaded else self.spec.digest,
+            # What the manifest declared (the operator's servingDigest), else what the files hash to.
+            digest=self.spec.digest or (loaded.manifest.adapter_digest if loaded else None),
             rank=loaded.rank if loaded else None,
             slot=self.slot,
             truncation_error=loaded.truncation_error if loaded else None,

@@ -249,10 +249,10 @@ class AdapterManager:
 
     @staticmethod
     def lease_version(lease: object) -> tuple[str | None, str | None]:
-        """The version label and adapter digest (config, weights and golden outputs: the version's
-        identity, what a manifest declares) a lease runs on."""
+        """The version label and digest a lease runs on: the one its registration declared (what
+        the operator's status names), else the adapter digest its files hash to."""
         assert isinstance(lease, AdapterEntry)
-        return lease.spec.version, lease.loaded.manifest.adapter_digest if lease.loaded else lease.spec.digest
+        return lease.spec.version, lease.spec.digest or (lease.loaded.manifest.adapter_digest if lease.loaded else None)
 
     def release(self, lease: object) -> None:
         assert isinstance(lease, AdapterEntry)

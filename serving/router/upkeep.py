@@ -37,8 +37,9 @@ class Upkeep:
                 except ReplicaError as err:
                     if err.status is None:
                         raise
-                    if err.status == 503:  # still loading its base
-                        self.table.mark_down(replica, "not ready")
+                    # 503: still loading its base; 401: it refuses this token (another base's
+                    # replica, or an --admin-host that does not name the address dialled).
+                    self.table.mark_down(replica, "not ready" if err.status == 503 else f"stats: HTTP {err.status}: {err}")
                     return
                 if not replica.up:  # its answer is signed: a replica of this base, ready
                     log.info("replica %s is up", replica.name)

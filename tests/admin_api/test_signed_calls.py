@@ -165,15 +165,17 @@ def test_an_answer_is_signed_for_its_call_its_status_and_its_body() -> None:
     assert not response_signed(None, ADMIN, call, 200, b'{"name": "smollm2"}')
 
 
-def test_only_a_holder_of_the_token_can_prove_itself_a_replica(replica: str, rogue: str) -> None:
+@pytest.mark.parametrize("status", [200, 203, 300, 302])
+def test_only_a_holder_of_the_token_can_prove_itself_a_replica(replica: str, rogue: str, status: int) -> None:
     """The rogue pod answers the way the real replica did, down to its signature header (copied
-    from an answer the real one gave): the client still refuses it, since that signature was for
-    another call. Its data is never returned to the caller."""
-    real = httpx.get(
-        f"{replica}/admin/base", headers={"Authorization": sign_request(ADMIN, "GET", replica[7:], "/admin/base", b"")}
-    )
+    from an answer the real one gave), as a success or as a redirect (which the clients do not
+    follow): the client still refuses it, since that signature was for another call. Its data is
+    never returned to the caller."""
+    signed = sign_request(ADMIN, "GET", replica.removeprefix("http://"), "/admin/base", b"")
+    real = httpx.get(f"{replica}/admin/base", headers={"Authorization": signed})
     assert RESPONSE_HEADER.lower() in real.headers
-    Rogue.answer = (200, real.content, {k: v for k, v in real.headers.items() if k.lower() != "content-length"})
+    copied = {k: v for k, v in real.headers.items() if k.lower() != "content-length"}
+    Rogue.answer = (status, real.content, {**copied, "location": f"{replica}/admin/base"})
 
     async def calls() -> None:
         assert await AdminClient(replica, ADMIN, http=httpx.AsyncClient()).proven() is True
@@ -207,7 +209,10 @@ def test_the_operator_sends_registrations_only_to_pods_that_proved_themselves(
     assert [p.name for p in proven] == ["serving-0"]
     assert [(method, path, body) for method, path, _, body in Rogue.seen] == [("GET", "/admin/base", b"")]
     assert ("uid-0", replica) in replica_proof._proven
-    assert [p.name for p in asyncio.run(adapter_flow.proven_replicas("team-a", "smollm2", None))] == ["serving-0", "serving-evil"]
+    # Before the base's token Secret exists no replica can have started: no labelled pod is called.
+    Rogue.seen.clear()
+    assert asyncio.run(adapter_flow.proven_replicas("team-a", "smollm2", None)) == []
+    assert Rogue.seen == []
 
 
 def test_every_secret_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
