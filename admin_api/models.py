@@ -169,4 +169,6 @@ class ReplicaStats(_Reply):
     preemptions: int = 0
     waiting: int = Field(default=0, description="requests queued in the engine, which the router reads")
     running: int = 0
+    parked: int = Field(default=0, description="requests out of the batch, their KV kept, until their adapter's next turn")
+    parks: int = Field(default=0, description="requests parked so far to hand a device slot to a waiting adapter")
     disk_cache: DiskCacheStats = Field(default_factory=DiskCacheStats)

@@ -61,5 +61,7 @@ def replica_stats(engine: LLMEngine, quotas: Mapping[str, Quotas] | None = None)
         preemptions=engine.scheduler.num_preemptions,
         waiting=len(engine.scheduler.waiting),
         running=len(engine.scheduler.running),
+        parked=len(engine.scheduler.parked),
+        parks=engine.scheduler.num_parks,
         disk_cache=engine.adapters.files.figures(),
     )

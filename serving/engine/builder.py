@@ -11,6 +11,7 @@ import socket
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import chain
 
 import torch
 
@@ -216,8 +217,8 @@ def build_parts(config: EngineConfig) -> EngineParts:
     log_sizing(device, num_blocks, config.block_size, per_block, where, max_num_seqs, max_num_batched_tokens)
     metrics = EngineMetrics(max_adapter_labels=config.metrics_max_adapter_labels)
 
-    def queued() -> Counter[str]:  # the scheduler's queue (built below), part of each adapter's demand
-        return Counter(s.adapter for s in scheduler.waiting if s.adapter is not None)
+    def queued() -> Counter[str]:  # the scheduler's queue and parked (built below): part of each adapter's demand
+        return Counter(s.adapter for s in chain(scheduler.waiting, scheduler.parked) if s.adapter is not None)
 
     adapters = AdapterManager(
         slots,

@@ -114,7 +114,8 @@ class LLMEngine:
         self.adapters.prefetch(name)
 
     def unload_lora(self, name: str) -> None:
-        waiting = sum(1 for s in self.scheduler.waiting if s.adapter == name)
+        # A parked request is queued too: it resumes on this adapter once it has a slot again.
+        waiting = sum(1 for s in (*self.scheduler.waiting, *self.scheduler.parked) if s.adapter == name)
         if waiting:
             raise AdapterBusy(f"adapter {name!r} has {waiting} queued requests")
         self.adapters.unregister(name)
@@ -214,8 +215,8 @@ class LLMEngine:
         outputs = self._fail_loads()
         overdue = self.adapters.begin_step()
         if overdue is not None:  # its slot is owed to a waiting adapter (see DevicePlacement.begin_step)
-            name, slot = overdue
-            self.scheduler.preempt_where(lambda s: s.adapter == name and s.adapter_slot == slot)
+            name, slot = overdue  # parked, not preempted: they resume without recompute on its next turn
+            self.scheduler.park_where(lambda s: s.adapter == name and s.adapter_slot == slot)
         batch = self.scheduler.schedule()
         self.ran = bool(batch.items)
         if not batch.items:

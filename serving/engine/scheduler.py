@@ -8,6 +8,13 @@ the decodes. When a running sequence needs a block and none is free, the most re
 sequence is preempted: its blocks are freed and it goes back to the front of the queue keeping
 its generated tokens, to be recomputed later (often mostly from the prefix cache).
 
+A sequence can also be *parked*: taken out of the batch with its KV blocks and tokens kept, until
+``ready`` says it can run again, when it resumes where it stopped. The engine parks a drained
+adapter's running requests to hand its device slot to a waiting adapter (``lora.drain``): two
+adapters taking turns on one slot then pay a few idle steps per turn, where preemption made them
+recompute every running answer at each turn. Parked sequences resume before anything new is
+admitted, and give their blocks back first when the running ones need blocks.
+
 With fairness on, tenants share the batch: admission is least attained service first, a tenant
 below its share of ``max_num_seqs`` gets a slot by preempting the tenant furthest over its share,
 and the step that admits it runs without the work of the tenants bursting (over their share with
@@ -68,16 +75,19 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.parked: list[Sequence] = []  # out of the batch, keeping their blocks (see park_where)
         self.num_preemptions = 0
+        self.num_parks = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.parked)
 
     def _preempt(self, seq: Sequence) -> None:
-        self.on_preempt(seq)
+        if seq.status is Status.RUNNING:  # a parked one gave its adapter back when it was parked
+            self.on_preempt(seq)
         self.blocks.free(seq)
         seq.num_computed_tokens = 0
         seq.status = Status.WAITING
@@ -85,17 +95,42 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    def preempt_where(self, pred: Callable[[Sequence], bool]) -> int:
-        """Preempt every running sequence ``pred`` selects (back to the queue's front, in their
-        order, keeping their tokens); returns how many."""
+    def park_where(self, pred: Callable[[Sequence], bool]) -> int:
+        """Park every running sequence ``pred`` selects: out of the batch, keeping its blocks and
+        tokens, its adapter given back (``on_preempt``) so the adapter's slot can free; it resumes
+        once ``ready`` says so. Returns how many."""
         chosen = [s for s in self.running if pred(s)]
-        for seq in reversed(chosen):
+        for seq in chosen:
             self.running.remove(seq)
-            self._preempt(seq)
+            self.on_preempt(seq)
+            seq.status = Status.PARKED
+            self.parked.append(seq)
+        self.num_parks += len(chosen)
         return len(chosen)
+
+    def _resume_parked(self) -> None:
+        """Parked sequences whose adapter has a slot again go back into the batch, oldest first,
+        before any new admission: they hold blocks, and their answers are under way."""
+        for seq in list(self.parked):
+            if len(self.running) >= self.max_num_seqs:
+                return
+            if self.ready(seq):
+                self.parked.remove(seq)
+                seq.status = Status.RUNNING
+                self.on_admit(seq)
+                self.running.append(seq)
+
+    def _unpark_for_blocks(self) -> bool:
+        """The running sequences need blocks and none is free: the newest parked sequence gives
+        its blocks back and goes to the front of the queue, to be recomputed (a preemption)."""
+        if not self.parked:
+            return False
+        self._preempt(self.parked.pop())
+        return True
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
+        self._resume_parked()
         self._fair_share_preemption(batch)
         over = self._over_share()
         # A step that admits a tenant below its share carries none of the bursting tenants' work:
@@ -111,6 +146,8 @@ class Scheduler:
                 continue
             n = self._chunk(seq, budget, over)
             while not self.blocks.append_slots(seq, n):
+                if self._unpark_for_blocks():
+                    continue
                 victim = self.running.pop()
                 self._preempt(victim)
                 batch.preempted.append(victim)
@@ -242,5 +279,7 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        elif seq in self.parked:
+            self.parked.remove(seq)
         self.blocks.free(seq)
         seq.status = Status.FINISHED

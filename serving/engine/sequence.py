@@ -21,6 +21,7 @@ _ids = itertools.count()
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    PARKED = "parked"  # out of the batch with its blocks kept, until its adapter has a slot again
     FINISHED = "finished"
 
 

@@ -24,11 +24,12 @@ from loraplane.serving.lora.entries import AdapterEntry
 DRAIN_LAPSE_STEPS = 2
 # An adapter placed in a slot keeps it at least this many steps before a drain may pick it: two
 # adapters sharing one slot then take turns long enough to admit their queues and decode a few
-# tokens, instead of paying a drain (preempting the victim's running requests) for every request.
+# tokens, instead of paying a drain (parking the victim's running requests) for every request.
 SLOT_HOLD_STEPS = 4
-# A drained adapter's running requests get this many steps to finish; then they are preempted
-# (and resume later from the prefix cache). A 32-token answer takes 32 steps or more inside a busy
-# batch, and waiting for it is what made the demo's colder adapters wait longest.
+# A drained adapter's running requests get this many steps to finish; then they are parked (out of
+# the batch with their KV kept, to resume on the adapter's next turn; ``engine.scheduler``). A
+# 32-token answer takes 32 steps or more inside a busy batch, and waiting for it is what made the
+# demo's colder adapters wait longest.
 DRAIN_PREEMPT_STEPS = 2
 
 
@@ -89,7 +90,7 @@ class SlotDrain:
 
     def overdue(self) -> str | None:
         """The victim whose running requests have held its slot for DRAIN_PREEMPT_STEPS since the
-        drain began: the engine preempts them (they resume later, mostly from the prefix cache), so
+        drain began: the engine parks them (they resume on its next turn, from the KV they kept), so
         a waiter's wait is bounded by the hold and this, not by the victim's longest request."""
         d = self.current
         if d is None or not self.draining(d.victim) or self.step - d.started < DRAIN_PREEMPT_STEPS:

@@ -109,7 +109,7 @@ class DevicePlacement:
 
     def begin_step(self) -> tuple[str, int] | None:
         """An engine step begins (the drain's clock ticks); returns the drained adapter (and its
-        slot) whose running requests the engine should preempt now (see ``SlotDrain.overdue``),
+        slot) whose running requests the engine should park now (see ``SlotDrain.overdue``),
         only under demand placement."""
         self.drain.tick()
         victim = self.drain.overdue() if self.follows_demand else None

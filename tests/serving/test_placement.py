@@ -1,8 +1,9 @@
 """Placement that follows demand: the hot adapter keeps its slot, a waiter's wait is bounded.
 
 The bounds are counted in engine steps (a slot holder keeps its slot SLOT_HOLD_STEPS, a drained
-holder's requests are preempted after DRAIN_PREEMPT_STEPS), so these tests run with the defaults
-a server runs with and the behaviour shows in a handful of steps of the tiny model.
+holder's requests leave the batch after DRAIN_PREEMPT_STEPS), so these tests run with the defaults
+a server runs with and the behaviour shows in a handful of steps of the tiny model. A drained
+holder's requests are parked, not preempted: they keep their KV and resume on its next turn.
 """
 
 from __future__ import annotations
@@ -55,9 +56,9 @@ def test_the_hot_adapter_keeps_its_slot_while_two_colder_ones_share_the_other(
 
 def test_a_waiter_is_served_without_waiting_for_the_holders_long_requests(tiny_llama, tiny_adapters, tmp_path, no_hold) -> None:
     """One slot held by qv4, whose two running requests want 120 tokens each; all8 arrives. The
-    drain preempts qv4's requests instead of waiting 120 steps for them, all8 is served within a
-    few steps, and qv4's requests then finish with exactly the tokens they would have had alone
-    (preemption recomputes, it does not change an answer)."""
+    drain parks qv4's requests instead of waiting 120 steps for them, all8 is served within a
+    few steps, and qv4's requests then resume from the KV they kept (nothing is recomputed) and
+    finish with exactly the tokens they would have had alone."""
     long = SamplingParams(max_tokens=120, temperature=0, ignore_eos=True)
     alone = tiny_engine(tiny_llama, tmp_path / "alone", max_loras=1, max_cpu_loras=2)
     alone.load_lora("qv4", str(tiny_adapters["qv4"]))
@@ -78,11 +79,11 @@ def test_a_waiter_is_served_without_waiting_for_the_holders_long_requests(tiny_l
             if out.finished:
                 done[out.request_id] = (step, out.token_ids)
         step += 1
-    # The holder was placed long enough ago: its requests are preempted DRAIN_PREEMPT_STEPS after
+    # The holder was placed long enough ago: its requests are parked DRAIN_PREEMPT_STEPS after
     # the drain begins, all8 takes the slot the step after, then prefills and decodes its 4 tokens.
     bound = drain.DRAIN_PREEMPT_STEPS + 1 + 4
     assert done[waiter][0] <= bound, f"all8 waited {done[waiter][0]} steps for qv4's long requests (bound {bound})"
-    assert engine.scheduler.num_preemptions >= 2
+    assert engine.scheduler.num_parks >= 2 and engine.scheduler.num_preemptions == 0
     assert done[first][1] == expected[0].token_ids
     assert done[second][1] == expected[1].token_ids
 
@@ -100,7 +101,7 @@ def test_under_lru_the_drain_keeps_its_old_order(tiny_llama, tiny_adapters, tmp_
     while engine.has_unfinished():
         engine.step()
     assert engine.adapters.hot_set() == frozenset()
-    assert engine.scheduler.num_preemptions == 0
+    assert engine.scheduler.num_preemptions == 0 and engine.scheduler.num_parks == 0
 
 
 def test_time_to_first_token_is_a_histogram_per_adapter(tiny_llama, tiny_adapters, tmp_path) -> None:

@@ -220,3 +220,52 @@ def test_no_step_is_deferred_for_a_request_whose_blocks_are_not_free() -> None:
     running = [s for s in bursts if s.status is Status.RUNNING]
     assert len(running) == 3 and sorted(id(s) for s, _ in batch.items) == sorted(id(s) for s in running)
     assert steady.status is Status.WAITING
+
+
+def test_a_parked_sequence_keeps_its_blocks_skips_steps_and_resumes_without_recompute() -> None:
+    blocks = BlockManager(16, 4)
+    turn = {"a": True}
+    sched = Scheduler(blocks, max_num_seqs=8, max_num_batched_tokens=100, ready=lambda s: turn[s.adapter_key or "a"])
+    a, b = seq(6, "a"), seq(5, "b", start=300)
+    turn["b"] = True
+    sched.add(a)
+    sched.add(b)
+    advance(sched.schedule())  # both prefill
+    free = blocks.num_free
+    assert sched.park_where(lambda s: s.adapter_key == "a") == 1
+    turn["a"] = False  # its adapter has no slot now
+    for _ in range(3):
+        batch = sched.schedule()
+        assert [s for s, _ in batch.items] == [b]  # a skips the steps, b goes on
+        advance(batch)
+    assert a.status is Status.PARKED and a.num_computed_tokens == 6 and blocks.num_free <= free  # blocks kept
+    turn["a"] = True
+    batch = sched.schedule()
+    assert (a, 1) in batch.items  # a decode: nothing recomputed
+    assert sched.num_parks == 1 and sched.num_preemptions == 0 and not sched.parked
+
+
+def test_parked_sequences_give_their_blocks_first_when_the_running_ones_need_them() -> None:
+    blocks = BlockManager(4, 4)  # 16 token slots
+    sched = Scheduler(blocks, max_num_seqs=8, max_num_batched_tokens=100, ready=lambda s: s.adapter_key != "parked")
+    running, parked = seq(8, "run"), seq(8, "a", start=300)
+    sched.add(running)
+    sched.add(parked)
+    advance(sched.schedule())  # both prompts fill all four blocks
+    sched.park_where(lambda s: s is parked)
+    parked.adapter_key = "parked"  # and its adapter has no slot
+    batch = sched.schedule()  # running needs a fifth block: the parked one gives its blocks back
+    assert [s for s, _ in batch.items] == [running] and not batch.preempted
+    assert parked.status is Status.WAITING and parked.num_computed_tokens == 0 and sched.waiting[0] is parked
+    assert sched.num_preemptions == 1 and not sched.parked
+
+
+def test_a_parked_sequence_that_finishes_frees_its_blocks() -> None:
+    blocks = BlockManager(8, 4)
+    sched = Scheduler(blocks, max_num_seqs=8, max_num_batched_tokens=100)
+    s = seq(8)
+    sched.add(s)
+    advance(sched.schedule())
+    sched.park_where(lambda _s: True)
+    sched.finish(s)
+    assert blocks.num_free == 8 and not sched.parked and not sched.has_work()
