@@ -67,13 +67,18 @@ class Upkeep:
             self.tenants.set_adapter_limits(name, entry.quotas)
 
     def soon(self) -> None:
-        """A check now rather than at the next tick, for a replica that just joined."""
-        task = asyncio.create_task(self.once())
+        """A check now rather than at the next tick, of the replicas that are down (one that just
+        joined starts so), without waiting on the others."""
+        down = [r for r in self.table.replicas.values() if not r.up]
+        task = asyncio.create_task(self._check_all(down))
         self._soon.add(task)  # held: the loop keeps only a weak reference to a task
         task.add_done_callback(self._soon.discard)
 
     async def once(self) -> None:
-        await asyncio.gather(*(self.check(r) for r in list(self.table.replicas.values())))
+        await self._check_all(list(self.table.replicas.values()))
+
+    async def _check_all(self, replicas: list[Replica]) -> None:
+        await asyncio.gather(*(self.check(r) for r in replicas))
 
     async def run(self) -> None:
         while True:

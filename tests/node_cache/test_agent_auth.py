@@ -16,8 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fastapi import FastAPI, Response  # at module level: FastAPI resolves the routes' annotations here
 from fastapi.testclient import TestClient
+from impostors import copying_app
 
 from loraplane.admin_api.auth import sign_request
 from loraplane.node_cache.agent import NodeAgent
@@ -87,18 +87,7 @@ def test_only_the_agent_itself_can_answer_as_the_agent(agent: NodeAgent) -> None
     with serve_app(real_app, ready_path="/health") as real:
         answer = httpx.get(f"{real}/v1/state", headers={"Authorization": sign_request(POD, "GET", real[7:], "/v1/state", b"")})
         assert answer.status_code == 200 and RESPONSE_HEADER.lower() in answer.headers
-        copied = {k: v for k, v in answer.headers.items() if k.lower() not in ("content-length", "date", "server")}
-        impostor = FastAPI()
-
-        @impostor.get("/health")
-        async def health() -> dict[str, str]:
-            return {"status": "ok"}
-
-        @impostor.get("/v1/state")
-        async def state() -> Response:
-            return Response(answer.content, headers=copied)
-
-        with serve_app(impostor, ready_path="/health") as rogue:
+        with serve_app(copying_app("/health", "/v1/state", answer), ready_path="/health") as rogue:
             assert asyncio.run(AsyncAgentClient(real, OPERATOR).proven()) is True
             assert asyncio.run(AsyncAgentClient(real, "a-guess").proven()) is False
             assert asyncio.run(AsyncAgentClient(rogue, OPERATOR).proven()) is False

@@ -17,6 +17,7 @@ import openai
 import pytest
 from envtest import control_plane, node_address
 from fastapi import FastAPI, Request  # at module level: FastAPI resolves the routes' annotations here
+from impostors import copying_app
 
 from loraplane.admin_api.auth import SignedResponses, tokens_carried
 from loraplane.serving.api.loopback import serve_app
@@ -211,20 +212,9 @@ def test_a_pod_posing_as_a_replica_is_never_sent_a_prompt(fleet: Fleet) -> None:
     """A pod that joins the serving Service by wearing its labels, and answers the stats call with
     a real replica's answer (its signature header included): it does not hold the token, so it
     cannot sign the answer to the router's call. It is never up, and it receives no prompt."""
-    from fastapi.responses import Response
-
     real = httpx.get(f"{fleet.urls[0]}/admin/stats", headers={"Authorization": f"Bearer {fleet.admin_token}"}, timeout=30)
-    copied = {k: v for k, v in real.headers.items() if k.lower() not in ("content-length", "date", "server")}
     prompts: list[str] = []
-    impostor = FastAPI()
-
-    @impostor.get("/ready")
-    async def ready() -> dict[str, str]:
-        return {"status": "ready"}
-
-    @impostor.get("/admin/stats")
-    async def stats() -> Response:
-        return Response(real.content, headers=copied)
+    impostor = copying_app("/ready", "/admin/stats", real)
 
     @impostor.post("/v1/completions")
     async def completions(request: Request) -> dict[str, str]:
