@@ -171,4 +171,7 @@ class ReplicaStats(_Reply):
     running: int = 0
     parked: int = Field(default=0, description="requests out of the batch, their KV kept, until their adapter's next turn")
     parks: int = Field(default=0, description="requests parked so far to hand a device slot to a waiting adapter")
+    device_prefetches: int = Field(
+        default=0, description="adapters copied into a device slot ahead of their queued request's turn, beside a running step"
+    )
     disk_cache: DiskCacheStats = Field(default_factory=DiskCacheStats)

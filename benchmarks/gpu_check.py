@@ -926,6 +926,8 @@ def serve(engine: Any, trace: list[tuple[list[int], str]], output_len: int, time
         "timed_out": timed_out,
         "errors": errors[:3],
         "num_errors": len(errors),
+        # adapters copied into a slot ahead of their request's turn, beside a running step
+        "device_prefetches": engine.adapters.device_prefetches,
     }
 
 

@@ -63,5 +63,6 @@ def replica_stats(engine: LLMEngine, quotas: Mapping[str, Quotas] | None = None)
         running=len(engine.scheduler.running),
         parked=len(engine.scheduler.parked),
         parks=engine.scheduler.num_parks,
+        device_prefetches=engine.adapters.device_prefetches,
         disk_cache=engine.adapters.files.figures(),
     )

@@ -219,6 +219,8 @@ class LLMEngine:
             self.scheduler.park_where(lambda s: s.adapter == name and s.adapter_slot == slot)
         batch = self.scheduler.schedule()
         self.ran = bool(batch.items)
+        if self.scheduler.waiting:  # before the forward pass is issued, so the copies run beside it
+            self.adapters.prefetch_device(s.adapter for s in self.scheduler.waiting if s.adapter is not None)
         if not batch.items:
             if self.adapters.loads_in_flight():
                 self.adapters.wait_for_loads(timeout=0.05)  # nothing to run until a load lands

@@ -21,7 +21,7 @@ host tier itself.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from loraplane import eviction
@@ -83,6 +83,7 @@ class AdapterManager:
         self.placement = DevicePlacement(table, policy, self.entries, self.registry.lookup, pages=pages, queued=queued)
         busy, on_evict = self.placement.busy, self._off_host
         self.host = eviction.Tier(max_cpu_loras, make_policy(policy), name="host", in_use=busy, on_evict=on_evict)
+        self.device_prefetches = 0  # adapters placed ahead of their request's turn (prefetch_device)
 
     @property
     def device(self) -> eviction.Tier:
@@ -227,6 +228,28 @@ class AdapterManager:
             self.host.touch(name)
             self.metrics.observe_load(name, entry.spec.tenant, "host", time.perf_counter() - start)
         return slot
+
+    def prefetch_device(self, queued: Iterable[str]) -> int:
+        """Place the adapters of queued requests the scheduler did not reach this step (``queued``,
+        in queue order) now, before the step's forward pass is issued, so their host -> device
+        copies run on the slot writes' side stream beside that step rather than in front of the
+        step that admits them. Only what a slot can take without a drain or evicting an adapter
+        with requests queued (``DevicePlacement.place``); stops at the first that cannot be
+        placed, since the rest would find no room either. Returns how many were placed."""
+        wanted = list(dict.fromkeys(queued))
+        sparing, placed = frozenset(wanted), 0
+        for name in wanted:
+            entry = self.entries.get(name)
+            if entry is None or entry.loaded is None or entry.slot is not None:
+                continue  # unknown, still loading into host memory (under way already), or placed
+            start = time.perf_counter()
+            if self.placement.place(name, entry, prefetch_sparing=sparing) is None:
+                break
+            self.host.touch(name)
+            self.metrics.observe_load(name, entry.spec.tenant, "host", time.perf_counter() - start)
+            placed += 1
+        self.device_prefetches += placed
+        return placed
 
     def begin_step(self) -> tuple[str, int] | None:
         """Called once per engine step: the drained adapter whose running requests to preempt."""

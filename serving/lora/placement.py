@@ -44,14 +44,16 @@ class DevicePlacement:
         # The victim is the one in least demand outside the hot set, never the one that is simply
         # always busy (see drain.drain_victim).
         self.drain = SlotDrain(lambda name: self.demands.queued().get(name, 0) > 0)
+        self._spare: frozenset[str] = frozenset()  # a prefetch's: adapters it may not evict (see place)
 
     def busy(self, key: object) -> bool:
         entry = self.lookup(key)
         return bool(entry and entry.running)
 
     def _held(self, key: object) -> bool:
-        """What the device tier may not evict: adapters with running requests, and the hot set."""
-        return self.busy(key) or key in self.hot_set()
+        """What the device tier may not evict: adapters with running requests, the hot set, and
+        during a prefetch the adapters with requests queued."""
+        return self.busy(key) or key in self._spare or key in self.hot_set()
 
     def hot_set(self) -> frozenset[str]:
         """The engine's own hot set (see ``Demand``): as many adapters as half the device slots
@@ -83,24 +85,35 @@ class DevicePlacement:
         """Take the policy's choice among idle, unpinned device adapters off the device (sparing
         the hot set when another adapter wants the pages; KV pressure spares only pinned ones)."""
         hot = self.hot_set() if spare_hot else frozenset()
-        victim = self.tier.policy.victim(lambda k: k in self.tier.pinned or self.busy(k) or k in hot)
+        spare = self._spare
+        victim = self.tier.policy.victim(lambda k: k in self.tier.pinned or self.busy(k) or k in hot or k in spare)
         if victim is None:
             return False
         self.remove(str(victim))
         return True
 
     # taking a slot --------------------------------------------------------------------------
-    def place(self, name: str, entry: AdapterEntry) -> int | None:
+    def place(self, name: str, entry: AdapterEntry, *, prefetch_sparing: frozenset[str] | None = None) -> int | None:
         """Put a host-resident adapter into a slot; None when no slot (or no pages) can be freed
-        now, in which case a drain is asked for and the caller retries next step."""
+        now, in which case a drain is asked for and the caller retries next step.
+
+        A prefetch (``prefetch_sparing`` given: the adapters with requests queued) takes only a
+        free slot or an idle one nobody queues for, and asks no drain: it runs ahead of the
+        request's turn, and must neither push out an adapter another queued request is about to
+        use nor start a drain its request's own turn would not."""
         assert entry.loaded is not None
-        if not self.store.make_room(entry.loaded, lambda: self.evict_idle(spare_hot=True)):
-            return None  # KV and busy adapters hold the pool; retry after sequences finish
+        self._spare = prefetch_sparing or frozenset()
         try:
-            self.tier.insert(name)
-        except TierFullError:
-            self.drain.ask(name, self._on_device, self._drain_victim)
-            return None
+            if not self.store.make_room(entry.loaded, lambda: self.evict_idle(spare_hot=True)):
+                return None  # KV and busy adapters hold the pool; retry after sequences finish
+            try:
+                self.tier.insert(name)
+            except TierFullError:
+                if prefetch_sparing is None:
+                    self.drain.ask(name, self._on_device, self._drain_victim)
+                return None
+        finally:
+            self._spare = frozenset()
         self.drain.placed(name)
         entry.placement, entry.placed_step = self.store.place(entry.loaded), self.drain.step
         if entry.pinned:

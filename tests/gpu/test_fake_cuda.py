@@ -93,13 +93,14 @@ def test_the_engine_steps_on_fake_cuda_without_mismatch_or_hidden_sync(
     assert engine.runner.backend == "triton"
 
     # Prompts longer than a step's token budget (chunked prefill), four adapters for two slots
-    # (swaps), a bare-base row, and more KV than the cache holds at once (preemption).
+    # (swaps, some prefetched into a slot while their request waits), a bare-base row, and more KV than the cache holds at once (preemption).
     requests = [
         ([3 + (i * 7 + j) % 300 for j in range(30 + 5 * i)], a, 24)
         for i, a in enumerate(["qv4", "all8", None, "mlp16", "ku2", "all8"])
     ]
     per_step = _run(engine, syncs, requests)
     assert engine.scheduler.num_preemptions > 0
+    assert engine.adapters.device_prefetches > 0  # slots written ahead of a request's turn, no sync either
     # Plain greedy requests: one read-back (the token ids) per step that samples, none otherwise.
     assert per_step and max(per_step) == 1 and sum(per_step) >= 24
 

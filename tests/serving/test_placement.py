@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 from engine_helpers import tiny_engine
 
+from loraplane.admin_api import Tier
 from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.lora import demand, drain
 from loraplane.serving.lora.entries import AdapterSpec
@@ -154,3 +155,34 @@ def test_a_drain_counts_its_bounds_in_engine_steps_whatever_a_step_lasts() -> No
     for _ in range(drain.DRAIN_LAPSE_STEPS + 1):
         slots.tick()
     assert not slots.draining("held") and slots.current is None
+
+
+def test_a_queued_requests_adapter_takes_its_slot_before_its_turn(tiny_llama, tiny_adapters, tmp_path) -> None:
+    """One request at a time (``max_num_seqs=1``), two slots: qv4's request runs while all8's and
+    mlp16's wait. all8 takes the free slot in the first step it waits through, its copy issued
+    ahead of that step's forward pass (beside it, on a GPU's side stream) instead of in the step
+    that admits it; mlp16 finds no slot a prefetch may take (all8 is idle but queued for, qv4 is
+    running), so it does not push all8 out. Both answers are the ones they get alone."""
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    alone = tiny_engine(tiny_llama, tmp_path / "alone", max_loras=2, max_cpu_loras=3)
+    for name in ("all8", "mlp16"):
+        alone.load_lora(name, str(tiny_adapters[name]))
+    expected = [o.token_ids for o in alone.generate([PROMPT, PROMPT], params, ["all8", "mlp16"])]
+
+    engine = tiny_engine(tiny_llama, tmp_path / "queued", max_loras=2, max_cpu_loras=3, max_num_seqs=1)
+    for name in ("qv4", "all8", "mlp16"):
+        engine.load_lora(name, str(tiny_adapters[name]))
+    engine.add_request(PROMPT, params, adapter="qv4")
+    ids = [engine.add_request(PROMPT, params, adapter=name) for name in ("all8", "mlp16")]
+    engine.step()
+    engine.step()
+    waiting = {s.adapter: s for s in engine.scheduler.waiting}
+    assert set(waiting) == {"all8", "mlp16"}, "qv4's request still runs; both wait"
+    assert engine.adapters.residency("all8") is Tier.DEVICE, "all8 waited without its copy being started"
+    assert engine.adapters.residency("mlp16") is Tier.HOST
+    assert engine.adapters.device_prefetches == 1
+    done = {}
+    while engine.has_unfinished():
+        done.update({o.request_id: o.token_ids for o in engine.step() if o.finished})
+    assert [done[i] for i in ids] == expected
+    assert swaps(engine, "all8") == 1, "all8 was placed again after its prefetch"
