@@ -21,6 +21,8 @@ from loraplane.serving.api.tenants import TenantConfig, Tenants
 from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.usage import Metering
 
+ENGINE_FAILED = "engine_failed"  # /ready's error code once the engine has failed to start: it never will
+
 
 class ServerState:
     """What one server holds: the engine (once loaded), tenants and their quotas, the usage
@@ -49,9 +51,11 @@ class ServerState:
         threading.Thread(target=load, name="engine-load", daemon=True).start()
 
     def ready(self) -> AsyncEngine:
+        if self.engine is None and self.load_error is not None:
+            # Its own code: a caller waiting for readiness (a bench, a script) stops waiting on this.
+            raise APIError(503, f"the engine failed to start: {self.load_error}", type_="server_error", code=ENGINE_FAILED)
         if self.engine is None:
-            detail = f"the engine failed to start: {self.load_error}" if self.load_error else "the base model is still loading"
-            raise APIError(503, detail, type_="server_error", code="not_ready")
+            raise APIError(503, "the base model is still loading", type_="server_error", code="not_ready")
         return self.engine
 
 

@@ -22,6 +22,7 @@ import httpx
 import yaml
 
 from loraplane.admin_api import LoadLoraRequest, ReplicaStats
+from loraplane.serving.api.deps import ENGINE_FAILED
 from loraplane.serving.api.loopback import free_port
 from loraplane.serving.api.tenants import TenantConfig
 from loraplane.serving.config import EngineConfig
@@ -102,7 +103,7 @@ class Fleet:
             args += self.replica_args(i)
         env = {**os.environ, **(self.env or {})}
         with (self.work / f"server-{i}.log").open("ab") as log:
-            cmd = [sys.executable, "-m", "loraplane.cli", *args]
+            cmd = child_command(*args)
             self.procs[i] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def ready(self, i: int, timeout: float = 900) -> None:
@@ -215,7 +216,7 @@ def spawn_router(
     env = {**os.environ, **(fleet.env or {}), **({"KUBECONFIG": str(kubeconfig)} if kubeconfig else {})}
     log_path = fleet.work / f"router-{port}.log"
     with log_path.open("wb") as log:
-        cmd = [sys.executable, "-m", "loraplane.cli", *args]
+        cmd = child_command(*args)
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -229,15 +230,30 @@ def spawn_router(
             proc.kill()
 
 
+def child_command(*args: str) -> list[str]:
+    """The command line that runs ``loraplane ARGS`` in a child process with this interpreter.
+
+    ``-P`` keeps the working directory off the child's ``sys.path``. Run from the repository root,
+    the top-level folders (``kernels``, ``serving``, ...) would otherwise import as packages of
+    those names: transformers 5.25 imports any importable ``kernels`` as Hugging Face's hub
+    kernels, and a server spawned this way failed to start its engine."""
+    return [sys.executable, "-P", "-m", "loraplane.cli", *args]
+
+
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    """Until ``/ready`` answers 200; raises at once when the server exits or says its engine
+    failed to start (it stays up to say why, and would otherwise be waited for to the timeout)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
-            if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
+            r = httpx.get(f"{url}/ready", timeout=5)
+            if r.status_code == 200:
                 return
-        except httpx.HTTPError:
+            if r.status_code == 503 and r.json().get("error", {}).get("code") == ENGINE_FAILED:
+                raise RuntimeError(f"{r.json()['error']['message']}\n{log.read_text()[-3000:]}")
+        except (httpx.HTTPError, ValueError):
             pass
         time.sleep(0.2)
     raise RuntimeError(f"{url}/ready did not answer 200 within {timeout:.0f} s:\n{log.read_text()[-3000:]}")

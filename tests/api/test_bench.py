@@ -4,9 +4,14 @@ tenant, and the tiers the report shows are the ones the server saw for the same 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 
+import httpx
+import pytest
 from click.testing import CliRunner
 from engine_helpers import tiny_engine
 
@@ -14,10 +19,11 @@ from loraplane.cli import main
 from loraplane.serving.api.app import create_app
 from loraplane.serving.api.loopback import serve_app
 from loraplane.serving.api.tenants import Tenants, load_tenants
-from loraplane.serving.bench.deployment import Deployment
+from loraplane.serving.bench.deployment import Deployment, _wait_ready, child_command
 from loraplane.serving.bench.run import bench_in_process
 from loraplane.serving.bench.workload import BenchRequest, zipf_requests
 from loraplane.serving.config import EngineConfig
+from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.serving.lora.entries import AdapterSpec
 
 
@@ -80,3 +86,43 @@ def test_bench_cli_drives_a_running_server_as_each_tenant(
     assert set(report["per_tenant"]) == {"acme", "globex"}
     assert set(report["per_adapter"]) <= {"acme-a", "acme-b", "globex-a"}
     assert sum(t["device_hits"] + t["host_hits"] + t["cold_loads"] for t in report["per_adapter"].values()) == 16
+
+
+def test_a_server_whose_engine_cannot_start_says_so_and_is_not_waited_for(tmp_path: Path) -> None:
+    """A server stays up when its engine fails to start, to say why; ``/ready`` names the failure
+    with its own code, and a bench waiting for the server stops at once with that reason instead
+    of waiting out its start timeout (what a broken dependency once made a CI run do)."""
+
+    def broken() -> LLMEngine:
+        raise ImportError("cannot import name 'CUDAProperties' from 'kernels'")
+
+    log = tmp_path / "server.log"
+    log.write_text("the server's own log\n")
+    with serve_app(create_app(broken), ready_path="/health") as url:
+        for _ in range(100):
+            ready = httpx.get(f"{url}/ready")
+            if ready.json()["error"]["code"] != "not_ready":
+                break
+            time.sleep(0.1)
+        assert ready.status_code == 503
+        assert ready.json()["error"]["code"] == "engine_failed"
+        assert "CUDAProperties" in ready.json()["error"]["message"]
+        bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # the process that stays up
+        try:
+            with pytest.raises(RuntimeError, match=r"(?s)the engine failed to start: ImportError.*server's own log"):
+                _wait_ready(url, bystander, log, timeout=60)
+        finally:
+            bystander.kill()
+
+
+def test_a_spawned_server_does_not_take_the_repositorys_folders_for_packages() -> None:
+    """Run from the repository root, a child ``python -m`` would import the top-level ``kernels/``
+    as a package named ``kernels``, which transformers 5.25 takes for Hugging Face's hub kernels
+    (the spawned servers' engines then failed to start). The harnesses' command line must not."""
+    root = Path(__file__).resolve().parents[2]
+    probe = ["-c", "import importlib.util; print(importlib.util.find_spec('kernels') is None)"]
+    command = child_command("serve")
+    command[command.index("-m") :] = probe
+    assert subprocess.run(command, cwd=root, capture_output=True, text=True, check=True).stdout.strip() == "True"
+    plain = [sys.executable, *probe]  # what the harnesses ran before: the folder is found
+    assert subprocess.run(plain, cwd=root, capture_output=True, text=True, check=True).stdout.strip() == "False"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +15,7 @@ from s3_server import ACCESS, SECRET
 from waiting import wait_for
 
 from loraplane.serving.api.loopback import free_port
+from loraplane.serving.bench.deployment import child_command
 
 TOKEN = "node-agent-test-token"
 
@@ -27,7 +27,7 @@ def _cli_process(args: list[str], env: dict[str, str], port: int, ready_path: st
     lines and block the process."""
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "loraplane.cli", *args], env=env, stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen(child_command(*args), env=env, stdout=subprocess.DEVNULL,
                                 stderr=log, text=True)  # fmt: skip
 
         def ready() -> bool:

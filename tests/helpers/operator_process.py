@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
 from loraplane.serving.api.loopback import free_port
+from loraplane.serving.bench.deployment import child_command
 
 
 def start_operator(
@@ -31,7 +31,7 @@ def start_operator(
                LORAPLANE_RETRY_DELAY="1", **(extra_env or {}))  # fmt: skip
     args = ["operator", *peering, *extra_args, "--liveness", f"http://127.0.0.1:{port}/healthz"]
     with log_path.open("ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "loraplane.cli", *args], env=env, stdout=log, stderr=log)
+        proc = subprocess.Popen(child_command(*args), env=env, stdout=log, stderr=log)
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:

@@ -4,7 +4,6 @@ counts what is read from it), with serving engines that read their adapters and 
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from waiting import wait_for
 from loraplane.adapter_format import adapter_digest
 from loraplane.node_cache.base_copy import folder_digest, published_path
 from loraplane.serving.api.admin_view import replica_stats
+from loraplane.serving.bench.deployment import child_command
 
 PROMPT = [5, 6, 7, 8]
 
@@ -188,8 +188,7 @@ def test_every_call_but_health_and_metrics_needs_the_token(store, tmp_path) -> N
 
 
 def wait_base(cache: Path, source: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "loraplane.cli", "node-agent", "--cache-dir", str(cache), "wait-base",
-               "--source", source, "--timeout", str(timeout)]  # fmt: skip
+    command = child_command("node-agent", "--cache-dir", str(cache), "wait-base", "--source", source, "--timeout", str(timeout))
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
