@@ -83,6 +83,10 @@ class SlotDrain:
         victim = choose(waiter, now)
         self.current = Drain(victim, waiter, now, now) if victim is not None else None
 
+    def cancel(self) -> None:
+        """The victim can no longer leave its slot (pinned, or hot, meanwhile): end the drain."""
+        self.current = None
+
     def placed(self, name: str) -> None:
         """``name`` took a slot: a drain for it has done its work."""
         if self.current is not None and self.current.waiter == name:

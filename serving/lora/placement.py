@@ -125,6 +125,13 @@ class DevicePlacement:
         slot) whose running requests the engine should park now (see ``SlotDrain.overdue``),
         only under demand placement."""
         self.drain.tick()
+        current = self.drain.current
+        if current is not None and (current.victim in self.tier.pinned or current.victim in self.hot_set()):
+            # Pinned or hot since the drain chose it: the device tier will not evict it, so the
+            # drain could never free its slot, and the victim would admit nothing meanwhile. Seen
+            # as the hot customer waiting ten seconds in the demo scenario. The waiter asks again
+            # and a drain picks a holder that can leave.
+            self.drain.cancel()
         victim = self.drain.overdue() if self.follows_demand else None
         entry = self.entries.get(victim) if victim is not None else None
         if victim is None or entry is None or entry.slot is None or not entry.running:

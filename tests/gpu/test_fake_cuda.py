@@ -93,7 +93,8 @@ def test_the_engine_steps_on_fake_cuda_without_mismatch_or_hidden_sync(
     assert engine.runner.backend == "triton"
 
     # Prompts longer than a step's token budget (chunked prefill), four adapters for two slots
-    # (swaps, some prefetched into a slot while their request waits), a bare-base row, and more KV than the cache holds at once (preemption).
+    # (swaps, some prefetched into a slot while their request waits), a bare-base row, and more KV
+    # than the cache holds at once (preemption).
     requests = [
         ([3 + (i * 7 + j) % 300 for j in range(30 + 5 * i)], a, 24)
         for i, a in enumerate(["qv4", "all8", None, "mlp16", "ku2", "all8"])

@@ -186,3 +186,41 @@ def test_a_queued_requests_adapter_takes_its_slot_before_its_turn(tiny_llama, ti
         done.update({o.request_id: o.token_ids for o in engine.step() if o.finished})
     assert [done[i] for i in ids] == expected
     assert swaps(engine, "all8") == 1, "all8 was placed again after its prefetch"
+
+
+@pytest.mark.parametrize("how", ["pinned", "hot"])
+def test_a_drain_whose_victim_is_protected_meanwhile_turns_to_a_holder_that_can_leave(
+    tiny_llama, tiny_adapters, tmp_path, how: str
+) -> None:
+    """Two slots held by qv4 and all8, each running a long request; mlp16 arrives and a drain
+    picks one of them. That one is then pinned by the operator, or joins the engine's hot set as
+    its traffic grows. Neither leaves its slot, so the drain must turn to the other holder: mlp16
+    is served within the drain's bound, and the protected adapter's request is not left parked
+    behind a slot that can never free. Before, the victim admitted nothing and its requests
+    stayed parked until the other holder's long request ended (in the demo scenario, the hot
+    customer waited ten seconds that way)."""
+    long = SamplingParams(max_tokens=120, temperature=0, ignore_eos=True)
+    engine = tiny_engine(tiny_llama, tmp_path, max_loras=2, max_cpu_loras=3)
+    for name in ("qv4", "all8", "mlp16"):
+        engine.load_lora(name, str(tiny_adapters[name]))
+    holders = {engine.add_request(PROMPT, long, adapter=name): name for name in ("qv4", "all8")}
+    for _ in range(drain.SLOT_HOLD_STEPS + 1):
+        engine.step()
+    waiter = engine.add_request(PROMPT, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), adapter="mlp16")
+    engine.step()
+    current = engine.adapters.placement.drain.current
+    assert current is not None and current.waiter == "mlp16"
+    if how == "pinned":
+        engine.pin_lora(current.victim)
+    else:  # its demand overtook the hot adapter's (the hot set holds one adapter with two slots)
+        engine.adapters.placement.hot_set = lambda victim=current.victim: frozenset({victim})
+    protected_request = next(rid for rid, name in holders.items() if name == current.victim)
+    step, finished_at = 0, None
+    while finished_at is None and step < 200:
+        step += 1
+        if any(o.finished for o in engine.step() if o.request_id == waiter):
+            finished_at = step
+        if step > drain.DRAIN_PREEMPT_STEPS + 1:
+            assert protected_request not in {s.request_id for s in engine.scheduler.parked}, f"{current.victim} left parked"
+    bound = drain.SLOT_HOLD_STEPS + drain.DRAIN_PREEMPT_STEPS + 1 + 4
+    assert finished_at is not None and finished_at <= bound, f"mlp16 waited {finished_at} steps (bound {bound})"
