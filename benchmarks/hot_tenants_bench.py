@@ -18,11 +18,17 @@ Per popularity rank it prints TTFT p50/p99, mean queue wait (arrival to first ad
 host->device swaps; then, last, the three ratios the issue sets goals for: the hottest adapters'
 TTFT p99 against all-resident (<= 1.5x), the worst adapter's p99 against its all-resident p99
 (<= 3x, no starvation) and throughput against the previous placement (>= 0.95).
+
+The machine's speed drifts, and an open-loop load near its capacity turns a slower minute into a
+queue that no placement can clear: a run then measures the drift. ``--clock steps`` replays on a
+clock of engine steps instead (``engine_replay.replay``): the arrivals fall in the same steps in
+every run, so the figures repeat and show what placement itself costs, counted in steps.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import tempfile
@@ -70,8 +76,11 @@ def serve(
                 assert engine.adapters.ensure_device(name) is not None
         # Warm up on the base alone (torch's first calls are slow); adapters stay where they are.
         replay(engine, [Arrival(0.0, None)] * 4, prompt_len=args.prompt_len, out_len=4, label="warm-up")
-        run = replay(engine, arrivals, prompt_len=args.prompt_len, out_len=args.output_len, label=label)
+        run = replay(
+            engine, arrivals, prompt_len=args.prompt_len, out_len=args.output_len, label=label, step_clock=args.step_clock
+        )
         records, wall = run.records, run.wall
+        args.last_steps = run.step_seconds
         swaps = {name: c.load_seconds.get("host", [0, 0.0])[0] for name, c in engine.metrics.counts.items()}
         return records, sum(r.tokens for r in records) / wall, swaps
     finally:
@@ -80,11 +89,30 @@ def serve(
 
 def capacity(folders: dict[str, Path], args: argparse.Namespace) -> float:
     """Requests per second this machine sustains: a closed batch of ``4 x max_num_seqs`` requests
-    over the adapters, all resident, arriving at once; generated tokens/s over output length."""
+    over the adapters, all resident, arriving at once; generated tokens/s over output length.
+
+    With ``--clock steps`` it also sets the step clock (``args.step_clock``) to the burst's median
+    step, and counts the capacity in requests per step at that length, so the arrivals fall in
+    the same steps in every run of the bench and only the printed milliseconds scale with it."""
     names = list(folders)
     burst = [Arrival(0.0, names[i % len(names)], names[i % len(names)]) for i in range(4 * args.max_num_seqs)]
+    step_clock, args.step_clock = args.step_clock, None
     _, tokens_per_second, _ = serve("resident", folders, burst, len(folders), len(folders), args, "capacity")
-    return tokens_per_second / args.output_len
+    if not args.steps:
+        return tokens_per_second / args.output_len
+    args.step_clock = statistics.median(args.last_steps) if step_clock is None else step_clock
+    return len(burst) / len(args.last_steps) / args.step_clock
+
+
+def write_records(path: Path, records: list[Record]) -> None:
+    """One run's requests, one JSON line each, in arrival order: where each one's time to first
+    token went (``Record``), to find what held back the requests behind a p99."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for r in sorted(records, key=lambda r: r.arrival.at):
+            row = {"at": r.arrival.at, "adapter": r.arrival.adapter, "arrival_tier": r.arrival_tier, "lag": r.lag}
+            row |= {"queue_wait": r.queue_wait, "first_steps": r.first_steps, "ttft": r.ttft, "preemptions": r.preemptions}
+            f.write(json.dumps(row) + "\n")
 
 
 def groups_of(ranked: list[str | None], seed: bool) -> list[tuple[str, set[str | None]]]:
@@ -104,7 +132,11 @@ def scenario(
         order = CONTENDERS if r % 2 == 0 else tuple(reversed(CONTENDERS))
         for contender in order:
             runs[contender].append(serve(contender, folders, arrivals, slots, host, args, f"{title[:10]} {contender} #{r + 1}"))
+            if args.records is not None:
+                write_records(args.records / f"{'seed' if seed else 'demo'}-{contender}-{r + 1}.jsonl", runs[contender][-1][0])
     print(f"\n{title}")
+    if args.steps:
+        print(f"  on the step clock: one engine step counts {1e3 * args.step_clock:.0f} ms (the capacity burst's median step)")
     print("  contender | group | requests | TTFT p50 ms | TTFT p99 ms | queue wait ms | swaps")
     # Per contender, the median over rounds of each figure.
     p99: dict[str, dict[str, float]] = defaultdict(dict)
@@ -142,7 +174,14 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--only", choices=["demo", "seed"], help="run one scenario")
+    parser.add_argument("--records", type=Path, help="write each run's per-request timings here (JSON lines)")
+    parser.add_argument(
+        "--clock", choices=["wall", "steps"], default="wall",
+        help="steps: replay on a clock of engine steps (see engine_replay.replay), the same in every run whatever "
+        "the machine's speed does meanwhile",
+    )  # fmt: skip
     args = parser.parse_args()
+    args.steps, args.step_clock, args.last_steps = args.clock == "steps", None, []
     torch.set_num_threads(os.cpu_count() or 1)
     base = resolve_base("embedded", EngineConfig().cache_dir)
     print(

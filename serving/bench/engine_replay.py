@@ -63,12 +63,19 @@ def replay(
     label: str = "replay",
     seed: int = 1,
     until: Callable[[Arrival], bool] | None = None,
+    step_clock: float | None = None,
 ) -> Replayed:
     """Send each arrival at its time (random prompts of ``prompt_len`` tokens, ``out_len`` greedy
     tokens each) and step the engine until every request has finished or, with ``until``, until
     every arrival it selects has (the rest are aborted: a burster's backlog need not drain for its
     neighbour's figures). One loop on purpose: arrivals, steps and aborts interleave on one clock,
-    and split across helpers that clock's order would be hard to follow."""
+    and split across helpers that clock's order would be hard to follow.
+
+    ``step_clock``: replay on a clock that advances this many seconds per step that runs a batch
+    (and by the wall time of a step that only waits for a load) instead of the wall clock. The
+    engine's decisions depend only on the steps its requests arrive in, so the figures are then
+    the same in every run, however the machine's speed drifts meanwhile; they count steps, not
+    what each step costs (a longer prefill step counts as one)."""
     rng = random.Random(seed)
     vocab = engine.base.config.vocab_size
     params = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
@@ -78,40 +85,49 @@ def replay(
     order = sorted(arrivals, key=lambda a: a.at)
     awaited = sum(1 for a in order if until is not None and until(a))
     bar = tqdm(total=len(order), desc=label, unit="req", leave=False)
-    start, sent = time.monotonic(), 0
+    admitted: dict[str, float] = {}  # the clock before the step that first admitted it
+    start, sent, clock = time.monotonic(), 0, 0.0
     while sent < len(order) or engine.has_unfinished():
         if until is not None and awaited == 0:
             break
-        now = time.monotonic() - start
+        now = clock if step_clock is not None else time.monotonic() - start
         while sent < len(order) and order[sent].at <= now:
             a = order[sent]
             prompt = [rng.randrange(100, vocab) for _ in range(prompt_len)]
             rid = engine.add_request(prompt, params, adapter=a.adapter, tenant=a.tenant)
-            pending[rid] = (a, engine.requests[rid], time.monotonic() - start)
+            pending[rid] = (a, engine.requests[rid], now)
             sent += 1
         began = time.monotonic()
         outs = engine.step()
-        t = time.monotonic() - start
+        if step_clock is not None:
+            clock += step_clock if engine.ran else time.monotonic() - began
+        t = clock if step_clock is not None else time.monotonic() - start
         if engine.ran:
             out.step_seconds.append(time.monotonic() - began)
             out.tokens_per_step.append(len(outs))
+        for rid, (_, seq, _) in pending.items():
+            if rid not in admitted and seq.first_scheduled_time is not None:
+                admitted[rid] = now
         for o in outs:
             if o.request_id not in first and o.token_ids:
                 first[o.request_id] = t
             if o.finished and o.request_id in pending:
                 a, seq, added = pending.pop(o.request_id)
-                admitted = seq.first_scheduled_time or seq.arrival_time
+                admit = admitted.pop(o.request_id, added)
                 first_token = first.get(o.request_id, t)
                 out.records.append(Record(
-                    a, seq.arrival_tier, admitted - seq.arrival_time, first_token - a.at, len(o.token_ids),
-                    lag=added - a.at, first_steps=first_token - (admitted - start), preemptions=seq.num_preemptions,
+                    a, seq.arrival_tier, admit - added, first_token - a.at, len(o.token_ids),
+                    lag=added - a.at, first_steps=first_token - admit, preemptions=seq.num_preemptions,
                 ))  # fmt: skip
                 if until is not None and until(a):
                     awaited -= 1
                 bar.update()
         if not outs and not engine.has_unfinished() and sent < len(order):
-            time.sleep(max(0.0, min(0.01, order[sent].at - (time.monotonic() - start))))
-    out.wall = time.monotonic() - start
+            if step_clock is not None:
+                clock = max(clock, order[sent].at)  # nothing to run until the next arrival
+            else:
+                time.sleep(max(0.0, min(0.01, order[sent].at - (time.monotonic() - start))))
+    out.wall = clock if step_clock is not None else time.monotonic() - start
     for rid in list(pending):
         engine.abort(rid)
         out.aborted += 1
