@@ -74,16 +74,22 @@ def test_a_waiter_is_served_without_waiting_for_the_holders_long_requests(tiny_l
         engine.step()
     waiter = engine.add_request(PROMPT, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), adapter="all8")
     done: dict[str, tuple[int, list[int]]] = {}
+    first_token: dict[str, int] = {}
     step = 0
     while engine.has_unfinished() and step < 600:
         for out in engine.step():
+            if out.token_ids:
+                first_token.setdefault(out.request_id, step)
             if out.finished:
                 done[out.request_id] = (step, out.token_ids)
         step += 1
-    # The holder was placed long enough ago: its requests are parked DRAIN_PREEMPT_STEPS after
-    # the drain begins, all8 takes the slot the step after, then prefills and decodes its 4 tokens.
-    bound = drain.DRAIN_PREEMPT_STEPS + 1 + 4
-    assert done[waiter][0] <= bound, f"all8 waited {done[waiter][0]} steps for qv4's long requests (bound {bound})"
+    # The holder was placed long enough ago: the drain begins in the step all8 arrives in, qv4's
+    # requests are parked DRAIN_PREEMPT_STEPS later, and all8 takes the slot and prefills in that
+    # step. (Its remaining tokens may then wait for a turn of qv4's: the two take turns.)
+    bound = drain.DRAIN_PREEMPT_STEPS + 1
+    waited = first_token[waiter]
+    assert waited <= bound, f"all8's first token waited {waited} steps for qv4's long requests (bound {bound})"
+    assert waiter in done
     assert engine.scheduler.num_parks >= 2 and engine.scheduler.num_preemptions == 0
     assert done[first][1] == expected[0].token_ids
     assert done[second][1] == expected[1].token_ids
