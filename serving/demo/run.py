@@ -133,6 +133,8 @@ def run_demo(
     click.echo(hot_versus_base(mixed, STYLES[0].name, base_name))
     click.echo("\nOverall:")
     click.echo(format_report(report))
+    for o in [o for o in outcomes if not o.ok and o.status not in (429, 503)]:  # a failure says why
+        click.echo(f"failed: {o.request.model} ({o.request.tenant}): {f'HTTP {o.status}: ' if o.status else ''}{o.error}")
     out_dir.mkdir(parents=True, exist_ok=True)
     plot_demo(outcomes, report.per_adapter, {m: "base" if m == base_name else m for m in models}, out_dir / "demo.png")
     answers = [
