@@ -34,6 +34,7 @@ import statistics
 import tempfile
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from tqdm import tqdm
@@ -54,18 +55,26 @@ def zipf_weights(names: list[str | None], exponent: float = 1.1) -> dict[str | N
     return {name: 1.0 / (i + 1) ** exponent for i, name in enumerate(names)}
 
 
+class Run(NamedTuple):
+    records: list[Record]
+    tokens_per_second: float  # generated, on the replay's clock
+    swaps: dict[str, int]  # host -> device placements per adapter
+    step_seconds: list[float]  # wall time of each step that ran a batch
+
+
 def serve(
-    contender: str, folders: dict[str, Path], arrivals: list[Arrival], slots: int, host: int, args: argparse.Namespace, label: str
-) -> tuple[list[Record], float, dict[str, int]]:
-    """One run: a fresh engine, adapters registered (on disk, not loaded), the arrivals replayed.
-    Returns the records, the generated tokens per second and host->device swaps per adapter."""
+    contender: str, folders: dict[str, Path], arrivals: list[Arrival], slots: int, host: int, args: argparse.Namespace,
+    label: str, step_clock: float | None = None,
+) -> Run:  # fmt: skip
+    """One run: a fresh engine, adapters registered (on disk, not loaded), the arrivals replayed
+    (on the step clock when ``step_clock`` is given, see ``engine_replay.replay``)."""
     resident = contender == "resident"
     config = EngineConfig(
         max_loras=len(folders) if resident else slots,
         max_cpu_loras=len(folders) if resident else host,
         max_lora_rank=args.rank,
         max_num_seqs=args.max_num_seqs,
-        eviction_policy="demand" if resident else contender,  # type: ignore[arg-type]
+        eviction_policy="demand" if resident else contender,
     )
     engine = build_engine(config)
     try:
@@ -76,32 +85,28 @@ def serve(
                 assert engine.adapters.ensure_device(name) is not None
         # Warm up on the base alone (torch's first calls are slow); adapters stay where they are.
         replay(engine, [Arrival(0.0, None)] * 4, prompt_len=args.prompt_len, out_len=4, label="warm-up")
-        run = replay(
-            engine, arrivals, prompt_len=args.prompt_len, out_len=args.output_len, label=label, step_clock=args.step_clock
-        )
-        records, wall = run.records, run.wall
-        args.last_steps = run.step_seconds
-        swaps = {name: c.load_seconds.get("host", [0, 0.0])[0] for name, c in engine.metrics.counts.items()}
-        return records, sum(r.tokens for r in records) / wall, swaps
+        run = replay(engine, arrivals, prompt_len=args.prompt_len, out_len=args.output_len, label=label, step_clock=step_clock)
+        swaps = {name: int(c.load_seconds.get("host", [0, 0.0])[0]) for name, c in engine.metrics.counts.items()}
+        return Run(run.records, sum(r.tokens for r in run.records) / run.wall, swaps, run.step_seconds)
     finally:
         engine.adapters.close()
 
 
-def capacity(folders: dict[str, Path], args: argparse.Namespace) -> float:
+def capacity(folders: dict[str, Path], args: argparse.Namespace) -> tuple[float, float | None]:
     """Requests per second this machine sustains: a closed batch of ``4 x max_num_seqs`` requests
     over the adapters, all resident, arriving at once; generated tokens/s over output length.
+    Also the step clock, None on the wall clock.
 
-    With ``--clock steps`` it also sets the step clock (``args.step_clock``) to the burst's median
-    step, and counts the capacity in requests per step at that length, so the arrivals fall in
-    the same steps in every run of the bench and only the printed milliseconds scale with it."""
+    With ``--clock steps`` the clock is the burst's median step, and the capacity is counted in
+    requests per step at that length, so the arrivals fall in the same steps in every run of the
+    bench and only the printed milliseconds scale with the machine's speed."""
     names = list(folders)
     burst = [Arrival(0.0, names[i % len(names)], names[i % len(names)]) for i in range(4 * args.max_num_seqs)]
-    step_clock, args.step_clock = args.step_clock, None
-    _, tokens_per_second, _ = serve("resident", folders, burst, len(folders), len(folders), args, "capacity")
-    if not args.steps:
-        return tokens_per_second / args.output_len
-    args.step_clock = statistics.median(args.last_steps) if step_clock is None else step_clock
-    return len(burst) / len(args.last_steps) / args.step_clock
+    run = serve("resident", folders, burst, len(folders), len(folders), args, "capacity")
+    if args.clock == "wall":
+        return run.tokens_per_second / args.output_len, None
+    step_clock = statistics.median(run.step_seconds)
+    return len(burst) / len(run.step_seconds) / step_clock, step_clock
 
 
 def write_records(path: Path, records: list[Record]) -> None:
@@ -125,25 +130,27 @@ def groups_of(ranked: list[str | None], seed: bool) -> list[tuple[str, set[str |
 
 def scenario(
     title: str, folders: dict[str, Path], ranked: list[str | None], arrivals: list[Arrival], slots: int, host: int,
-    args: argparse.Namespace, seed: bool,
+    args: argparse.Namespace, seed: bool, step_clock: float | None,
 ) -> tuple[float, float, float]:  # fmt: skip
-    runs: dict[str, list[tuple[list[Record], float, dict[str, int]]]] = defaultdict(list)
+    runs: dict[str, list[Run]] = defaultdict(list)
     for r in range(args.rounds):
         order = CONTENDERS if r % 2 == 0 else tuple(reversed(CONTENDERS))
         for contender in order:
-            runs[contender].append(serve(contender, folders, arrivals, slots, host, args, f"{title[:10]} {contender} #{r + 1}"))
+            label = f"{title[:10]} {contender} #{r + 1}"
+            runs[contender].append(serve(contender, folders, arrivals, slots, host, args, label, step_clock))
             if args.records is not None:
-                write_records(args.records / f"{'seed' if seed else 'demo'}-{contender}-{r + 1}.jsonl", runs[contender][-1][0])
+                path = args.records / f"{'seed' if seed else 'demo'}-{contender}-{r + 1}.jsonl"
+                write_records(path, runs[contender][-1].records)
     print(f"\n{title}")
-    if args.steps:
-        print(f"  on the step clock: one engine step counts {1e3 * args.step_clock:.0f} ms (the capacity burst's median step)")
+    if step_clock is not None:
+        print(f"  on the step clock: one engine step counts {1e3 * step_clock:.0f} ms (the capacity burst's median step)")
     print("  contender | group | requests | TTFT p50 ms | TTFT p99 ms | queue wait ms | swaps")
     # Per contender, the median over rounds of each figure.
     p99: dict[str, dict[str, float]] = defaultdict(dict)
     for contender in CONTENDERS:
         for label, members in groups_of(ranked, seed):
             figures = []
-            for records, _, swaps in runs[contender]:
+            for records, _, swaps, _ in runs[contender]:
                 mine = [r for r in records if r.arrival.adapter in members]
                 ttft = [1e3 * r.ttft for r in mine]
                 wait = statistics.fmean(1e3 * r.queue_wait for r in mine) if mine else 0.0
@@ -153,12 +160,12 @@ def scenario(
             n, p50, q99, wait, swap = (statistics.median(f[i] for f in figures) for i in range(5))
             p99[contender][label] = q99
             print(f"  {contender} | {label} | {n:.0f} | {p50:.0f} | {q99:.0f} | {wait:.0f} | {swap:.0f}")
-        tput = statistics.median(t for _, t, _ in runs[contender])
+        tput = statistics.median(run.tokens_per_second for run in runs[contender])
         print(f"  {contender} | all | throughput {tput:.1f} generated tokens/s")
     hottest = groups_of(ranked, seed)[0][0]
     hot_ratio = p99["demand"][hottest] / p99["resident"][hottest]
     worst = max(p99["demand"][g] / p99["resident"][g] for g in p99["demand"] if p99["resident"][g] > 0)
-    tputs = {c: statistics.median(t for _, t, _ in runs[c]) for c in CONTENDERS}
+    tputs = {c: statistics.median(run.tokens_per_second for run in runs[c]) for c in CONTENDERS}
     return hot_ratio, worst, tputs["demand"] / tputs["lru"]
 
 
@@ -181,7 +188,6 @@ def main() -> None:
         "the machine's speed does meanwhile",
     )  # fmt: skip
     args = parser.parse_args()
-    args.steps, args.step_clock, args.last_steps = args.clock == "steps", None, []
     torch.set_num_threads(os.cpu_count() or 1)
     base = resolve_base("embedded", EngineConfig().cache_dir)
     print(
@@ -196,13 +202,13 @@ def main() -> None:
             names = ["pirate", "shouty", "bullets"]
             folders = {n: write_adapter(work / n, base.shape, args.rank, LLAMA_TARGETS, seed=i) for i, n in enumerate(names)}
             ranked: list[str | None] = [*names, None]
-            cap = capacity(folders, args)
+            cap, step_clock = capacity(folders, args)
             rate = args.load * cap
             arrivals = poisson_arrivals(zipf_weights(ranked), args.demo_requests, rate)
             results["demo"] = scenario(
                 f"1. demo scenario: 3 adapters + base on 2 device slots, {args.demo_requests} requests at "
                 f"{rate:.2f} req/s ({args.load:g} x the measured capacity of {cap:.2f} req/s; Zipf 1.1)",
-                folders, ranked, arrivals, 2, 12, args, seed=False,
+                folders, ranked, arrivals, 2, 12, args, seed=False, step_clock=step_clock,
             )  # fmt: skip
         if args.only in (None, "seed"):
             names = [f"a{i:03d}" for i in range(args.seed_adapters)]
@@ -210,7 +216,7 @@ def main() -> None:
                 n: write_adapter(work / "seed" / n, base.shape, args.rank, PEFT_DEFAULT, seed=100 + i)
                 for i, n in enumerate(tqdm(names, desc="writing adapters", leave=False))
             }
-            cap = capacity(dict(list(folders.items())[:32]), args)
+            cap, step_clock = capacity(dict(list(folders.items())[:32]), args)
             rate = args.load * cap
             arrivals = poisson_arrivals(zipf_weights(list(names)), args.seed_requests, rate)
             used = {a.adapter for a in arrivals}
@@ -219,7 +225,7 @@ def main() -> None:
                 f"2. seed scenario: {len(folders)} of {args.seed_adapters} adapters requested, 32 device / 100 host "
                 f"slots, {args.seed_requests} requests at {rate:.2f} req/s ({args.load:g} x the measured capacity of "
                 f"{cap:.2f} req/s; Zipf 1.1)",
-                folders, [n for n in names if n in used], arrivals, 32, 100, args, seed=True,
+                folders, [n for n in names if n in used], arrivals, 32, 100, args, seed=True, step_clock=step_clock,
             )  # fmt: skip
     print("\nratios (demand placement)")
     for name, (hot, worst, tput) in results.items():

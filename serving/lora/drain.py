@@ -35,7 +35,7 @@ SLOT_HOLD_STEPS = 2
 # then cost work, and longer turns paid it less often. Parked requests lose nothing, so turns can
 # be short, and the waiter's bound (hold + this + 1 steps) falls from 7 to 4. On the demo scenario
 # replayed on the step clock (benchmarks/hot_tenants_bench.py --clock steps), the colder adapters'
-# worst TTFT p99 against all-resident fell from 4.9x to 2.5x, and the hot adapter's did not move.
+# worst TTFT p99 against all-resident fell to 2.5x (docs/benchmarks.md, "On the step clock").
 DRAIN_PREEMPT_STEPS = 1
 
 

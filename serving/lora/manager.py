@@ -222,8 +222,12 @@ class AdapterManager:
         if entry.loaded is None:
             self.start_load(name)
             return None
+        return self._place(name, entry)
+
+    def _place(self, name: str, entry: AdapterEntry, prefetch_sparing: frozenset[str] | None = None) -> int | None:
+        """Host -> device, timed as a host-tier load (its count is the swaps); see ``DevicePlacement.place``."""
         start = time.perf_counter()
-        slot = self.placement.place(name, entry)
+        slot = self.placement.place(name, entry, prefetch_sparing=prefetch_sparing)
         if slot is not None:
             self.host.touch(name)
             self.metrics.observe_load(name, entry.spec.tenant, "host", time.perf_counter() - start)
@@ -242,11 +246,8 @@ class AdapterManager:
             entry = self.entries.get(name)
             if entry is None or entry.loaded is None or entry.slot is not None:
                 continue  # unknown, still loading into host memory (under way already), or placed
-            start = time.perf_counter()
-            if self.placement.place(name, entry, prefetch_sparing=sparing) is None:
+            if self._place(name, entry, sparing) is None:
                 break
-            self.host.touch(name)
-            self.metrics.observe_load(name, entry.spec.tenant, "host", time.perf_counter() - start)
             placed += 1
         self.device_prefetches += placed
         return placed
