@@ -78,6 +78,7 @@ class Scheduler:
         self.parked: list[Sequence] = []  # out of the batch, keeping their blocks (see park_where)
         self.num_preemptions = 0
         self.num_parks = 0
+        self._over_prefill = fair_prefill_chunk  # see schedule()
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -138,13 +139,16 @@ class Scheduler:
         # the tenant were alone. The burster's sequences skip one step; they keep their blocks.
         deferred = self._bursting(over) if self._first_in_line(over) is not None else set()
         budget = self.max_num_batched_tokens
+        # Prefill tokens the tenants over their share may still add to this step, all of them
+        # together: chunking each of their prompts is not enough when several start at once.
+        self._over_prefill = self.fair_prefill_chunk
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            if seq.tenant in deferred:
+            n = 0 if seq.tenant in deferred else self._chunk(seq, budget, over)
+            if n == 0:  # deferred, or its tenant's prefill share of this step is spent
                 i += 1
                 continue
-            n = self._chunk(seq, budget, over)
             while not self.blocks.append_slots(seq, n):
                 if self._unpark_for_blocks():
                     continue
@@ -169,8 +173,10 @@ class Scheduler:
             seq = candidate
             if seq.tenant in deferred:
                 break  # this step is the tenants' below their share
-            if not self.ready(seq):
-                skipped.add(id(seq))  # its adapter is on its way; later requests may go ahead
+            if not self.ready(seq) or (self._over_prefill == 0 and self._would_be_over(seq)):
+                # Its adapter is on its way, or its tenant's prefill for this step is spent:
+                # later requests (other tenants') may go ahead.
+                skipped.add(id(seq))
                 continue
             if not self.blocks.allocate(seq):
                 break
@@ -225,13 +231,26 @@ class Scheduler:
         return seq
 
     def _chunk(self, seq: Sequence, budget: int, over: set[str | None]) -> int:
-        """The tokens ``seq`` computes this step. A tenant over its share prefills in chunks of at
-        most ``fair_prefill_chunk`` while others are below theirs: the step length is what every
-        other tenant's next token waits for, so the burster's long prefills must not set it."""
+        """The tokens ``seq`` computes this step. While others are below their share, the tenants
+        over theirs prefill at most ``fair_prefill_chunk`` tokens per step between them: the step
+        length is what every other tenant's next token waits for, so the burster's prefills, one
+        long prompt or several starting together, must not set it. 0 when that share is spent."""
         n = min(seq.num_uncomputed, budget)
         if n > 1 and seq.tenant in over:
-            return min(n, self.fair_prefill_chunk)
+            n = min(n, self._over_prefill)
+            self._over_prefill -= n
         return n
+
+    def _would_be_over(self, seq: Sequence) -> bool:
+        """Whether admitting ``seq`` would put (or keep) its tenant over its share while another
+        tenant is below theirs."""
+        if not self.fair:
+            return False
+        running, tenants, share = self._shares()
+        if running[seq.tenant] + 1 <= share:
+            return False
+        running[seq.tenant] += 1
+        return any(running[t] < share for t in tenants)
 
     def _next_waiting(self, skipped: set[int]) -> Sequence | None:
         """FIFO, or with fairness the waiting sequence of the least-served tenant (FIFO within a

@@ -148,15 +148,16 @@ def test_fair_share_preemption_makes_room_for_a_tenant_below_its_share() -> None
 
 def test_a_tenant_over_its_share_prefills_in_short_chunks_while_another_is_below() -> None:
     """The step's length is what the steady tenant's next token waits for: beyond its share (here
-    3 of 6 sequences) the burster's prompts go in chunks of ``fair_prefill_chunk``; the steady
-    tenant's prompt goes whole, and with nobody else around nothing is chunked."""
+    3 of 6 sequences) the burster's prompts go in chunks of ``fair_prefill_chunk`` tokens per step
+    between them, however many start at once; the steady tenant's prompt goes whole, and with
+    nobody else around nothing is chunked."""
 
     def tenant_seq(tenant: str, n: int, start: int) -> Sequence:
         s = seq(n, start=start)
         s.tenant = tenant
         return s
 
-    for fair, tenants, a_chunks in ((True, "ab", [16, 16, 40, 40, 40]), (False, "ab", [40] * 5), (True, "a", [40] * 5)):
+    for fair, tenants, a_chunks in ((True, "ab", [16, 40, 40, 40]), (False, "ab", [40] * 5), (True, "a", [40] * 5)):
         sched = Scheduler(BlockManager(256, 4), max_num_seqs=6, max_num_batched_tokens=500, fair=fair, fair_prefill_chunk=16)
         bursts = [tenant_seq("a", 40, 1000 * (i + 1)) for i in range(5)]
         for s in bursts:
@@ -164,10 +165,21 @@ def test_a_tenant_over_its_share_prefills_in_short_chunks_while_another_is_below
         if "b" in tenants:
             steady = tenant_seq("b", 40, 9000)
             sched.add(steady)
-        batch = dict(sched.schedule().items)
-        assert sorted(batch[s] for s in bursts) == a_chunks, (fair, tenants)
+        step = sched.schedule()
+        batch = dict(step.items)
+        assert sorted(batch[s] for s in bursts if s in batch) == a_chunks, (fair, tenants)
         if "b" in tenants:
             assert batch[steady] == 40
+        if fair and "b" in tenants:
+            # The fourth prompt's next chunk takes this step's share; the fifth starts in the
+            # step after, with what the fourth leaves of it.
+            assert bursts[4].status is Status.WAITING
+            advance(step)
+            second = sched.schedule()
+            assert dict(second.items).get(bursts[3]) == 16 and bursts[4].status is Status.WAITING
+            advance(second)
+            chunks = dict(sched.schedule().items)
+            assert (chunks[bursts[3]], chunks[bursts[4]]) == (8, 8)
 
 
 def test_the_step_that_admits_a_tenant_below_its_share_carries_no_bursting_work() -> None:
