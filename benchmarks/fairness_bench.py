@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 
-from loraplane.serving.bench.engine_replay import Arrival, Replayed, capacity, machine, replay
+from loraplane.serving.bench.engine_replay import Arrival, Record, Replayed, capacity, machine, replay
 from loraplane.serving.bench.report import percentile
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.builder import build_engine
@@ -41,31 +43,38 @@ def engine(max_num_seqs: int, fair: bool) -> LLMEngine:
     return eng
 
 
-def measure_capacity(max_num_seqs: int) -> tuple[float, str]:
-    """Requests per second here (``4 x max_num_seqs`` requests at once), and the machine line."""
+def measure_capacity(max_num_seqs: int, measure: bool = True) -> tuple[float, str]:
+    """Requests per second here (``4 x max_num_seqs`` requests at once; 0 unless ``measure``),
+    and the machine line."""
     eng = engine(max_num_seqs, fair=True)
     try:
         burst = [Arrival(0.0, None, "probe")] * (4 * max_num_seqs)
-        return capacity(eng, burst, prompt_len=PROMPT_LEN, out_len=OUTPUT_LEN), machine(eng.dtype)
+        cap = capacity(eng, burst, prompt_len=PROMPT_LEN, out_len=OUTPUT_LEN) if measure else 0.0
+        return cap, machine(eng.dtype)
     finally:
         eng.adapters.close()
 
 
-def arrivals(rates: dict[str, float], seconds: float) -> list[Arrival]:
-    """Each tenant's requests evenly spaced at its rate, the tenants' first ones offset so they
-    do not all land in one step."""
-    return [
-        Arrival((i + k / len(rates)) / rate, None, tenant)
-        for k, (tenant, rate) in enumerate(rates.items())
-        for i in range(int(seconds * rate))
-    ]
+def arrivals(rates: dict[str, float], seconds: float, poisson: bool) -> list[Arrival]:
+    """Each tenant's requests at its rate: evenly spaced, the tenants' first ones offset so they
+    do not all land in one step, or with ``poisson`` at exponential gaps (seeded, so every
+    contender gets the same times), as vLLM's ``benchmark_serving`` draws them. Evenly spaced, B
+    alone always finds the engine idle; a Poisson B sometimes lands on its own earlier request."""
+    rng = random.Random(0)
+    out = []
+    for k, (tenant, rate) in enumerate(rates.items()):
+        at = k / len(rates) / rate
+        for _ in range(int(seconds * rate)):
+            out.append(Arrival(at, None, tenant))
+            at += rng.expovariate(rate) if poisson else 1 / rate
+    return out
 
 
-def serve(rates: dict[str, float], seconds: float, max_num_seqs: int, fair: bool, label: str) -> Replayed:
+def serve(rates: dict[str, float], seconds: float, max_num_seqs: int, fair: bool, label: str, poisson: bool) -> Replayed:
     eng = engine(max_num_seqs, fair)
     try:
-        return replay(eng, arrivals(rates, seconds), prompt_len=PROMPT_LEN, out_len=OUTPUT_LEN, label=label, seed=0,
-                      until=lambda a: a.tenant == "B")  # fmt: skip
+        return replay(eng, arrivals(rates, seconds, poisson), prompt_len=PROMPT_LEN, out_len=OUTPUT_LEN, label=label,
+                      seed=0, until=lambda a: a.tenant == "B")  # fmt: skip
     finally:
         eng.adapters.close()
 
@@ -77,9 +86,14 @@ def main() -> None:
     parser.add_argument("--b-requests", type=int, default=45, help="B's requests per run")
     parser.add_argument("--max-num-seqs", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2, help="runs per contender, alternated; medians are quoted")
+    parser.add_argument("--arrivals", choices=("even", "poisson"), default="even", help="the gaps between each tenant's requests")
+    parser.add_argument("--capacity", type=float, help="req/s to take as the capacity instead of measuring it "
+                        "(to compare two versions of the engine at the same rates)")  # fmt: skip
+    parser.add_argument("--no-fifo", action="store_true", help="leave out the FIFO contender (most of the run's time)")
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    cap, machine_line = measure_capacity(args.max_num_seqs)
+    cap, machine_line = measure_capacity(args.max_num_seqs, measure=args.capacity is None)
+    cap = args.capacity or cap
     b_rate = args.b_share * cap
     a_rate = args.burst * b_rate
     seconds = args.b_requests / b_rate
@@ -88,23 +102,29 @@ def main() -> None:
         "B + A bursting, fair admission": ({"B": b_rate, "A": a_rate}, True),
         "B + A bursting, FIFO admission": ({"B": b_rate, "A": a_rate}, False),
     }
+    if args.no_fifo:
+        del contenders["B + A bursting, FIFO admission"]
     runs: dict[str, list[Replayed]] = defaultdict(list)
     for r in range(args.rounds):
         order = list(contenders) if r % 2 == 0 else list(reversed(contenders))
         for label in order:
             rates, fair = contenders[label]
-            runs[label].append(serve(rates, seconds, args.max_num_seqs, fair, f"{label[:18]} #{r + 1}"))
+            runs[label].append(
+                serve(rates, seconds, args.max_num_seqs, fair, f"{label[:18]} #{r + 1}", args.arrivals == "poisson")
+            )
 
     print(f"{machine_line}; embedded base, max_num_seqs {args.max_num_seqs}, {PROMPT_LEN} prompt + {OUTPUT_LEN} output tokens")
     print(
-        f"capacity {cap:.2f} req/s; B {b_rate:.2f} req/s ({args.b_share:g} x capacity), A {a_rate:.2f} req/s "
-        f"({args.burst:g} x B); {args.b_requests} of B's requests per run over {seconds:.0f} s; {args.rounds} round(s)"
+        f"capacity {cap:.2f} req/s{'' if args.capacity is None else ' (given)'}; B {b_rate:.2f} req/s "
+        f"({args.b_share:g} x capacity), A {a_rate:.2f} req/s "
+        f"({args.burst:g} x B), {args.arrivals} arrivals; {args.b_requests} of B's requests per run over {seconds:.0f} s; "
+        f"{args.rounds} round(s)"
     )
 
-    def med(label: str, figure) -> float:  # type: ignore[no-untyped-def]
+    def med(label: str, figure: Callable[[Replayed], float]) -> float:
         return statistics.median(figure(run) for run in runs[label])
 
-    def b_of(run: Replayed) -> list:  # type: ignore[type-arg]
+    def b_of(run: Replayed) -> list[Record]:
         return [rec for rec in run.records if rec.arrival.tenant == "B"]
 
     alone = med("B alone", lambda run: percentile([rec.ttft for rec in b_of(run)], 0.99))
@@ -134,8 +154,8 @@ def main() -> None:
         s99 = med(label, lambda run: 1e3 * percentile(run.step_seconds, 0.99))
         tps = med(label, lambda run: statistics.fmean(run.tokens_per_step))
         print(f"  {label} | {parts} | {preempt:.0f} | {s50:.0f} / {s99:.0f} | {tps:.1f}")
-    fair = med("B + A bursting, fair admission", lambda run: percentile([rec.ttft for rec in b_of(run)], 0.99))
-    print(f"B's TTFT p99 beside A's burst, fair admission: {fair / alone:.2f}x B alone (goal <= 1.5x)")
+    fair_p99 = med("B + A bursting, fair admission", lambda run: percentile([rec.ttft for rec in b_of(run)], 0.99))
+    print(f"B's TTFT p99 beside A's burst, fair admission: {fair_p99 / alone:.2f}x B alone (goal <= 1.5x)")
 
 
 if __name__ == "__main__":
