@@ -18,7 +18,9 @@ admitted, and give their blocks back first when the running ones need blocks.
 With fairness on, tenants share the batch: admission is least attained service first, a tenant
 below its share of ``max_num_seqs`` gets a slot by preempting the tenant furthest over its share,
 and the step that admits it runs without the work of the tenants bursting (over their share with
-requests queued), so its first token waits for no more than the step in flight and its own.
+requests queued), so its first token waits for no more than the step in flight and its own. The
+step in flight is kept short too: the tenants over their share add at most ``fair_prefill_chunk``
+prompt tokens to any step between them.
 
 Torch-free: the scheduler only moves sequences and counts blocks.
 """
