@@ -52,6 +52,14 @@ class EngineConfig(EngineSizing):
     )
     enable_prefix_caching: bool = True
     fair_scheduling: bool = Field(default=True, description="admit waiting requests least-served tenant first, not FIFO")
+    fair_prefill_chunk: int | None = Field(
+        default=None,
+        ge=1,
+        description="prompt tokens the tenants over their fair share may add to one step between them while another "
+        "tenant is below its share (the step length is what that tenant's next token waits for); default 16 on a CPU, "
+        "where every token lengthens the step, 512 on a GPU, where a step of a few hundred tokens costs about a decode "
+        "step",
+    )
     max_adapter_bytes: int = Field(default=2 * 2**30, gt=0, description="largest adapter weights file accepted")
     max_loads_in_flight: int = Field(default=2, ge=1, description="adapter loads running at once, off the request path")
     disk_cache_max_bytes: int | None = Field(

@@ -26,7 +26,7 @@ from loraplane.serving.engine.device_memory import GpuBudget, activation_bytes, 
 from loraplane.serving.engine.llm_engine import EngineParts, LLMEngine
 from loraplane.serving.engine.model_runner import ModelRunner
 from loraplane.serving.engine.sampler import Sampler
-from loraplane.serving.engine.scheduler import Scheduler
+from loraplane.serving.engine.scheduler import FAIR_PREFILL_CHUNK, Scheduler
 from loraplane.serving.engine.structured import Grammars
 from loraplane.serving.lora.adapter_files import NodeAgentFiles
 from loraplane.serving.lora.manager import AdapterManager
@@ -249,6 +249,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
         on_admit=gate.hold,
         on_preempt=gate.drop,
         fair=config.fair_scheduling,
+        fair_prefill_chunk=config.fair_prefill_chunk or FAIR_PREFILL_CHUNK["cuda" if device.type == "cuda" else "cpu"],
     )
     graphs = None
     if graphed:

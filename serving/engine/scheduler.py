@@ -34,6 +34,12 @@ from dataclasses import dataclass, field
 from loraplane.serving.engine.block_manager import BlockManager
 from loraplane.serving.engine.sequence import Sequence, Status
 
+# ``fair_prefill_chunk`` when unset, by device: on a CPU a step's length grows with every token it
+# computes; on a GPU a step of a few hundred tokens costs about as much as a decode step (the
+# weights' reads dominate), so a short chunk would only slow the burster down. The GPU figure is
+# not measured here (no GPU was lent); ``--fair-prefill-chunk`` sets it.
+FAIR_PREFILL_CHUNK = {"cuda": 512, "cpu": 16}
+
 
 @dataclass
 class ScheduledBatch:
@@ -57,7 +63,7 @@ class Scheduler:
         on_preempt: Callable[[Sequence], None] = lambda _seq: None,
         fair: bool = False,
         fairness_decay: float = 0.98,
-        fair_prefill_chunk: int = 16,
+        fair_prefill_chunk: int = FAIR_PREFILL_CHUNK["cpu"],
     ) -> None:
         """``ready`` says whether a waiting sequence can run now (its adapter is in a device
         slot); sequences that are not ready wait without blocking those behind them."""

@@ -27,6 +27,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from loraplane.serving.engine import transfers
 from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.serving.engine.sampling_params import SamplingParams
+from loraplane.serving.engine.scheduler import FAIR_PREFILL_CHUNK
 from loraplane.serving.engine.sequence import FinishReason
 
 
@@ -91,6 +92,7 @@ def test_the_engine_steps_on_fake_cuda_without_mismatch_or_hidden_sync(
     assert engine.cache.k.device.type == "cuda" and engine.cache.v.device.type == "cuda"
     assert all(s.ranks.device.type == "cuda" for s in engine.slots.slots.values())
     assert engine.runner.backend == "triton"
+    assert engine.scheduler.fair_prefill_chunk == FAIR_PREFILL_CHUNK["cuda"]  # a GPU's step is not a CPU's
 
     # Prompts longer than a step's token budget (chunked prefill), four adapters for two slots
     # (swaps, some prefetched into a slot while their request waits), a bare-base row, and more KV

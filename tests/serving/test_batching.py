@@ -58,6 +58,40 @@ def test_output_does_not_depend_on_batch(tiny_llama, tiny_adapters, requests, al
     assert engine.blocks.num_free == engine.blocks.num_blocks
 
 
+def test_fair_shares_chunks_change_no_answer(tiny_llama, tiny_adapters, requests, alone, tmp_path) -> None:
+    """Tenant a sends seven requests, b one, four run at once: beyond its share of two, a's prompts
+    go in ``fair_prefill_chunk`` tokens per step between them while b runs (the setting reaches the
+    scheduler), and every request still gets its own answer."""
+    engine = tiny_engine(tiny_llama, tmp_path, tiny_adapters, max_num_seqs=4, fair_prefill_chunk=3)
+    chunks: list[int] = []  # tenant a's prompt tokens in each step after the first while b runs
+    schedule = engine.scheduler.schedule
+
+    def watched():  # type: ignore[no-untyped-def]
+        batch = schedule()
+        if any(s.tenant == "b" for s, _ in batch.items):
+            chunks.append(sum(n for s, n in batch.items if s.tenant == "a" and n > 1))
+        return batch
+
+    engine.scheduler.schedule = watched  # type: ignore[method-assign]
+    recorders = [LogitsRecorder(2) for _ in requests]
+    ids = {
+        engine.add_request(
+            prompt, SamplingParams(max_tokens=STEPS, temperature=0, ignore_eos=True, logits_processors=[rec]),
+            adapter=adapter, tenant="a" if i < 7 else "b",
+        ): i
+        for i, ((prompt, adapter), rec) in enumerate(zip(requests, recorders, strict=True))
+    }  # fmt: skip
+    tokens: dict[int, list[int]] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                tokens[ids[out.request_id]] = out.token_ids
+    for i, (ref_tokens, ref_logits) in enumerate(alone):
+        assert tokens[i] == ref_tokens, f"request {i} ({MIX[i]})"
+        assert torch.allclose(recorders[i].stacked(), ref_logits, atol=1e-5), f"request {i} logits"
+    assert max(chunks[1:]) == 3  # the first step admits each tenant's share whole
+
+
 def test_requests_join_a_running_batch(tiny_llama, tiny_adapters, requests, alone, tmp_path) -> None:
     """Requests added between steps join the running batch and still get their own answer."""
     engine = tiny_engine(tiny_llama, tmp_path, tiny_adapters)
