@@ -60,9 +60,9 @@ def arrivals(rates: dict[str, float], seconds: float, poisson: bool) -> list[Arr
     do not all land in one step, or with ``poisson`` at exponential gaps (seeded, so every
     contender gets the same times), as vLLM's ``benchmark_serving`` draws them. Evenly spaced, B
     alone always finds the engine idle; a Poisson B sometimes lands on its own earlier request."""
-    rng = random.Random(0)
     out = []
     for k, (tenant, rate) in enumerate(rates.items()):
+        rng = random.Random(tenant)  # per tenant: B's times do not depend on A being there
         at = k / len(rates) / rate
         for _ in range(int(seconds * rate)):
             out.append(Arrival(at, None, tenant))
@@ -79,6 +79,13 @@ def serve(rates: dict[str, float], seconds: float, max_num_seqs: int, fair: bool
         eng.adapters.close()
 
 
+def positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not above 0")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--b-share", type=float, default=0.25, help="B's rate as a fraction of the measured capacity")
@@ -87,7 +94,7 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2, help="runs per contender, alternated; medians are quoted")
     parser.add_argument("--arrivals", choices=("even", "poisson"), default="even", help="the gaps between each tenant's requests")
-    parser.add_argument("--capacity", type=float, help="req/s to take as the capacity instead of measuring it "
+    parser.add_argument("--capacity", type=positive, help="req/s to take as the capacity instead of measuring it "
                         "(to compare two versions of the engine at the same rates)")  # fmt: skip
     parser.add_argument("--no-fifo", action="store_true", help="leave out the FIFO contender (most of the run's time)")
     args = parser.parse_args()

@@ -57,8 +57,8 @@ class EngineConfig(EngineSizing):
         ge=1,
         description="prompt tokens the tenants over their fair share may add to one step between them while another "
         "tenant is below its share (the step length is what that tenant's next token waits for); default 16 on a CPU, "
-        "where every token lengthens the step, 512 on a GPU, where a step of a few hundred tokens costs about a decode "
-        "step",
+        "where every token lengthens the step, 512 on a GPU, where a decode step is bound by reading the weights and a "
+        "few hundred more tokens add little (not measured yet)",
     )
     max_adapter_bytes: int = Field(default=2 * 2**30, gt=0, description="largest adapter weights file accepted")
     max_loads_in_flight: int = Field(default=2, ge=1, description="adapter loads running at once, off the request path")

@@ -90,3 +90,22 @@ def test_serve_refuses_tenants_without_an_admin_token(tmp_path: Path, monkeypatc
     assert code == 2
     code, output = run("router", "--replica", "http://127.0.0.1:1", "--tenants", str(tenants))
     assert code == 2 and "--tenants needs --admin-token" in output
+
+
+def test_serve_flags_reach_the_engine_config_and_absent_ones_leave_its_defaults(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """What ``loraplane serve`` would build the engine from, stopped before any engine or server
+    starts: the fair-scheduling flags set the config, and leaving them out keeps its defaults."""
+    import uvicorn
+
+    from loraplane.serving.api import app
+    from loraplane.serving.engine import builder
+
+    configs = []
+    monkeypatch.setattr(builder, "build_engine", lambda config: config)
+    monkeypatch.setattr(app, "create_app", lambda factory, **_kw: configs.append(factory()))
+    monkeypatch.setattr(uvicorn, "run", lambda *_a, **_kw: None)
+    assert run("serve", "--fair-prefill-chunk", "64", "--no-fair-scheduling")[0] == 0
+    assert run("serve")[0] == 0
+    assert [(c.fair_prefill_chunk, c.fair_scheduling) for c in configs] == [(64, False), (None, True)]
+    code, output = run("serve", "--fair-prefill-chunk", "0")
+    assert code == 2 and "--fair-prefill-chunk" in output

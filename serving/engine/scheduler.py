@@ -28,16 +28,16 @@ Torch-free: the scheduler only moves sequences and counts blocks.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 
 from loraplane.serving.engine.block_manager import BlockManager
 from loraplane.serving.engine.sequence import Sequence, Status
 
 # ``fair_prefill_chunk`` when unset, by device: on a CPU a step's length grows with every token it
-# computes; on a GPU a step of a few hundred tokens costs about as much as a decode step (the
-# weights' reads dominate), so a short chunk would only slow the burster down. The GPU figure is
-# not measured here (no GPU was lent); ``--fair-prefill-chunk`` sets it.
+# computes; on a GPU a decode step is bound by reading the weights, so a few hundred more tokens
+# add little to it and a short chunk would only slow the burster down. The GPU figure is a
+# starting point that has not been measured (docs/benchmarks.md); ``--fair-prefill-chunk`` sets it.
 FAIR_PREFILL_CHUNK = {"cuda": 512, "cpu": 16}
 
 
@@ -174,17 +174,19 @@ class Scheduler:
         for tenant in list(self.served):
             self.served[tenant] *= self.decay
         skipped: set[int] = set()
+        spent: set[str | None] = set()  # tenants over their share once this step's chunk is spent
         while budget > 0 and len(self.running) < self.max_num_seqs:
-            candidate = self._next_waiting(skipped)
+            candidate = self._next_waiting(skipped, spent)
             if candidate is None:
                 break
             seq = candidate
             if seq.tenant in deferred:
                 break  # this step is the tenants' below their share
-            if not self.ready(seq) or (self._over_prefill == 0 and self._would_be_over(seq)):
-                # Its adapter is on its way, or its tenant's prefill for this step is spent:
-                # later requests (other tenants') may go ahead.
-                skipped.add(id(seq))
+            if not self.ready(seq):
+                skipped.add(id(seq))  # its adapter is on its way; later requests may go ahead
+                continue
+            if self._over_prefill == 0 and self._would_be_over(seq):
+                spent.add(seq.tenant)  # none of its requests starts this step; other tenants' may
                 continue
             if not self.blocks.allocate(seq):
                 break
@@ -242,9 +244,13 @@ class Scheduler:
         """The tokens ``seq`` computes this step. While others are below their share, the tenants
         over theirs prefill at most ``fair_prefill_chunk`` tokens per step between them: the step
         length is what every other tenant's next token waits for, so the burster's prefills, one
-        long prompt or several starting together, must not set it. 0 when that share is spent."""
+        long prompt or several starting together, must not set it. 0 when that share is spent.
+        A tenant below its share counts even while its request cannot run yet (its adapter still
+        loading): the chunk then costs the burster some prefill speed for a neighbour that
+        arrives within steps."""
         n = min(seq.num_uncomputed, budget)
-        if n > 1 and seq.tenant in over:
+        prefill = n > 1 or not seq.output_token_ids  # a prompt's last token is prefill too
+        if prefill and seq.tenant in over:
             n = min(n, self._over_prefill)
             self._over_prefill -= n
         return n
@@ -260,16 +266,17 @@ class Scheduler:
         running[seq.tenant] += 1
         return any(running[t] < share for t in tenants)
 
-    def _next_waiting(self, skipped: set[int]) -> Sequence | None:
+    def _next_waiting(self, skipped: set[int], tenants_out: Container[str | None] = ()) -> Sequence | None:
         """FIFO, or with fairness the waiting sequence of the least-served tenant (FIFO within a
-        tenant, a preempted sequence first). Re-evaluated after every admission, because each
-        admission charges its tenant."""
+        tenant, a preempted sequence first), passing over ``skipped`` sequences and the waiting
+        sequences of ``tenants_out``. Re-evaluated after every admission, because each admission
+        charges its tenant."""
         if not self.fair:
             return next((q for q in self.waiting if id(q) not in skipped), None)
         best: Sequence | None = None
         best_key: tuple[float, bool] | None = None
         for q in self.waiting:  # deque order breaks ties: earlier first
-            if id(q) in skipped:
+            if id(q) in skipped or q.tenant in tenants_out:
                 continue
             key = (self.served.get(q.tenant, 0.0), not q.output_token_ids)
             if best_key is None or key < best_key:

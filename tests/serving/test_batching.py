@@ -59,9 +59,10 @@ def test_output_does_not_depend_on_batch(tiny_llama, tiny_adapters, requests, al
 
 
 def test_fair_shares_chunks_change_no_answer(tiny_llama, tiny_adapters, requests, alone, tmp_path) -> None:
-    """Tenant a sends seven requests, b one, four run at once: beyond its share of two, a's prompts
-    go in ``fair_prefill_chunk`` tokens per step between them while b runs (the setting reaches the
-    scheduler), and every request still gets its own answer."""
+    """Tenant a sends seven requests, b one, four run at once: beyond its share of two, a's prompt
+    goes in chunks of ``fair_prefill_chunk`` tokens while b runs (the setting reaches the
+    scheduler), and every request still gets its own answer. The chunk's sharing between several
+    prompts is the scheduler tests' (test_scheduler.py)."""
     engine = tiny_engine(tiny_llama, tmp_path, tiny_adapters, max_num_seqs=4, fair_prefill_chunk=3)
     chunks: list[int] = []  # tenant a's prompt tokens in each step after the first while b runs
     schedule = engine.scheduler.schedule

@@ -182,6 +182,32 @@ def test_a_tenant_over_its_share_prefills_in_short_chunks_while_another_is_below
             assert (chunks[bursts[3]], chunks[bursts[4]]) == (8, 8)
 
 
+def test_a_tenant_whose_prefill_chunk_is_spent_holds_no_other_tenant_back() -> None:
+    """Tenant a's next prompt cannot start while its chunk for the step is spent, but it is the
+    one fair admission reaches first (a has been served less than c): c's request behind it is
+    still admitted in that step."""
+
+    def tenant_seq(tenant: str, n: int, start: int) -> Sequence:
+        s = seq(n, start=start)
+        s.tenant = tenant
+        return s
+
+    sched = Scheduler(BlockManager(256, 4), max_num_seqs=6, max_num_batched_tokens=500, fair=True, fair_prefill_chunk=16)
+    bursts = [tenant_seq("a", 40, 1000 * (i + 1)) for i in range(4)]
+    b1, c1 = tenant_seq("b", 8, 8000), tenant_seq("c", 8, 9000)
+    for s in [*bursts, b1, c1]:
+        sched.add(s)
+    first = sched.schedule()  # a's share is 2 of 6: its third prompt is chunked, its fourth waits
+    assert dict(first.items)[bursts[2]] == 16 and bursts[3].status is Status.WAITING
+    advance(first)
+    sched.charge(c1, 10_000)  # c has been served far more than a
+    c2 = tenant_seq("c", 8, 9100)
+    sched.add(c2)
+    second = dict(sched.schedule().items)
+    assert second[bursts[2]] == 16 and bursts[3].status is Status.WAITING
+    assert second.get(c2) == 8
+
+
 def test_the_step_that_admits_a_tenant_below_its_share_carries_no_bursting_work() -> None:
     """The steady tenant's first token waits for the step that admits it: while the burster has a
     backlog, that step runs the steady tenant's prompt alone; the burster's decodes skip it
