@@ -43,13 +43,13 @@ def engine(max_num_seqs: int, fair: bool) -> LLMEngine:
     return eng
 
 
-def measure_capacity(max_num_seqs: int, measure: bool = True) -> tuple[float, str]:
-    """Requests per second here (``4 x max_num_seqs`` requests at once; 0 unless ``measure``),
-    and the machine line."""
+def measure_capacity(max_num_seqs: int, given: float | None = None) -> tuple[float, str]:
+    """Requests per second here (``4 x max_num_seqs`` requests at once), or ``given`` without
+    measuring; and the machine line."""
     eng = engine(max_num_seqs, fair=True)
     try:
         burst = [Arrival(0.0, None, "probe")] * (4 * max_num_seqs)
-        cap = capacity(eng, burst, prompt_len=PROMPT_LEN, out_len=OUTPUT_LEN) if measure else 0.0
+        cap = given if given is not None else capacity(eng, burst, prompt_len=PROMPT_LEN, out_len=OUTPUT_LEN)
         return cap, machine(eng.dtype)
     finally:
         eng.adapters.close()
@@ -99,8 +99,7 @@ def main() -> None:
     parser.add_argument("--no-fifo", action="store_true", help="leave out the FIFO contender (most of the run's time)")
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    cap, machine_line = measure_capacity(args.max_num_seqs, measure=args.capacity is None)
-    cap = args.capacity or cap
+    cap, machine_line = measure_capacity(args.max_num_seqs, args.capacity)
     b_rate = args.b_share * cap
     a_rate = args.burst * b_rate
     seconds = args.b_requests / b_rate

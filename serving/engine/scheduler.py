@@ -185,7 +185,7 @@ class Scheduler:
             if not self.ready(seq):
                 skipped.add(id(seq))  # its adapter is on its way; later requests may go ahead
                 continue
-            if self._over_prefill == 0 and self._would_be_over(seq):
+            if self._over_prefill == 0 and seq.tenant in self._over_share(admitting=seq):
                 spent.add(seq.tenant)  # none of its requests starts this step; other tenants' may
                 continue
             if not self.blocks.allocate(seq):
@@ -208,12 +208,14 @@ class Scheduler:
         tenants = set(running) | {s.tenant for s in self.waiting}
         return running, tenants, self.max_num_seqs / max(1, len(tenants))
 
-    def _over_share(self) -> set[str | None]:
+    def _over_share(self, admitting: Sequence | None = None) -> set[str | None]:
         """With fairness on, the tenants running more than their share while another tenant runs
-        or waits below it."""
+        or waits below it; counted as if ``admitting`` were running too, when given."""
         if not self.fair:
             return set()
         running, tenants, share = self._shares()
+        if admitting is not None:
+            running[admitting.tenant] += 1
         if not any(running[t] < share for t in tenants):
             return set()
         return {t for t in tenants if running[t] > share}
@@ -254,17 +256,6 @@ class Scheduler:
             n = min(n, self._over_prefill)
             self._over_prefill -= n
         return n
-
-    def _would_be_over(self, seq: Sequence) -> bool:
-        """Whether admitting ``seq`` would put (or keep) its tenant over its share while another
-        tenant is below theirs."""
-        if not self.fair:
-            return False
-        running, tenants, share = self._shares()
-        if running[seq.tenant] + 1 <= share:
-            return False
-        running[seq.tenant] += 1
-        return any(running[t] < share for t in tenants)
 
     def _next_waiting(self, skipped: set[int], tenants_out: Container[str | None] = ()) -> Sequence | None:
         """FIFO, or with fairness the waiting sequence of the least-served tenant (FIFO within a
