@@ -169,8 +169,19 @@ class ReplicaStats(_Reply):
     preemptions: int = 0
     waiting: int = Field(default=0, description="requests queued in the engine, which the router reads")
     running: int = 0
-    parked: int = Field(default=0, description="requests out of the batch, their KV kept, until their adapter's next turn")
-    parks: int = Field(default=0, description="requests parked so far to hand a device slot to a waiting adapter")
+    parked: int = Field(
+        default=0, description="requests out of the batch, their KV kept, until their adapter's next turn or a free place"
+    )
+    parks: int = Field(
+        default=0,
+        description="requests parked so far: to hand a device slot to a waiting adapter, or to give back the place an "
+        "interjection took beside a full batch",
+    )
+    interjections: int = Field(
+        default=0,
+        description="forward passes run between the layers of another step so far: the prompts of tenants below their "
+        "fair share, run before a burster's step ends (fair_interjection)",
+    )
     device_prefetches: int = Field(
         default=0, description="adapters copied into a device slot ahead of their queued request's turn, beside a running step"
     )

@@ -60,6 +60,13 @@ class EngineConfig(EngineSizing):
         "where every token lengthens the step, 512 on a GPU, where a decode step is bound by reading the weights and a "
         "few hundred more tokens add little (not measured yet)",
     )
+    fair_interjection: bool | None = Field(
+        default=None,
+        description="with fair scheduling, run the prompt of a tenant below its share that arrives during a step between "
+        "two of that step's layers, so its first token waits for one layer of a burster's step rather than all of it; "
+        "default on with the CPU backend, where one step of a burster's decodes costs about a neighbour's whole "
+        "prompt, off with Triton (a step is milliseconds there, and decode steps replay CUDA graphs)",
+    )
     max_adapter_bytes: int = Field(default=2 * 2**30, gt=0, description="largest adapter weights file accepted")
     max_loads_in_flight: int = Field(default=2, ge=1, description="adapter loads running at once, off the request path")
     disk_cache_max_bytes: int | None = Field(

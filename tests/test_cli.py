@@ -104,8 +104,11 @@ def test_serve_flags_reach_the_engine_config_and_absent_ones_leave_its_defaults(
     monkeypatch.setattr(builder, "build_engine", lambda config: config)
     monkeypatch.setattr(app, "create_app", lambda factory, **_kw: configs.append(factory()))
     monkeypatch.setattr(uvicorn, "run", lambda *_a, **_kw: None)
-    assert run("serve", "--fair-prefill-chunk", "64", "--no-fair-scheduling")[0] == 0
+    assert run("serve", "--fair-prefill-chunk", "64", "--no-fair-scheduling", "--no-fair-interjection")[0] == 0
     assert run("serve")[0] == 0
-    assert [(c.fair_prefill_chunk, c.fair_scheduling) for c in configs] == [(64, False), (None, True)]
+    assert run("serve", "--fair-interjection")[0] == 0
+    assert [(c.fair_prefill_chunk, c.fair_scheduling, c.fair_interjection) for c in configs] == [
+        (64, False, False), (None, True, None), (None, True, True),
+    ]  # fmt: skip
     code, output = run("serve", "--fair-prefill-chunk", "0")
     assert code == 2 and "--fair-prefill-chunk" in output

@@ -57,7 +57,7 @@ def engine_flags(*names: str) -> Callable[[F], F]:
             text = field.description or ""
             flag = f"--{name.replace('_', '-')}"
             help = text[:1].upper() + text[1:] + "." if text else None
-            if field.annotation is bool:  # --x / --no-x; absent leaves the config's value
+            if field.annotation in (bool, bool | None):  # --x / --no-x; absent leaves the config's value
                 f = click.option(f"{flag}/--no-{flag[2:]}", name, default=None, help=help)(f)
             else:
                 f = click.option(flag, name, type=_param_type(field), help=help)(f)

@@ -63,6 +63,7 @@ def replica_stats(engine: LLMEngine, quotas: Mapping[str, Quotas] | None = None)
         running=len(engine.scheduler.running),
         parked=len(engine.scheduler.parked),
         parks=engine.scheduler.num_parks,
+        interjections=engine.num_interjections,
         device_prefetches=engine.adapters.device_prefetches,
         disk_cache=engine.adapters.files.figures(),
     )

@@ -2,9 +2,12 @@
 
 The engine is single-threaded by design (its scheduler, slots and KV cache have one owner), so
 every call, from adding a request to pinning an adapter, is posted to the engine thread and
-awaited. The thread steps whenever there is work and sleeps on its inbox otherwise. Each request
-gets an asyncio queue that receives its outputs as they are produced; a handler that goes away
-(client disconnect) aborts its request, which frees its sequence and KV blocks at once.
+awaited. The thread steps whenever there is work and sleeps on its inbox otherwise. New requests
+have an inbox of their own, which the thread also reads between the layers of a step in flight:
+a request of a tenant below its fair share can then run at once (``LLMEngine.interject``)
+instead of waiting for a burster's step to end. Each request gets an asyncio queue that receives
+its outputs as they are produced; a handler that goes away (client disconnect) aborts its
+request, which frees its sequence and KV blocks at once.
 """
 
 from __future__ import annotations
@@ -25,32 +28,69 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+def _wake() -> None:
+    """Posted to the inbox beside an arrival: the thread's wait on the inbox ends at once."""
+
+
 class AsyncEngine:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self._inbox: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
+        # ``add_request`` calls only: the one kind of call that is safe in the middle of a step
+        # (it queues a sequence and touches none that is running).
+        self._arrivals: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
+        engine.between_layers = self._between_layers
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._thread.start()
 
     # engine thread --------------------------------------------------------------------------
-    def _drain(self, block: bool) -> None:
-        try:
-            item = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
-        except queue.Empty:
-            return
-        while True:
-            fn, future = item
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn())
-                except BaseException as err:  # handed to the awaiting handler
-                    future.set_exception(err)
+    @staticmethod
+    def _call(fn: Callable[[], Any], future: Future[Any]) -> None:
+        if future.set_running_or_notify_cancel():
             try:
-                item = self._inbox.get_nowait()
+                future.set_result(fn())
+            except BaseException as err:  # handed to the awaiting handler
+                future.set_exception(err)
+
+    def _drain_arrivals(self) -> bool:
+        """Queue the requests that arrived; whether there were any."""
+        arrived = False
+        while True:
+            try:
+                fn, future = self._arrivals.get_nowait()
             except queue.Empty:
-                return
+                return arrived
+            self._call(fn, future)
+            arrived = True
+
+    def _drain(self, block: bool) -> None:
+        """Run the calls waiting, arrivals first; with ``block``, wait a little for one (an
+        arrival also posts a no-op to the inbox, to wake this wait)."""
+        block = not self._drain_arrivals() and block
+        while True:
+            try:
+                item = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            self._call(*item)
+            block = False
+        self._drain_arrivals()
+
+    def _between_layers(self) -> None:
+        """Inside a step, between two layers: queue the requests that arrived since it began and
+        let the engine run those of tenants below their share now (``LLMEngine.interject``). Its
+        failure fails the requests it ran, never the step in flight."""
+        if not self._drain_arrivals():
+            return
+        try:
+            outputs = self.engine.interject()
+        except Exception:  # a bug: the requests stay queued for the next step
+            log.exception("running new requests inside a step failed")
+            return
+        for out in outputs:
+            self._deliver(out.request_id, out)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -86,10 +126,15 @@ class AsyncEngine:
         loop.call_soon_threadsafe(q.put_nowait, item)
 
     # callers --------------------------------------------------------------------------------
-    async def call(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` on the engine thread between steps and return its result (or raise its error)."""
+    async def call(self, fn: Callable[[], T], *, arrival: bool = False) -> T:
+        """Run ``fn`` on the engine thread between steps and return its result (or raise its
+        error). An ``arrival`` (queueing a request, nothing else) may also run inside a step."""
         future: Future[T] = Future()
-        self._inbox.put((fn, future))
+        if arrival:
+            self._arrivals.put((fn, future))
+            self._inbox.put((_wake, Future()))  # an idle engine thread sleeps on the inbox
+        else:
+            self._inbox.put((fn, future))
         return await asyncio.wrap_future(future)
 
     async def generate(
@@ -111,7 +156,7 @@ class AsyncEngine:
                 self._streams.pop(request_id, None)
                 raise
 
-        await self.call(add)
+        await self.call(add, arrival=True)
         finished = False
         try:
             while True:

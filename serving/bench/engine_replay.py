@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from loraplane.serving.engine.llm_engine import LLMEngine
+from loraplane.serving.engine.outputs import RequestOutput
 from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.engine.sequence import Sequence
 
@@ -38,8 +39,9 @@ class Record:
     ttft: float  # seconds from its arrival time to its first token
     tokens: int
     # Where its time to first token went (seconds): the arrival's wait for the step in flight
-    # (arrivals reach the engine between steps, as through the server's engine loop), then the
-    # queue until its first admission, then the steps from admission to its first token.
+    # (arrivals reach the engine between steps, or between a step's layers where the engine
+    # interjects, as through the server's engine loop), then the queue until its first
+    # admission, then the steps from admission to its first token.
     lag: float = 0.0
     first_steps: float = 0.0
     preemptions: int = 0
@@ -68,8 +70,8 @@ def replay(
     """Send each arrival at its time (random prompts of ``prompt_len`` tokens, ``out_len`` greedy
     tokens each) and step the engine until every request has finished or, with ``until``, until
     every arrival it selects has (the rest are aborted: a burster's backlog need not drain for its
-    neighbour's figures). One loop on purpose: arrivals, steps and aborts interleave on one clock,
-    and split across helpers that clock's order would be hard to follow.
+    neighbour's figures). One loop: arrivals, steps and aborts interleave on one clock; arrivals
+    also join between the layers of a step, as through the server.
 
     ``step_clock``: replay on a clock that advances this many seconds per step that runs a batch
     (and by the wall time of a step that only waits for a load) instead of the wall clock. The
@@ -87,27 +89,21 @@ def replay(
     bar = tqdm(total=len(order), desc=label, unit="req", leave=False)
     admitted: dict[str, float] = {}  # the clock before the step that first admitted it
     start, sent, clock = time.monotonic(), 0, 0.0
-    while sent < len(order) or engine.has_unfinished():
-        if until is not None and awaited == 0:
-            break
-        now = clock if step_clock is not None else time.monotonic() - start
+
+    def arrive(now: float) -> int:
+        """Add the arrivals due by ``now``; how many."""
+        nonlocal sent
+        before = sent
         while sent < len(order) and order[sent].at <= now:
             a = order[sent]
             prompt = [rng.randrange(100, vocab) for _ in range(prompt_len)]
             rid = engine.add_request(prompt, params, adapter=a.adapter, tenant=a.tenant)
             pending[rid] = (a, engine.requests[rid], now)
             sent += 1
-        began = time.monotonic()
-        outs = engine.step()
-        if step_clock is not None:
-            clock += step_clock if engine.ran else time.monotonic() - began
-        t = clock if step_clock is not None else time.monotonic() - start
-        if engine.ran:
-            out.step_seconds.append(time.monotonic() - began)
-            out.tokens_per_step.append(len(outs))
-        for rid, (_, seq, _) in pending.items():
-            if rid not in admitted and seq.first_scheduled_time is not None:
-                admitted[rid] = now
+        return sent - before
+
+    def record(outs: list[RequestOutput], t: float) -> None:
+        nonlocal awaited
         for o in outs:
             if o.request_id not in first and o.token_ids:
                 first[o.request_id] = t
@@ -122,11 +118,43 @@ def replay(
                 if until is not None and until(a):
                     awaited -= 1
                 bar.update()
+
+    def between_layers() -> None:
+        """As the server's engine loop does (``AsyncEngine._between_layers``): arrivals join in
+        the middle of a step, and the engine may run those of tenants below their share at once.
+        Wall clock only: the step clock stands still inside a step."""
+        now = time.monotonic() - start
+        if step_clock is not None or not arrive(now):
+            return
+        outs = engine.interject()
+        for o in outs:
+            admitted.setdefault(o.request_id, now)
+        record(outs, time.monotonic() - start)
+
+    engine.between_layers = between_layers
+    while sent < len(order) or engine.has_unfinished():
+        if until is not None and awaited == 0:
+            break
+        now = clock if step_clock is not None else time.monotonic() - start
+        arrive(now)
+        began = time.monotonic()
+        outs = engine.step()
+        if step_clock is not None:
+            clock += step_clock if engine.ran else time.monotonic() - began
+        t = clock if step_clock is not None else time.monotonic() - start
+        if engine.ran:
+            out.step_seconds.append(time.monotonic() - began)
+            out.tokens_per_step.append(len(outs))
+        for rid, (_, seq, _) in pending.items():
+            if rid not in admitted and seq.first_scheduled_time is not None:
+                admitted[rid] = now
+        record(outs, t)
         if not outs and not engine.has_unfinished() and sent < len(order):
             if step_clock is not None:
                 clock = max(clock, order[sent].at)  # nothing to run until the next arrival
             else:
                 time.sleep(max(0.0, min(0.01, order[sent].at - (time.monotonic() - start))))
+    engine.between_layers = None
     out.wall = clock if step_clock is not None else time.monotonic() - start
     for rid in list(pending):
         engine.abort(rid)

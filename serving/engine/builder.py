@@ -257,6 +257,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
         graphs = DecodeGraphs(model, cache, num_blocks, max_num_seqs, max_blocks, backend)
         if graphs.real:
             graphs.capture_all()
+    eager_cpu = backend == "cpu"  # where a step of decodes costs about a prompt (see EngineConfig.fair_interjection)
     eos = tokenizer.eos_token_id
     eos_ids = frozenset(cfg.eos_token_ids) | ({eos} if eos is not None else frozenset())
     sampler = Sampler(eos_ids=eos_ids)
@@ -278,4 +279,5 @@ def build_parts(config: EngineConfig) -> EngineParts:
         sampler=sampler,
         grammars=Grammars(tokenizer.hf, cfg.vocab_size, eos_ids),
         runner=ModelRunner(model, cache, slots, sampler, backend, graphs),
+        interjects=config.fair_scheduling and (config.fair_interjection if config.fair_interjection is not None else eager_cpu),
     )

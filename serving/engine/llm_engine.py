@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -67,6 +68,7 @@ class EngineParts:
     sampler: Sampler
     grammars: Grammars
     runner: ModelRunner
+    interjects: bool = False
 
 
 class LLMEngine:
@@ -78,6 +80,13 @@ class LLMEngine:
         self.eos_ids, self.sampler, self.grammars, self.runner = parts.eos_ids, parts.sampler, parts.grammars, parts.runner
         self.gate = parts.gate
         self.requests: dict[str, Sequence] = {}
+        # Whether a step may run another between its layers (``interject``): the builder's
+        # choice, from ``EngineConfig.fair_interjection``.
+        self.interjects = parts.interjects
+        self.num_interjections = 0
+        # Set by whoever drives the steps and takes requests meanwhile (the server's engine loop,
+        # a replay): it adds what arrived and calls ``interject``, delivering what that returns.
+        self.between_layers: Callable[[], None] | None = None
         self.ran = False  # whether the last step ran a batch (an idle one lets its caller sleep)
         self._ids = itertools.count()
 
@@ -211,7 +220,8 @@ class LLMEngine:
         return None
 
     def step(self) -> list[RequestOutput]:
-        """One scheduling round and one forward pass; outputs of the sequences that advanced."""
+        """One scheduling round and one forward pass; outputs of the sequences that advanced.
+        When ``interjects``, ``between_layers`` runs after each of the forward pass's layers."""
         outputs = self._fail_loads()
         overdue = self.adapters.begin_step()
         if overdue is not None:  # its slot is owed to a waiting adapter (see DevicePlacement.begin_step)
@@ -225,15 +235,37 @@ class LLMEngine:
             if self.adapters.loads_in_flight():
                 self.adapters.wait_for_loads(timeout=0.05)  # nothing to run until a load lands
             return outputs
+        return self._run(batch.items, outputs, self.between_layers if self.interjects else None)
+
+    def interject(self) -> list[RequestOutput]:
+        """Between two layers of the step in flight: admit the waiting requests of tenants below
+        their fair share (``Scheduler.schedule_interjection``) and run their first forward pass
+        now, alone, before the rest of that step. Their first token then waits for one layer of
+        the burster's step instead of the whole of it: on a CPU a step of a burster's decodes
+        costs about what a neighbour's prompt does, and was the last thing standing between that
+        neighbour's first token and its time alone (docs/benchmarks.md, "Fair admission between tenants"). The
+        step in flight is untouched: its sequences and their blocks are not the new ones'."""
+        if not self.interjects:
+            return []
+        batch = self.scheduler.schedule_interjection()
+        if not batch.items:
+            return []
+        self.num_interjections += 1
+        return self._run(batch.items, [], None)
+
+    def _run(
+        self, items: list[tuple[Sequence, int]], outputs: list[RequestOutput], between_layers: Callable[[], None] | None
+    ) -> list[RequestOutput]:
+        """One forward pass over ``items`` and what it advanced, added to ``outputs``."""
         try:
-            results = self.runner.run(batch.items)
+            results = self.runner.run(items, between_layers)
         except Exception as err:  # the shared forward pass: only the batch it ran fails, the queue goes on
-            log.exception("forward pass failed for %d sequences", len(batch.items))
-            for seq, _ in batch.items:
+            log.exception("forward pass failed for %d sequences", len(items))
+            for seq, _ in items:
                 self._fail(seq, f"the forward pass failed: {type(err).__name__}: {err}", "engine_error")
                 outputs.append(output_of(seq))
             return self._forget_finished(outputs)
-        for seq, n in batch.items:
+        for seq, n in items:
             seq.num_computed_tokens += n
             self.blocks.register_full_blocks(seq)
             result = results.get(seq.seq_id)

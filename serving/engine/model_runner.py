@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -174,9 +175,12 @@ class ModelRunner:
         return rows
 
     @torch.inference_mode()
-    def run(self, items: list[tuple[Sequence, int]]) -> dict[int, tuple[int, TokenLogprob | None] | SampleFailure]:
+    def run(
+        self, items: list[tuple[Sequence, int]], between_layers: Callable[[], None] | None = None
+    ) -> dict[int, tuple[int, TokenLogprob | None] | SampleFailure]:
         """Next token (and log-probability) for every sequence that reached its last token, by seq
-        id; a ``SampleFailure`` for one whose row could not be sampled."""
+        id; a ``SampleFailure`` for one whose row could not be sampled. ``between_layers`` is the
+        model's (an eager step only: a replayed graph has no Python between its layers)."""
         rows = self._decode_rows(items)
         if rows is not None:
             assert self.graphs is not None
@@ -185,7 +189,7 @@ class ModelRunner:
             logits = self.graphs.run(rows)
         else:
             input_ids, ctx, logit_rows, sampled = self.build(items)
-            hidden = self.model(input_ids, ctx, self.cache)
+            hidden = self.model(input_ids, ctx, self.cache, between_layers)
             if not sampled:
                 return {}
             logits = self.model.logits(hidden[logit_rows])

@@ -20,7 +20,8 @@ below its share of ``max_num_seqs`` gets a slot by preempting the tenant furthes
 and the step that admits it runs without the work of the tenants bursting (over their share with
 requests queued), so its first token waits for no more than the step in flight and its own. The
 step in flight is kept short too: the tenants over their share add at most ``fair_prefill_chunk``
-prompt tokens to any step between them.
+prompt tokens to any step between them. Where even that step is long (a CPU), the engine may
+run such a tenant's new request between two of its layers (``schedule_interjection``).
 
 Torch-free: the scheduler only moves sequences and counts blocks.
 """
@@ -137,8 +138,20 @@ class Scheduler:
         self._preempt(self.parked.pop())
         return True
 
+    def _back_under_cap(self) -> None:
+        """An interjection may admit beside a full batch; the next step parks the newest sequences
+        of the tenant furthest over its share until the batch is back at ``max_num_seqs``. Parked,
+        they keep their KV and resume first when a place frees (where a preemption at admission
+        would have thrown their KV away)."""
+        while len(self.running) > self.max_num_seqs:
+            running, _, _ = self._shares()
+            heavy = max(running, key=lambda t: running[t])
+            victim = next(s for s in reversed(self.running) if s.tenant == heavy)
+            self.park_where(lambda s, v=victim: s is v)  # type: ignore[misc]
+
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
+        self._back_under_cap()
         self._resume_parked()
         self._fair_share_preemption(batch)
         over = self._over_share()
@@ -201,6 +214,32 @@ class Scheduler:
             budget -= n
         return batch
 
+    def schedule_interjection(self) -> ScheduledBatch:
+        """A batch to run in the middle of the step in flight (between two of its layers): the
+        waiting requests of tenants below their share that ``_first_in_line`` would admit first,
+        alone. Only while another tenant is over its share, and only what can run without moving
+        anything else: no preemption, no parking, blocks that are free now. A full batch is no
+        bar: the request is below its share, so the next step parks one of the over-share
+        tenants' sequences instead (``_back_under_cap``). The step in flight keeps its sequences
+        and blocks; on a CPU, where one
+        step of a burster's decodes costs as much as a neighbour's whole prompt, this is what
+        keeps that neighbour's first token from waiting for it (``LLMEngine.interject``)."""
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        while budget > 0:
+            seq = self._first_in_line(self._over_share(), beyond_cap=True)
+            if seq is None or not self.blocks.allocate(seq):
+                break
+            self.waiting.remove(seq)
+            seq.status = Status.RUNNING
+            self.charge(seq, seq.num_uncomputed)
+            self.on_admit(seq)
+            self.running.append(seq)
+            n = min(seq.num_uncomputed, budget)
+            batch.items.append((seq, n))
+            budget -= n
+        return batch
+
     def _shares(self) -> tuple[Counter[str | None], set[str | None], float]:
         """Running sequences per tenant, the tenants with work (running or waiting) and each
         one's fair share of the batch (``max_num_seqs`` over their number)."""
@@ -226,11 +265,12 @@ class Scheduler:
         or every neighbour's arrival would cost the hot customer a step."""
         return over & {s.tenant for s in self.waiting}
 
-    def _first_in_line(self, over: set[str | None]) -> Sequence | None:
+    def _first_in_line(self, over: set[str | None], beyond_cap: bool = False) -> Sequence | None:
         """The waiting sequence admission takes first, when its tenant is below its share while
         ``over`` is not empty, it can run now and its blocks are free even before anything else
-        is freed (so deferring the others can never stall the step)."""
-        if not over or len(self.running) >= self.max_num_seqs:
+        is freed (so deferring the others can never stall the step); and the batch has a place
+        for it, unless ``beyond_cap``."""
+        if not over or (len(self.running) >= self.max_num_seqs and not beyond_cap):
             return None
         seq = self._next_waiting(set())
         if seq is None or seq.tenant in over:

@@ -8,6 +8,8 @@ needs (the last token of each sequence that finishes its prompt or decodes this 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -81,11 +83,17 @@ class LlamaModel(nn.Module):
             None if cfg.tie_word_embeddings else nn.Parameter(torch.zeros(cfg.vocab_size, cfg.hidden_size), requires_grad=False)
         )
 
-    def forward(self, input_ids: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
-        """Hidden states [T, hidden] after the final norm."""
+    def forward(
+        self, input_ids: torch.Tensor, ctx: StepContext, cache: KVCache, between_layers: Callable[[], None] | None = None
+    ) -> torch.Tensor:
+        """Hidden states [T, hidden] after the final norm. ``between_layers`` runs after every
+        layer: the engine's chance to run a short step of its own in the middle of this one
+        (``LLMEngine.interject``). It must not touch this step's sequences or their KV blocks."""
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
             x = layer(x, ctx, self.rotary, cache)
+            if between_layers is not None:
+                between_layers()
         hidden: torch.Tensor = self.norm(x)
         return hidden
 

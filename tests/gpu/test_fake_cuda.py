@@ -93,6 +93,7 @@ def test_the_engine_steps_on_fake_cuda_without_mismatch_or_hidden_sync(
     assert all(s.ranks.device.type == "cuda" for s in engine.slots.slots.values())
     assert engine.runner.backend == "triton"
     assert engine.scheduler.fair_prefill_chunk == FAIR_PREFILL_CHUNK["cuda"]  # a GPU's step is not a CPU's
+    assert not engine.interjects  # nor does a step of milliseconds need another run inside it
 
     # Prompts longer than a step's token budget (chunked prefill), four adapters for two slots
     # (swaps, some prefetched into a slot while their request waits), a bare-base row, and more KV

@@ -93,6 +93,48 @@ def test_fair_shares_chunks_change_no_answer(tiny_llama, tiny_adapters, requests
     assert max(chunks[1:]) == 3  # the first step admits each tenant's share whole
 
 
+def test_a_request_run_between_a_steps_layers_changes_no_answer(tiny_llama, tiny_adapters, requests, alone, tmp_path) -> None:
+    """Tenant a fills the batch (four of its seven requests running, three queued); tenant b's
+    request arrives during a step of a's, after its second layer, and runs there (the engine's
+    interjection, as the server's engine loop makes it): b's first token comes before that step
+    ends, a's running sequences are parked back to the cap afterwards, and every request's tokens
+    and logits still equal its run alone, b's and those of the step it ran inside alike."""
+    engine = tiny_engine(tiny_llama, tmp_path, tiny_adapters, max_num_seqs=4)
+    assert engine.interjects  # the CPU backend's default
+    recorders = [LogitsRecorder(2) for _ in requests]
+
+    def add(i: int, tenant: str) -> str:
+        params = SamplingParams(max_tokens=STEPS, temperature=0, ignore_eos=True, logits_processors=[recorders[i]])
+        return engine.add_request(requests[i][0], params, adapter=requests[i][1], tenant=tenant)
+
+    ids = {add(i, "a"): i for i in range(7)}
+    outputs = list(engine.step())  # a's first four prompts
+    layers = 0
+    inside: list = []
+
+    def between_layers() -> None:
+        nonlocal layers
+        layers += 1
+        if layers == 2:
+            ids[add(7, "b")] = 7
+            inside.extend(engine.interject())
+
+    engine.between_layers = between_layers
+    outputs += engine.step()
+    engine.between_layers = None
+    assert [(ids[o.request_id], len(o.token_ids)) for o in inside] == [(7, 1)]
+    assert engine.num_interjections == 1 and engine.scheduler.num_parks == 0
+    outputs += inside
+    while engine.has_unfinished():
+        outputs += engine.step()
+    assert engine.scheduler.num_parks == 1
+    tokens = {ids[o.request_id]: o.token_ids for o in outputs if o.finished}
+    for i, (ref_tokens, ref_logits) in enumerate(alone):
+        assert tokens[i] == ref_tokens, f"request {i} ({MIX[i]})"
+        assert torch.allclose(recorders[i].stacked(), ref_logits, atol=1e-5), f"request {i} logits"
+    assert engine.blocks.num_free == engine.blocks.num_blocks
+
+
 def test_requests_join_a_running_batch(tiny_llama, tiny_adapters, requests, alone, tmp_path) -> None:
     """Requests added between steps join the running batch and still get their own answer."""
     engine = tiny_engine(tiny_llama, tmp_path, tiny_adapters)

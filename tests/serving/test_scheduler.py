@@ -307,3 +307,61 @@ def test_a_parked_sequence_that_finishes_frees_its_blocks() -> None:
     sched.park_where(lambda _s: True)
     sched.finish(s)
     assert blocks.num_free == 8 and not sched.parked and not sched.has_work()
+
+
+def test_an_interjection_admits_only_a_tenant_below_its_share_and_the_next_step_parks_the_excess() -> None:
+    """Mid-step, with tenant a filling the batch and a backlog behind it, the interjection admits
+    b's new request alone, even though the batch is full, and none of a's; the running sequences
+    are left as they are. The step after it parks a's newest sequence (its KV kept) to bring the
+    batch back to ``max_num_seqs``, and that sequence resumes first when a place frees."""
+
+    def tenant_seq(tenant: str, start: int) -> Sequence:
+        s = seq(8, start=start)
+        s.tenant = tenant
+        return s
+
+    sched = Scheduler(BlockManager(256, 4), max_num_seqs=4, max_num_batched_tokens=500, fair=True)
+    bursts = [tenant_seq("a", 1000 * (i + 1)) for i in range(6)]
+    for s in bursts:
+        sched.add(s)
+    advance(sched.schedule())
+    running = [s for s in bursts if s.status is Status.RUNNING]
+    assert len(running) == 4
+    assert sched.schedule_interjection().items == []  # a alone: nobody is below its share
+    steady = tenant_seq("b", 9000)
+    sched.add(steady)
+    inner = sched.schedule_interjection()
+    assert inner.items == [(steady, 8)]
+    assert sched.running == [*running, steady] and all(s.num_computed_tokens == 8 for s in running)
+    advance(inner)
+    nxt = sched.schedule()
+    assert running[-1].status is Status.PARKED and running[-1].block_table  # parked with its KV
+    assert dict(nxt.items) == {**{s: 1 for s in running[:-1]}, steady: 1}
+    advance(nxt)
+    sched.finish(running[0])
+    assert running[-1] in dict(sched.schedule().items)  # back before a's waiting requests
+
+
+def test_no_interjection_without_fairness_nor_for_the_tenant_over_its_share() -> None:
+    """An interjection is fairness's: without it nothing is admitted mid-step, and with it the
+    burster's own new request waits for the next step like the rest of its backlog."""
+
+    def tenant_seq(tenant: str, start: int) -> Sequence:
+        s = seq(8, start=start)
+        s.tenant = tenant
+        return s
+
+    for fair in (True, False):
+        sched = Scheduler(BlockManager(256, 4), max_num_seqs=4, max_num_batched_tokens=500, fair=fair)
+        sched.add(tenant_seq("a", 1000))
+        sched.add(tenant_seq("b", 2000))
+        advance(sched.schedule())
+        for i in range(4):
+            sched.add(tenant_seq("a", 3000 + 100 * i))
+        advance(sched.schedule())  # a runs three of four places, beyond its share of two
+        late_a, late_b = tenant_seq("a", 8000), tenant_seq("b", 9000)
+        sched.add(late_a)
+        assert sched.schedule_interjection().items == []
+        sched.add(late_b)
+        assert sched.schedule_interjection().items == ([(late_b, 8)] if fair else [])
+        assert late_a.status is Status.WAITING
