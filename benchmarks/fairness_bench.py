@@ -6,9 +6,12 @@ Rates are relative to the machine, so the comparison means the same on a fast or
 bench first measures the engine's capacity (requests/s of a closed batch), then tenant B sends a
 steady quarter of it and tenant A ten times B's rate (2.5 times the capacity, so A's backlog
 grows without bound). Each request is 32 prompt + 16 output tokens on the embedded base,
-``max_num_seqs`` 8. Three runs side by side, alternated per round: B alone; B beside A's burst
-under fair admission (the default); the same under FIFO admission. A run ends when B's last
-request has finished; A's backlog is then aborted (it is counted, not drained).
+``max_num_seqs`` 8. Four runs side by side, alternated per round: B alone; B beside A's burst
+under fair admission (the default); the same with ``fair_interjection`` off, so B's prompt waits
+for the end of A's step in flight rather than running between its layers (the setting is on by
+default with the CPU backend only, so on a GPU the two fair runs are the same); the same under
+FIFO admission. A run ends when B's last request has finished; A's backlog is then aborted (it is
+counted, not drained).
 
 Printed per run: B's time to first token (p50, p99, p99 against B alone) and where it went (the
 wait for the step in flight, the admission queue, the steps from admission to the first token,
@@ -36,9 +39,10 @@ from loraplane.serving.engine.llm_engine import LLMEngine
 PROMPT_LEN, OUTPUT_LEN = 32, 16
 
 
-def engine(max_num_seqs: int, fair: bool) -> LLMEngine:
-    """A fresh engine, warmed up (torch's first calls are slow)."""
-    eng = build_engine(EngineConfig(max_num_seqs=max_num_seqs, fair_scheduling=fair))
+def engine(max_num_seqs: int, fair: bool, interjection: bool | None = None) -> LLMEngine:
+    """A fresh engine, warmed up (torch's first calls are slow); ``interjection`` as
+    ``EngineConfig.fair_interjection`` (None: the device's default)."""
+    eng = build_engine(EngineConfig(max_num_seqs=max_num_seqs, fair_scheduling=fair, fair_interjection=interjection))
     replay(eng, [Arrival(0.0, None)] * 4, prompt_len=PROMPT_LEN, out_len=4, label="warm-up")
     return eng
 
@@ -70,8 +74,10 @@ def arrivals(rates: dict[str, float], seconds: float, poisson: bool) -> list[Arr
     return out
 
 
-def serve(rates: dict[str, float], seconds: float, max_num_seqs: int, fair: bool, label: str, poisson: bool) -> Replayed:
-    eng = engine(max_num_seqs, fair)
+def serve(
+    rates: dict[str, float], seconds: float, max_num_seqs: int, fair: bool, interjection: bool | None, label: str, poisson: bool
+) -> Replayed:
+    eng = engine(max_num_seqs, fair, interjection)
     try:
         return replay(eng, arrivals(rates, seconds, poisson), prompt_len=PROMPT_LEN, out_len=OUTPUT_LEN, label=label,
                       seed=0, until=lambda a: a.tenant == "B")  # fmt: skip
@@ -97,26 +103,31 @@ def main() -> None:
     parser.add_argument("--capacity", type=positive, help="req/s to take as the capacity instead of measuring it "
                         "(to compare two versions of the engine at the same rates)")  # fmt: skip
     parser.add_argument("--no-fifo", action="store_true", help="leave out the FIFO contender (most of the run's time)")
+    parser.add_argument("--no-interjection-run", action="store_true",
+                        help="leave out the fair contender with fair_interjection off")  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     cap, machine_line = measure_capacity(args.max_num_seqs, args.capacity)
     b_rate = args.b_share * cap
     a_rate = args.burst * b_rate
     seconds = args.b_requests / b_rate
-    contenders = {
-        "B alone": ({"B": b_rate}, True),
-        "B + A bursting, fair admission": ({"B": b_rate, "A": a_rate}, True),
-        "B + A bursting, FIFO admission": ({"B": b_rate, "A": a_rate}, False),
+    contenders: dict[str, tuple[dict[str, float], bool, bool | None]] = {
+        "B alone": ({"B": b_rate}, True, None),
+        "B + A bursting, fair admission": ({"B": b_rate, "A": a_rate}, True, None),
+        "B + A bursting, fair, no interjection": ({"B": b_rate, "A": a_rate}, True, False),
+        "B + A bursting, FIFO admission": ({"B": b_rate, "A": a_rate}, False, None),
     }
     if args.no_fifo:
         del contenders["B + A bursting, FIFO admission"]
+    if args.no_interjection_run:
+        del contenders["B + A bursting, fair, no interjection"]
     runs: dict[str, list[Replayed]] = defaultdict(list)
     for r in range(args.rounds):
         order = list(contenders) if r % 2 == 0 else list(reversed(contenders))
         for label in order:
-            rates, fair = contenders[label]
+            rates, fair, interjection = contenders[label]
             runs[label].append(
-                serve(rates, seconds, args.max_num_seqs, fair, f"{label[:18]} #{r + 1}", args.arrivals == "poisson")
+                serve(rates, seconds, args.max_num_seqs, fair, interjection, f"{label[:18]} #{r + 1}", args.arrivals == "poisson")
             )
 
     print(f"{machine_line}; embedded base, max_num_seqs {args.max_num_seqs}, {PROMPT_LEN} prompt + {OUTPUT_LEN} output tokens")
