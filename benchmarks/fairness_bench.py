@@ -127,7 +127,7 @@ def main() -> None:
         for label in order:
             rates, fair, interjection = contenders[label]
             runs[label].append(
-                serve(rates, seconds, args.max_num_seqs, fair, interjection, f"{label[:18]} #{r + 1}", args.arrivals == "poisson")
+                serve(rates, seconds, args.max_num_seqs, fair, interjection, f"{label} #{r + 1}", args.arrivals == "poisson")
             )
 
     print(f"{machine_line}; embedded base, max_num_seqs {args.max_num_seqs}, {PROMPT_LEN} prompt + {OUTPUT_LEN} output tokens")

@@ -63,7 +63,7 @@ class EngineConfig(EngineSizing):
     fair_interjection: bool | None = Field(
         default=None,
         description="with fair scheduling, run the prompt of a tenant below its share that arrives during a step between "
-        "two of that step's layers, so its first token waits for one layer of a burster's step rather than all of it; "
+        "that step's layers, so its first token waits for one layer of a burster's step rather than all of it; "
         "default on with the CPU backend, where one step of a burster's decodes costs about a neighbour's whole "
         "prompt, off with Triton (a step is milliseconds there, and decode steps replay CUDA graphs)",
     )

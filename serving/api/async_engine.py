@@ -37,7 +37,8 @@ class AsyncEngine:
         self.engine = engine
         self._inbox: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
         # ``add_request`` calls only: the one kind of call that is safe in the middle of a step
-        # (it queues a sequence and touches none that is running).
+        # (it queues a sequence and may start its adapter's load, but changes no running
+        # sequence, block or adapter slot).
         self._arrivals: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
         engine.between_layers = self._between_layers
@@ -79,17 +80,13 @@ class AsyncEngine:
         self._drain_arrivals()
 
     def _between_layers(self) -> None:
-        """Inside a step, between two layers: queue the requests that arrived since it began and
-        let the engine run those of tenants below their share now (``LLMEngine.interject``). Its
-        failure fails the requests it ran, never the step in flight."""
+        """Inside a step, after one of its layers: queue the requests that arrived since it began
+        and let the engine run those of tenants below their share now (``LLMEngine.interject``,
+        which fails only the requests it ran if their forward pass fails; the engine also keeps
+        an error here from reaching the step in flight)."""
         if not self._drain_arrivals():
             return
-        try:
-            outputs = self.engine.interject()
-        except Exception:  # a bug: the requests stay queued for the next step
-            log.exception("running new requests inside a step failed")
-            return
-        for out in outputs:
+        for out in self.engine.interject():
             self._deliver(out.request_id, out)
 
     def _run(self) -> None:
@@ -146,19 +143,26 @@ class AsyncEngine:
         q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
+        refused = False  # the engine refused the request: the id may be another request's
+
         def add() -> str:
+            nonlocal refused
             self._streams[request_id] = (loop, q)
             try:
                 return self.engine.add_request(
                     prompt, params, adapter=adapter, request_id=request_id, tenant=tenant, after=after, cache_scope=cache_scope
                 )
             except BaseException:
+                refused = True
                 self._streams.pop(request_id, None)
                 raise
 
-        await self.call(add, arrival=True)
         finished = False
         try:
+            # Inside the try: a handler cancelled while its request is being added still aborts
+            # it (the abort runs after the add on the engine thread; of a request never added,
+            # it is a no-op).
+            await self.call(add, arrival=True)
             while True:
                 item = await q.get()
                 if isinstance(item, BaseException):
@@ -168,7 +172,7 @@ class AsyncEngine:
                     finished = True
                     return
         finally:
-            if not finished:  # the client went away or the handler failed: free the sequence now
+            if not finished and not refused:  # the client went away or the handler failed: free it now
                 self._streams.pop(request_id, None)
                 self._inbox.put((lambda: self.engine.abort(request_id), Future()))
 

@@ -87,7 +87,7 @@ def replay(
     order = sorted(arrivals, key=lambda a: a.at)
     awaited = sum(1 for a in order if until is not None and until(a))
     bar = tqdm(total=len(order), desc=label, unit="req", leave=False)
-    admitted: dict[str, float] = {}  # the clock before the step that first admitted it
+    admitted: dict[str, float] = {}  # when it was first admitted (on the step clock: before that step)
     start, sent, clock = time.monotonic(), 0, 0.0
 
     def arrive(now: float) -> int:
@@ -127,34 +127,39 @@ def replay(
         if step_clock is not None or not arrive(now):
             return
         outs = engine.interject()
-        for o in outs:
-            admitted.setdefault(o.request_id, now)
+        note_admissions(now)
         record(outs, time.monotonic() - start)
 
-    engine.between_layers = between_layers
-    while sent < len(order) or engine.has_unfinished():
-        if until is not None and awaited == 0:
-            break
-        now = clock if step_clock is not None else time.monotonic() - start
-        arrive(now)
-        began = time.monotonic()
-        outs = engine.step()
-        if step_clock is not None:
-            clock += step_clock if engine.ran else time.monotonic() - began
-        t = clock if step_clock is not None else time.monotonic() - start
-        if engine.ran:
-            out.step_seconds.append(time.monotonic() - began)
-            out.tokens_per_step.append(len(outs))
+    def note_admissions(now: float) -> None:
+        """On the wall clock, when the scheduler admitted it; on the step clock, ``now``."""
         for rid, (_, seq, _) in pending.items():
             if rid not in admitted and seq.first_scheduled_time is not None:
-                admitted[rid] = now
-        record(outs, t)
-        if not outs and not engine.has_unfinished() and sent < len(order):
+                admitted[rid] = now if step_clock is not None else seq.first_scheduled_time - start
+
+    engine.between_layers = between_layers
+    try:
+        while sent < len(order) or engine.has_unfinished():
+            if until is not None and awaited == 0:
+                break
+            now = clock if step_clock is not None else time.monotonic() - start
+            arrive(now)
+            began = time.monotonic()
+            outs = engine.step()
             if step_clock is not None:
-                clock = max(clock, order[sent].at)  # nothing to run until the next arrival
-            else:
-                time.sleep(max(0.0, min(0.01, order[sent].at - (time.monotonic() - start))))
-    engine.between_layers = None
+                clock += step_clock if engine.ran else time.monotonic() - began
+            t = clock if step_clock is not None else time.monotonic() - start
+            if engine.ran:
+                out.step_seconds.append(time.monotonic() - began)
+                out.tokens_per_step.append(len(outs))
+            note_admissions(now)
+            record(outs, t)
+            if not outs and not engine.has_unfinished() and sent < len(order):
+                if step_clock is not None:
+                    clock = max(clock, order[sent].at)  # nothing to run until the next arrival
+                else:
+                    time.sleep(max(0.0, min(0.01, order[sent].at - (time.monotonic() - start))))
+    finally:
+        engine.between_layers = None
     out.wall = clock if step_clock is not None else time.monotonic() - start
     for rid in list(pending):
         engine.abort(rid)

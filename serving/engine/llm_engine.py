@@ -235,10 +235,20 @@ class LLMEngine:
             if self.adapters.loads_in_flight():
                 self.adapters.wait_for_loads(timeout=0.05)  # nothing to run until a load lands
             return outputs
-        return self._run(batch.items, outputs, self.between_layers if self.interjects else None)
+        hook = self._between_layers if self.interjects and self.between_layers is not None else None
+        return self._run(batch.items, outputs, hook)
+
+    def _between_layers(self) -> None:
+        """``between_layers``, kept from failing the step in flight: an error there is the new
+        requests' (they stay queued, or failed by ``interject``), never the running batch's."""
+        assert self.between_layers is not None
+        try:
+            self.between_layers()
+        except Exception:
+            log.exception("taking new requests inside a step failed")
 
     def interject(self) -> list[RequestOutput]:
-        """Between two layers of the step in flight: admit the waiting requests of tenants below
+        """After a layer of the step in flight: admit the waiting requests of tenants below
         their fair share (``Scheduler.schedule_interjection``) and run their first forward pass
         now, alone, before the rest of that step. Their first token then waits for one layer of
         the burster's step instead of the whole of it: on a CPU a step of a burster's decodes

@@ -21,7 +21,7 @@ and the step that admits it runs without the work of the tenants bursting (over 
 requests queued), so its first token waits for no more than the step in flight and its own. The
 step in flight is kept short too: the tenants over their share add at most ``fair_prefill_chunk``
 prompt tokens to any step between them. Where even that step is long (a CPU), the engine may
-run such a tenant's new request between two of its layers (``schedule_interjection``).
+run such a tenant's new request between its layers (``schedule_interjection``).
 
 Torch-free: the scheduler only moves sequences and counts blocks.
 """
@@ -96,8 +96,7 @@ class Scheduler:
         return bool(self.waiting or self.running or self.parked)
 
     def _preempt(self, seq: Sequence) -> None:
-        if seq.status is Status.RUNNING:  # a parked one gave its adapter back when it was parked
-            self.on_preempt(seq)
+        self.on_preempt(seq)  # a no-op for a parked one that gave its adapter back when it was parked
         self.blocks.free(seq)
         seq.num_computed_tokens = 0
         seq.status = Status.WAITING
@@ -105,14 +104,17 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    def park_where(self, pred: Callable[[Sequence], bool]) -> int:
+    def park_where(self, pred: Callable[[Sequence], bool], give_back_adapter: bool = True) -> int:
         """Park every running sequence ``pred`` selects: out of the batch, keeping its blocks and
         tokens, its adapter given back (``on_preempt``) so the adapter's slot can free; it resumes
-        once ``ready`` says so. Returns how many."""
+        once ``ready`` says so. Without ``give_back_adapter`` it keeps its adapter's lease (the
+        place in the batch is what is wanted, not the slot): its adapter version cannot change
+        or leave its slot before it resumes. Returns how many."""
         chosen = [s for s in self.running if pred(s)]
         for seq in chosen:
             self.running.remove(seq)
-            self.on_preempt(seq)
+            if give_back_adapter:
+                self.on_preempt(seq)
             seq.status = Status.PARKED
             self.parked.append(seq)
         self.num_parks += len(chosen)
@@ -120,11 +122,16 @@ class Scheduler:
 
     def _resume_parked(self) -> None:
         """Parked sequences whose adapter has a slot again go back into the batch, oldest first,
-        before any new admission: they hold blocks, and their answers are under way."""
+        before any new admission: they hold blocks, and their answers are under way. Not a
+        sequence that would put its tenant over its share and fill the batch while a tenant below
+        its share is first in line: fair-share preemption would take it straight back, KV and all."""
         for seq in list(self.parked):
             if len(self.running) >= self.max_num_seqs:
                 return
-            if self.ready(seq):
+            over = self._over_share(admitting=seq)
+            if seq.tenant in over and len(self.running) + 1 >= self.max_num_seqs and self._first_in_line(over) is not None:
+                continue
+            if seq.holds_adapter or self.ready(seq):  # one that kept its lease kept its slot
                 self.parked.remove(seq)
                 seq.status = Status.RUNNING
                 self.on_admit(seq)
@@ -140,14 +147,15 @@ class Scheduler:
 
     def _back_under_cap(self) -> None:
         """An interjection may admit beside a full batch; the next step parks the newest sequences
-        of the tenant furthest over its share until the batch is back at ``max_num_seqs``. Parked,
-        they keep their KV and resume first when a place frees (where a preemption at admission
-        would have thrown their KV away)."""
+        of the bursting tenant with the most running (else of the tenant with the most) until the
+        batch is back at ``max_num_seqs``. Parked, they keep their KV and their adapter's lease,
+        and resume before new admissions when a place frees that no tenant below its share is
+        first in line for (where a preemption would have thrown their KV away)."""
         while len(self.running) > self.max_num_seqs:
             running, _, _ = self._shares()
-            heavy = max(running, key=lambda t: running[t])
+            heavy = max(self._bursting(self._over_share()) or running, key=lambda t: running[t])
             victim = next(s for s in reversed(self.running) if s.tenant == heavy)
-            self.park_where(lambda s, v=victim: s is v)  # type: ignore[misc]
+            self.park_where(lambda s, v=victim: s is v, give_back_adapter=False)  # type: ignore[misc]
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
@@ -215,13 +223,13 @@ class Scheduler:
         return batch
 
     def schedule_interjection(self) -> ScheduledBatch:
-        """A batch to run in the middle of the step in flight (between two of its layers): the
+        """A batch to run in the middle of the step in flight (after one of its layers): the
         waiting requests of tenants below their share that ``_first_in_line`` would admit first,
         alone. Only while another tenant is over its share, and only what can run without moving
         anything else: no preemption, no parking, blocks that are free now. A full batch is no
-        bar: the request is below its share, so the next step parks one of the over-share
-        tenants' sequences instead (``_back_under_cap``). The step in flight keeps its sequences
-        and blocks; on a CPU, where one
+        bar: the request is below its share, so the next step parks one of the burster's
+        sequences instead (``_back_under_cap``). The step in flight keeps its sequences and
+        blocks; on a CPU, where one
         step of a burster's decodes costs as much as a neighbour's whole prompt, this is what
         keeps that neighbour's first token from waiting for it (``LLMEngine.interject``)."""
         batch = ScheduledBatch()
@@ -232,9 +240,9 @@ class Scheduler:
                 break
             self.waiting.remove(seq)
             seq.status = Status.RUNNING
+            self.running.append(seq)  # before on_admit: should it fail, the sequence is still owned
             self.charge(seq, seq.num_uncomputed)
             self.on_admit(seq)
-            self.running.append(seq)
             n = min(seq.num_uncomputed, budget)
             batch.items.append((seq, n))
             budget -= n

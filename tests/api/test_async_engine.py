@@ -49,7 +49,8 @@ def test_a_neighbours_first_token_arrives_while_the_bursters_step_is_still_runni
         bursts = [asyncio.create_task(first_token(f"a{i}", "a", 24)) for i in range(3)]
         assert await asyncio.to_thread(in_step.wait, 10)
         steady = asyncio.create_task(first_token("b0", "b", 2))
-        await asyncio.sleep(0.2)  # b's generate has posted its request
+        while served._arrivals.empty():  # until b's generate has posted its request
+            await asyncio.sleep(0.01)
         posted.set()
         return await asyncio.gather(*bursts, steady)
 

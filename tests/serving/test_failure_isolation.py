@@ -125,3 +125,21 @@ def test_a_refused_adapter_is_not_fetched_again_and_a_transient_failure_backs_of
     assert next(iter(failed.values())).finish_reason is FinishReason.ERROR
     retried = run(engine, [engine.add_request([5, 6], params, adapter="flaky")])  # waits out the backoff, then loads
     assert next(iter(retried.values())).finish_reason is FinishReason.LENGTH and loads.count("flaky") == 2
+
+
+def test_a_failure_taking_requests_between_layers_leaves_the_step_in_flight_alone(tiny_llama: Path, tmp_path: Path) -> None:
+    """What runs between a step's layers (the server's intake of new requests) is not the running
+    batch's business: its error is logged, and the step's requests finish with their answers."""
+    engine = tiny_engine(tiny_llama, tmp_path)
+    calls = {"n": 0}
+
+    def broken() -> None:
+        calls["n"] += 1
+        raise RuntimeError("intake failed")
+
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    ids = [engine.add_request([5, 6, 7], params), engine.add_request([8, 9], params)]
+    engine.between_layers = broken
+    done = run(engine, ids)
+    assert calls["n"] > 0
+    assert all(done[i].finish_reason is FinishReason.LENGTH and len(done[i].token_ids) == 4 for i in ids)

@@ -365,3 +365,38 @@ def test_no_interjection_without_fairness_nor_for_the_tenant_over_its_share() ->
         sched.add(late_b)
         assert sched.schedule_interjection().items == ([(late_b, 8)] if fair else [])
         assert late_a.status is Status.WAITING
+
+
+def test_the_excess_an_interjection_leaves_is_the_bursters_and_waits_for_a_place_nobody_below_its_share_needs() -> None:
+    """Tenants a (bursting: a backlog) and c (popular: nothing queued) run two each in a batch of
+    four; b interjects. The next step parks the burster's newest, never the popular tenant's, and
+    the parked sequence keeps its adapter lease. When a place frees while a new tenant d (below
+    its share) is first in line, d gets it: the parked sequence stays parked instead of resuming
+    only to be preempted, KV and all, by fair-share preemption."""
+
+    def tenant_seq(tenant: str, start: int) -> Sequence:
+        s = seq(8, start=start)
+        s.tenant = tenant
+        return s
+
+    released: list[Sequence] = []
+    sched = Scheduler(BlockManager(256, 4), max_num_seqs=4, max_num_batched_tokens=500, fair=True, on_preempt=released.append)
+    a = [tenant_seq("a", 1000 * (i + 1)) for i in range(4)]
+    c = [tenant_seq("c", 6000), tenant_seq("c", 7000)]
+    for s in [c[0], a[0], c[1], a[1], a[2], a[3]]:
+        sched.add(s)
+    advance(sched.schedule())
+    assert sorted(s.tenant for s in sched.running) == ["a", "a", "c", "c"]
+    b = tenant_seq("b", 9000)
+    sched.add(b)
+    advance(sched.schedule_interjection())
+    advance(sched.schedule())
+    newest_a = [s for s in sched.running + sched.parked if s.tenant == "a"][-1]
+    assert sched.parked == [newest_a] and all(s.status is Status.RUNNING for s in c)
+    assert released == []  # parked for the place, not the slot: the lease is kept
+    sched.finish(c[0])
+    d = tenant_seq("d", 9500)
+    sched.add(d)
+    batch = dict(sched.schedule().items)
+    assert batch.get(d) == 8 and newest_a not in batch and newest_a.status is Status.PARKED
+    assert sched.num_preemptions == 0 and sched.num_fair_preemptions == 0
