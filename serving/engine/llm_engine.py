@@ -268,7 +268,7 @@ class LLMEngine:
     ) -> list[RequestOutput]:
         """One forward pass over ``items`` and what it advanced, added to ``outputs``."""
         try:
-            results = self.runner.run(items, between_layers)
+            results = self.runner.run(items) if between_layers is None else self.runner.run(items, between_layers)
         except Exception as err:  # the shared forward pass: only the batch it ran fails, the queue goes on
             log.exception("forward pass failed for %d sequences", len(items))
             for seq, _ in items:

@@ -189,7 +189,12 @@ class ModelRunner:
             logits = self.graphs.run(rows)
         else:
             input_ids, ctx, logit_rows, sampled = self.build(items)
-            hidden = self.model(input_ids, ctx, self.cache, between_layers)
+            # The hook only when there is one: the forward's three-argument call stays what it
+            # was for every step that has none (every step on a GPU).
+            if between_layers is None:
+                hidden = self.model(input_ids, ctx, self.cache)
+            else:
+                hidden = self.model(input_ids, ctx, self.cache, between_layers=between_layers)
             if not sampled:
                 return {}
             logits = self.model.logits(hidden[logit_rows])

@@ -61,11 +61,11 @@ def test_a_failed_forward_pass_fails_its_batch_and_the_engine_goes_on(
     real = engine.runner.run
     calls = {"n": 0}
 
-    def flaky(items, *hook):  # type: ignore[no-untyped-def]
+    def flaky(items):  # type: ignore[no-untyped-def]
         calls["n"] += 1
         if calls["n"] == 2:
             raise RuntimeError("device fault")
-        return real(items, *hook)
+        return real(items)
 
     monkeypatch.setattr(engine.runner, "run", flaky)
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
