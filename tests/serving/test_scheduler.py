@@ -18,6 +18,12 @@ def seq(n: int, adapter_key: str | None = None, start: int = 100) -> Sequence:
     )
 
 
+def tenant_seq(tenant: str, start: int, n: int = 8) -> Sequence:
+    s = seq(n, start=start)
+    s.tenant = tenant
+    return s
+
+
 def advance(batch) -> None:
     """What the engine does after a forward pass: count computed tokens, sample one for finished prompts."""
     for s, n in batch.items:
@@ -214,11 +220,6 @@ def test_the_step_that_admits_a_tenant_below_its_share_carries_no_bursting_work(
     (keeping their blocks) and resume in the next. A tenant over its share with nothing queued is
     popular, not bursting, and keeps its step."""
 
-    def tenant_seq(tenant: str, start: int) -> Sequence:
-        s = seq(8, start=start)
-        s.tenant = tenant
-        return s
-
     for backlog in (True, False):
         sched = Scheduler(BlockManager(256, 4), max_num_seqs=8, max_num_batched_tokens=500, fair=True)
         bursts = [tenant_seq("a", 1000 * (i + 1)) for i in range(10 if backlog else 7)]
@@ -315,11 +316,6 @@ def test_an_interjection_admits_only_a_tenant_below_its_share_and_the_next_step_
     are left as they are. The step after it parks a's newest sequence (its KV kept) to bring the
     batch back to ``max_num_seqs``, and that sequence resumes first when a place frees."""
 
-    def tenant_seq(tenant: str, start: int) -> Sequence:
-        s = seq(8, start=start)
-        s.tenant = tenant
-        return s
-
     sched = Scheduler(BlockManager(256, 4), max_num_seqs=4, max_num_batched_tokens=500, fair=True)
     bursts = [tenant_seq("a", 1000 * (i + 1)) for i in range(6)]
     for s in bursts:
@@ -346,11 +342,6 @@ def test_no_interjection_without_fairness_nor_for_the_tenant_over_its_share() ->
     """An interjection is fairness's: without it nothing is admitted mid-step, and with it the
     burster's own new request waits for the next step like the rest of its backlog."""
 
-    def tenant_seq(tenant: str, start: int) -> Sequence:
-        s = seq(8, start=start)
-        s.tenant = tenant
-        return s
-
     for fair in (True, False):
         sched = Scheduler(BlockManager(256, 4), max_num_seqs=4, max_num_batched_tokens=500, fair=fair)
         sched.add(tenant_seq("a", 1000))
@@ -373,11 +364,6 @@ def test_the_excess_an_interjection_leaves_is_the_bursters_and_waits_for_a_place
     the parked sequence keeps its adapter lease. When a place frees while a new tenant d (below
     its share) is first in line, d gets it: the parked sequence stays parked instead of resuming
     only to be preempted, KV and all, by fair-share preemption."""
-
-    def tenant_seq(tenant: str, start: int) -> Sequence:
-        s = seq(8, start=start)
-        s.tenant = tenant
-        return s
 
     released: list[Sequence] = []
     sched = Scheduler(BlockManager(256, 4), max_num_seqs=4, max_num_batched_tokens=500, fair=True, on_preempt=released.append)
