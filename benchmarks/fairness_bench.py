@@ -1,6 +1,6 @@
 """Fair admission between tenants on the real engine: a bursting tenant against a steady one.
 
-Run: python benchmarks/fairness_bench.py  (about 20 minutes on 2 AVX2 cores, mostly the FIFO runs)
+Run: python benchmarks/fairness_bench.py  (about 20 minutes on 2 AVX2 cores, mostly FIFO; 6 emulating AVX2 on AMX)
 
 Rates are relative to the machine, so the comparison means the same on a fast or a slow CPU: the
 bench first measures the engine's capacity (requests/s of a closed batch), then tenant B sends a

@@ -123,6 +123,15 @@ def kv_blocks(
     return num_blocks, per_block
 
 
+def interjects(config: EngineConfig, backend: str) -> bool:
+    """Whether a step takes a fair-share neighbour's prompt between its layers: only with fair
+    scheduling; unset, on the CPU backend, where one step of a burster's decodes costs about a
+    whole prompt, and off with Triton (``EngineConfig.fair_interjection``)."""
+    if not config.fair_scheduling:
+        return False
+    return backend == "cpu" if config.fair_interjection is None else config.fair_interjection
+
+
 def kernel_backend(config: EngineConfig, device: torch.device) -> str:
     """ "triton" or "cpu" for this device. The CPU path reads host memory, so it cannot run on a
     GPU; Triton on a CPU needs its interpreter, switched on before Triton is first imported."""
@@ -257,7 +266,6 @@ def build_parts(config: EngineConfig) -> EngineParts:
         graphs = DecodeGraphs(model, cache, num_blocks, max_num_seqs, max_blocks, backend)
         if graphs.real:
             graphs.capture_all()
-    eager_cpu = backend == "cpu"  # where a step of decodes costs about a prompt (see EngineConfig.fair_interjection)
     eos = tokenizer.eos_token_id
     eos_ids = frozenset(cfg.eos_token_ids) | ({eos} if eos is not None else frozenset())
     sampler = Sampler(eos_ids=eos_ids)
@@ -279,5 +287,5 @@ def build_parts(config: EngineConfig) -> EngineParts:
         sampler=sampler,
         grammars=Grammars(tokenizer.hf, cfg.vocab_size, eos_ids),
         runner=ModelRunner(model, cache, slots, sampler, backend, graphs),
-        interjects=config.fair_scheduling and (config.fair_interjection if config.fair_interjection is not None else eager_cpu),
+        interjects=interjects(config, backend),
     )

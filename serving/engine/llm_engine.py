@@ -253,8 +253,9 @@ class LLMEngine:
         now, alone, before the rest of that step. Their first token then waits for one layer of
         the burster's step instead of the whole of it: on a CPU a step of a burster's decodes
         costs about what a neighbour's prompt does, and was the last thing standing between that
-        neighbour's first token and its time alone (docs/benchmarks.md, "Fair admission between tenants"). The
-        step in flight is untouched: its sequences and their blocks are not the new ones'."""
+        neighbour's first token and its time alone (docs/benchmarks.md, "Fair admission between
+        tenants"). The step in flight is untouched: its sequences and their blocks are not the
+        new ones'."""
         if not self.interjects:
             return []
         batch = self.scheduler.schedule_interjection()

@@ -128,9 +128,10 @@ class Scheduler:
         for seq in list(self.parked):
             if len(self.running) >= self.max_num_seqs:
                 return
-            over = self._over_share(admitting=seq)
-            if seq.tenant in over and len(self.running) + 1 >= self.max_num_seqs and self._first_in_line(over) is not None:
-                continue
+            if len(self.running) + 1 >= self.max_num_seqs:  # this resume would fill the batch
+                over = self._over_share(admitting=seq)
+                if seq.tenant in over and self._first_in_line(over) is not None:
+                    continue
             if seq.holds_adapter or self.ready(seq):  # one that kept its lease kept its slot
                 self.parked.remove(seq)
                 seq.status = Status.RUNNING
@@ -211,11 +212,7 @@ class Scheduler:
                 continue
             if not self.blocks.allocate(seq):
                 break
-            self.waiting.remove(seq)
-            seq.status = Status.RUNNING
-            self.charge(seq, seq.num_uncomputed)
-            self.on_admit(seq)
-            self.running.append(seq)
+            self._admit(seq)
             over = self._over_share() if self.fair else over  # this admission may tip its tenant over
             n = self._chunk(seq, budget, over)
             batch.items.append((seq, n))
@@ -229,24 +226,29 @@ class Scheduler:
         anything else: no preemption, no parking, blocks that are free now. A full batch is no
         bar: the request is below its share, so the next step parks one of the burster's
         sequences instead (``_back_under_cap``). The step in flight keeps its sequences and
-        blocks; on a CPU, where one
-        step of a burster's decodes costs as much as a neighbour's whole prompt, this is what
-        keeps that neighbour's first token from waiting for it (``LLMEngine.interject``)."""
+        blocks; on a CPU, where one step of a burster's decodes costs as much as a neighbour's
+        whole prompt, this is what keeps that neighbour's first token from waiting for it
+        (``LLMEngine.interject``)."""
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         while budget > 0:
             seq = self._first_in_line(self._over_share(), beyond_cap=True)
             if seq is None or not self.blocks.allocate(seq):
                 break
-            self.waiting.remove(seq)
-            seq.status = Status.RUNNING
-            self.running.append(seq)  # before on_admit: should it fail, the sequence is still owned
-            self.charge(seq, seq.num_uncomputed)
-            self.on_admit(seq)
+            self._admit(seq)
             n = min(seq.num_uncomputed, budget)
             batch.items.append((seq, n))
             budget -= n
         return batch
+
+    def _admit(self, seq: Sequence) -> None:
+        """A waiting sequence whose blocks are allocated joins the batch, its prompt charged to
+        its tenant. Running before ``on_admit``: should that fail, the sequence is still owned."""
+        self.waiting.remove(seq)
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+        self.charge(seq, seq.num_uncomputed)
+        self.on_admit(seq)
 
     def _shares(self) -> tuple[Counter[str | None], set[str | None], float]:
         """Running sequences per tenant, the tenants with work (running or waiting) and each
