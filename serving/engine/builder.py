@@ -229,6 +229,11 @@ def build_parts(config: EngineConfig) -> EngineParts:
     def queued() -> Counter[str]:  # the scheduler's queue and parked (built below): part of each adapter's demand
         return Counter(s.adapter for s in chain(scheduler.waiting, scheduler.parked) if s.adapter is not None)
 
+    def owed() -> Counter[str]:  # requests queued or running that have no token yet: first tokens go first
+        return Counter(
+            s.adapter for s in chain(scheduler.waiting, scheduler.running) if s.adapter is not None and not s.output_token_ids
+        )
+
     adapters = AdapterManager(
         slots,
         base.shape,
@@ -246,6 +251,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
         metrics=metrics,
         pages=blocks if pool is not None else None,
         queued=queued,
+        owed=owed,
         files=node_cache_files(config),
     )
     metrics.registry.register(AdapterStateCollector(metrics, adapters))

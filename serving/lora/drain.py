@@ -37,6 +37,15 @@ SLOT_HOLD_STEPS = 2
 # replayed on the step clock (benchmarks/hot_tenants_bench.py --clock steps), the colder adapters'
 # worst TTFT p99 against all-resident fell to 2.5x (docs/benchmarks.md, "On the step clock").
 DRAIN_PREEMPT_STEPS = 1
+# First tokens before resumes. A waiter that owes no first token (all it wants the slot for is to
+# resume parked requests, whose answers are already streaming) does not take a slot from a holder
+# that owes one (a request queued for it, or admitted and not yet through its prompt), for at most
+# this many steps since it began asking: a turn's length (hold, park, place). Without it the two
+# adapters sharing a slot handed it back and forth every three steps for their parked decodes, and
+# a new request arriving as its adapter's turn ended waited out the other's turn and its own
+# adapter's next placement: the demo scenario's worst adapter at 3.9x its all-resident p99 on the
+# wall clock (docs/benchmarks.md, "First tokens before resumes").
+RESUME_PATIENCE_STEPS = SLOT_HOLD_STEPS + DRAIN_PREEMPT_STEPS + 1
 
 
 @dataclass
@@ -56,6 +65,7 @@ class SlotDrain:
         self.current: Drain | None = None
         self.step = 0  # engine steps so far: the clock of the drain's bounds and of slot holds
         self.still_waiting = still_waiting
+        self._asking: dict[str, tuple[int, int]] = {}  # waiter -> (first, last) step it asked in, until placed
 
     def _live(self) -> Drain | None:
         """The current drain, unless its waiter has gone (see DRAIN_LAPSE_STEPS)."""
@@ -81,6 +91,8 @@ class SlotDrain:
         """``waiter`` found every slot held: start a drain for it (``choose`` picks the victim),
         keep its drain going, or leave another waiter's drain in place."""
         now, current = self.step, self._live()
+        first, last = self._asking.get(waiter, (now, now))
+        self._asking[waiter] = (first if now - last <= DRAIN_LAPSE_STEPS else now, now)
         if current is not None and current.waiter != waiter:
             return  # one drain at a time; the next waiter's turn comes after this one's
         if current is not None and current.waiter == waiter and on_device(current.victim):
@@ -95,8 +107,15 @@ class SlotDrain:
 
     def placed(self, name: str) -> None:
         """``name`` took a slot: a drain for it has done its work."""
+        self._asking.pop(name, None)
         if self.current is not None and self.current.waiter == name:
             self.current = None
+
+    def patient(self, waiter: str) -> bool:
+        """Whether ``waiter`` has asked for a slot for fewer than RESUME_PATIENCE_STEPS steps
+        (a gap of more than DRAIN_LAPSE_STEPS without an ask starts the count again)."""
+        first, last = self._asking.get(waiter, (self.step, self.step))
+        return self.step - last > DRAIN_LAPSE_STEPS or self.step - first < RESUME_PATIENCE_STEPS
 
     def overdue(self) -> str | None:
         """The victim whose running requests have held its slot for DRAIN_PREEMPT_STEPS since the
@@ -109,18 +128,30 @@ class SlotDrain:
 
 
 def drain_victim(
-    entries: Iterable[tuple[str, AdapterEntry]], waiter: str, now: int, hot: frozenset[str], demand: Callable[[str], float]
+    entries: Iterable[tuple[str, AdapterEntry]],
+    waiter: str,
+    now: int,
+    hot: frozenset[str],
+    demand: Callable[[str], float],
+    owing: frozenset[str] = frozenset(),
 ) -> str | None:
     """The slot holder to drain for ``waiter`` under demand placement: the one in least demand
     among those neither pinned, nor hot, nor placed within SLOT_HOLD_STEPS (``now`` is the
-    step); the fewest running requests break ties (its slot frees soonest). None when every
-    holder is protected: the waiter asks again next step. A waiter therefore gets a slot within
-    SLOT_HOLD_STEPS plus DRAIN_PREEMPT_STEPS (and one to place it), and the hot set is never its
-    price."""
+    step), nor in ``owing`` (the holders that owe a first token, when the waiter owes none and
+    is still patient, see RESUME_PATIENCE_STEPS); the fewest running requests break ties (its
+    slot frees soonest). None when every holder is protected: the waiter asks again next step. A
+    waiter with a new request therefore gets a slot within SLOT_HOLD_STEPS plus
+    DRAIN_PREEMPT_STEPS (and one to place it), one resuming parked requests within
+    RESUME_PATIENCE_STEPS more, and the hot set is never their price."""
     candidates = [
         e
         for name, e in entries
-        if e.slot is not None and not e.pinned and name not in hot and name != waiter and now - e.placed_step >= SLOT_HOLD_STEPS
+        if e.slot is not None
+        and not e.pinned
+        and name not in hot
+        and name not in owing
+        and name != waiter
+        and now - e.placed_step >= SLOT_HOLD_STEPS
     ]
     if not candidates:
         return None

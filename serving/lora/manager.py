@@ -65,11 +65,13 @@ class AdapterManager:
         metrics: EngineMetrics | None = None,
         pages: SharedPages | None = None,
         queued: Callable[[], Mapping[str, int]] = dict,
+        owed: Callable[[], Mapping[str, int]] = dict,
         files: AdapterFiles | None = None,
     ) -> None:
         """With ``pages`` (and a :class:`PagedSlotTable`), adapters live in the KV block pool:
         each takes the pages its rank needs, and KV pressure evicts idle adapters. ``queued``
-        counts the requests waiting per adapter (the scheduler's queue), part of their demand.
+        counts the requests waiting per adapter (the scheduler's queue), part of their demand, and
+        ``owed`` those of them and of the batch still owed their first token (see ``DevicePlacement``).
         ``max_cpu_loras >= max_loras`` is the config's rule (``EngineConfig``), not checked again.
         ``files``: where adapter files come from; by default a disk cache of this process's own
         under ``cache_dir``, bounded by ``disk_cache_max_bytes``."""
@@ -80,7 +82,7 @@ class AdapterManager:
         self.metrics = metrics or EngineMetrics()
         self.registry = AdapterRegistry(on_drop=self._drop, on_retire=self._retire, on_retired_done=self._free_retired)
         self.entries, self.retired = self.registry.entries, self.registry.retired  # read live, never rebound
-        self.placement = DevicePlacement(table, policy, self.entries, self.registry.lookup, pages=pages, queued=queued)
+        self.placement = DevicePlacement(table, policy, self.entries, self.registry.lookup, pages=pages, queued=queued, owed=owed)
         busy, on_evict = self.placement.busy, self._off_host
         self.host = eviction.Tier(max_cpu_loras, make_policy(policy), name="host", in_use=busy, on_evict=on_evict)
         self.device_prefetches = 0  # adapters placed ahead of their request's turn (prefetch_device)

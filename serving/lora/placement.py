@@ -29,9 +29,11 @@ class DevicePlacement:
         *,
         pages: SharedPages | None = None,
         queued: Callable[[], Mapping[str, int]] = dict,
+        owed: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         """``entries`` is the manager's registry (read live), ``lookup`` also finds retired
-        versions by their private key, and ``queued`` counts the requests waiting per adapter."""
+        versions by their private key, ``queued`` counts the requests waiting per adapter and
+        ``owed`` those still owed their first token (queued, or admitted and in their prompt)."""
         self.num_slots = table.num_slots
         self.entries, self.lookup = entries, lookup
         # "demand" places by demand: a hot set that keeps its slots, and drains chosen by demand.
@@ -44,6 +46,7 @@ class DevicePlacement:
         # The victim is the one in least demand outside the hot set, never the one that is simply
         # always busy (see drain.drain_victim).
         self.drain = SlotDrain(lambda name: self.demands.queued().get(name, 0) > 0)
+        self.owed = owed
         self._spare: frozenset[str] = frozenset()  # a prefetch's: adapters it may not evict (see place)
 
     def busy(self, key: object) -> bool:
@@ -132,6 +135,11 @@ class DevicePlacement:
             # as the hot customer waiting ten seconds in the demo scenario. The waiter asks again
             # and a drain picks a holder that can leave.
             self.drain.cancel()
+        elif current is not None and self.follows_demand and current.victim in self._owing(current.waiter):
+            # The victim owes a first token now (a request arrived for it as the drain began, and
+            # was held back), and the waiter only resumes parked ones: the drain gives way, and
+            # the waiter asks again once that token is out (see drain.RESUME_PATIENCE_STEPS).
+            self.drain.cancel()
         victim = self.drain.overdue() if self.follows_demand else None
         entry = self.entries.get(victim) if victim is not None else None
         if victim is None or entry is None or entry.slot is None or not entry.running:
@@ -143,7 +151,16 @@ class DevicePlacement:
             victim = self.tier.policy.victim(lambda k: k in self.tier.pinned)
             return None if victim is None else str(victim)
         queued = self.demands.queued()
-        return drain_victim(self.entries.items(), waiter, now, self.hot_set(), lambda n: self.demand(n, queued))
+        hot, owing = self.hot_set(), self._owing(waiter)
+        return drain_victim(self.entries.items(), waiter, now, hot, lambda n: self.demand(n, queued), owing)
+
+    def _owing(self, waiter: str) -> frozenset[str]:
+        """The adapters a drain for ``waiter`` may not take a slot from because they owe a first
+        token: none when the waiter owes one itself or has run out of patience."""
+        owed = self.owed()
+        if owed.get(waiter, 0) > 0 or not self.drain.patient(waiter):
+            return frozenset()
+        return frozenset(name for name, n in owed.items() if n > 0)
 
     def _on_device(self, name: str) -> bool:
         entry = self.entries.get(name)

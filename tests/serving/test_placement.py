@@ -230,3 +230,55 @@ def test_a_drain_whose_victim_is_protected_meanwhile_turns_to_a_holder_that_can_
             assert protected_request not in {s.request_id for s in engine.scheduler.parked}, f"{current.victim} left parked"
     bound = drain.SLOT_HOLD_STEPS + drain.DRAIN_PREEMPT_STEPS + 1 + 4
     assert finished_at is not None and finished_at <= bound, f"mlp16 waited {finished_at} steps (bound {bound})"
+
+
+def _sharing_one_slot(tiny_llama, tiny_adapters, tmp_path):  # type: ignore[no-untyped-def]
+    """One slot, qv4 and all8 each running a long request, stepped until a drain has just begun
+    against the holder for the other, which wants the slot only to resume its parked request."""
+    long = SamplingParams(max_tokens=120, temperature=0, ignore_eos=True)
+    engine = tiny_engine(tiny_llama, tmp_path, max_loras=1, max_cpu_loras=2)
+    for name in ("qv4", "all8"):
+        engine.load_lora(name, str(tiny_adapters[name]))
+        engine.add_request(PROMPT, long, adapter=name, tenant=name)
+    for _ in range(40):
+        engine.step()
+        current = engine.adapters.placement.drain.current
+        if current is not None and engine.scheduler.parked and not engine.scheduler.waiting:
+            return engine, current.victim, current.waiter
+    raise AssertionError("the two adapters never took turns")
+
+
+def test_a_new_request_for_the_adapter_whose_turn_is_ending_is_not_sent_to_the_back(tiny_llama, tiny_adapters, tmp_path) -> None:
+    """A request arrives for the slot holder just as a drain began against it for an adapter that
+    only resumes parked requests. It is served in the next step, instead of waiting for its
+    adapter's requests to be parked, the other's whole turn and its adapter's next placement (in
+    the demo scenario, the worst adapter's p99 at 3.9x its all-resident one); the waiter then
+    gets its turn once that first token is out."""
+    engine, holder, waiter = _sharing_one_slot(tiny_llama, tiny_adapters, tmp_path)
+    new = engine.add_request(PROMPT, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), adapter=holder, tenant=holder)
+    outs = engine.step()
+    assert any(o.request_id == new and o.token_ids for o in outs), "the holder's new request waited for the other's turn"
+    resumed_at = None
+    for step in range(1, 20):
+        engine.step()
+        if engine.adapters.residency(waiter) is Tier.DEVICE:
+            resumed_at = step
+            break
+    bound = drain.SLOT_HOLD_STEPS + drain.DRAIN_PREEMPT_STEPS + 1
+    assert resumed_at is not None and resumed_at <= bound, f"{waiter} waited {resumed_at} steps for its turn (bound {bound})"
+
+
+def test_parked_requests_get_their_turn_however_many_new_requests_the_holder_gets(tiny_llama, tiny_adapters, tmp_path) -> None:
+    """First tokens go before resumes for RESUME_PATIENCE_STEPS only: a holder that gets a new
+    request every step does not keep the slot from the other adapter's parked request for good."""
+    engine, holder, waiter = _sharing_one_slot(tiny_llama, tiny_adapters, tmp_path)
+    short = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    placed_at = None
+    for step in range(1, 30):
+        engine.add_request(PROMPT, short, adapter=holder, tenant=holder)
+        engine.step()
+        if engine.adapters.residency(waiter) is Tier.DEVICE:
+            placed_at = step
+            break
+    bound = drain.RESUME_PATIENCE_STEPS + drain.DRAIN_PREEMPT_STEPS + 2
+    assert placed_at is not None and placed_at <= bound, f"{waiter}'s parked request waited {placed_at} steps (bound {bound})"
