@@ -215,7 +215,7 @@ class AdapterManager:
         """The adapter's slot, placing it from host memory if needed; None while it is not ready
         (a load is started) or no slot can be freed (every slot pinned or running)."""
         entry = self._get(name)
-        if entry.slot is not None and self.placement.drain.draining(name):
+        if entry.slot is not None and not self.placement.admits(name):
             return None
         if entry.slot is not None:
             self.device.touch(name)

@@ -146,6 +146,18 @@ class DevicePlacement:
             return None
         return victim, entry.slot
 
+    def admits(self, name: str) -> bool:
+        """Whether a request for ``name``, which holds a slot, may join the batch: not while it
+        is drained, except, under demand placement, in the step its drain began. A request
+        admitted then runs its prompt in that step and is parked with the rest in the next one
+        (their KV kept), so its first token does not wait for the other adapter's whole turn;
+        the waiter's wait is the same either way. Under ``lru`` a drain waits for the victim's
+        requests to finish, so one more would hold the slot for a whole answer."""
+        d = self.drain.current
+        if d is None or d.victim != name or not self.drain.draining(name):
+            return True
+        return self.follows_demand and d.started == self.drain.step
+
     def _drain_victim(self, waiter: str, now: int) -> str | None:
         if not self.follows_demand:  # the policy's own order, as the device tier would evict
             victim = self.tier.policy.victim(lambda k: k in self.tier.pinned)

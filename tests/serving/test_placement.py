@@ -282,3 +282,27 @@ def test_parked_requests_get_their_turn_however_many_new_requests_the_holder_get
             break
     bound = drain.RESUME_PATIENCE_STEPS + drain.DRAIN_PREEMPT_STEPS + 2
     assert placed_at is not None and placed_at <= bound, f"{waiter}'s parked request waited {placed_at} steps (bound {bound})"
+
+
+def test_a_request_queued_for_the_victim_as_its_drain_begins_gets_its_first_token_before_the_turn_passes(
+    tiny_llama, tiny_adapters, tmp_path
+) -> None:
+    """One slot, held by qv4 (running a long answer) past its hold; all8 and qv4 each get a new
+    request before the same step. That step drains qv4 for all8, and admits qv4's request all the
+    same: it runs its prompt in that step and is parked with the rest in the next. Held back, it
+    would have waited for all8's whole turn before its first token."""
+    engine = tiny_engine(tiny_llama, tmp_path, max_loras=1, max_cpu_loras=2)
+    for name in ("qv4", "all8"):
+        engine.load_lora(name, str(tiny_adapters[name]))
+    engine.add_request(PROMPT, SamplingParams(max_tokens=120, temperature=0, ignore_eos=True), adapter="qv4", tenant="qv4")
+    for _ in range(drain.SLOT_HOLD_STEPS + 1):
+        engine.step()
+    short = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    engine.add_request(PROMPT, short, adapter="all8", tenant="all8")
+    late = engine.add_request(PROMPT[:3], short, adapter="qv4", tenant="qv4")
+    outs = engine.step()
+    current = engine.adapters.placement.drain.current
+    assert current is not None and (current.victim, current.waiter) == ("qv4", "all8")
+    assert any(o.request_id == late and o.token_ids for o in outs), "qv4's new request waited for all8's turn"
+    engine.step()
+    assert engine.adapters.residency("all8") is Tier.DEVICE, "the waiter's turn came later than before"
