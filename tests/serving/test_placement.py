@@ -8,6 +8,8 @@ holder's requests are parked, not preempted: they keep their KV and resume on it
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from engine_helpers import tiny_engine
 
@@ -248,6 +250,16 @@ def _sharing_one_slot(tiny_llama, tiny_adapters, tmp_path):  # type: ignore[no-u
     raise AssertionError("the two adapters never took turns")
 
 
+def steps_until_placed(engine, name: str, before_each: Callable[[], object], limit: int = 30) -> int | None:  # type: ignore[no-untyped-def]
+    """Steps (``before_each`` running before every one) until ``name`` holds a slot; None if not within ``limit``."""
+    for step in range(1, limit + 1):
+        before_each()
+        engine.step()
+        if engine.adapters.residency(name) is Tier.DEVICE:
+            return step
+    return None
+
+
 def test_a_new_request_for_the_adapter_whose_turn_is_ending_is_not_sent_to_the_back(tiny_llama, tiny_adapters, tmp_path) -> None:
     """A request arrives for the slot holder just as a drain began against it for an adapter that
     only resumes parked requests. It is served in the next step, instead of waiting for its
@@ -258,12 +270,7 @@ def test_a_new_request_for_the_adapter_whose_turn_is_ending_is_not_sent_to_the_b
     new = engine.add_request(PROMPT, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), adapter=holder, tenant=holder)
     outs = engine.step()
     assert any(o.request_id == new and o.token_ids for o in outs), "the holder's new request waited for the other's turn"
-    resumed_at = None
-    for step in range(1, 20):
-        engine.step()
-        if engine.adapters.residency(waiter) is Tier.DEVICE:
-            resumed_at = step
-            break
+    resumed_at = steps_until_placed(engine, waiter, lambda: None)
     bound = drain.SLOT_HOLD_STEPS + drain.DRAIN_PREEMPT_STEPS + 1
     assert resumed_at is not None and resumed_at <= bound, f"{waiter} waited {resumed_at} steps for its turn (bound {bound})"
 
@@ -273,13 +280,7 @@ def test_parked_requests_get_their_turn_however_many_new_requests_the_holder_get
     request every step does not keep the slot from the other adapter's parked request for good."""
     engine, holder, waiter = _sharing_one_slot(tiny_llama, tiny_adapters, tmp_path)
     short = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
-    placed_at = None
-    for step in range(1, 30):
-        engine.add_request(PROMPT, short, adapter=holder, tenant=holder)
-        engine.step()
-        if engine.adapters.residency(waiter) is Tier.DEVICE:
-            placed_at = step
-            break
+    placed_at = steps_until_placed(engine, waiter, lambda: engine.add_request(PROMPT, short, adapter=holder, tenant=holder))
     bound = drain.RESUME_PATIENCE_STEPS + drain.DRAIN_PREEMPT_STEPS + 2
     assert placed_at is not None and placed_at <= bound, f"{waiter}'s parked request waited {placed_at} steps (bound {bound})"
 
