@@ -22,7 +22,6 @@ B's preemptions, the step length), and A's requests served and still queued. Goa
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 from collections import defaultdict
@@ -30,7 +29,7 @@ from collections.abc import Callable
 
 import torch
 
-from loraplane.serving.bench.engine_replay import Arrival, Record, Replayed, capacity, machine, replay
+from loraplane.serving.bench.engine_replay import Arrival, Record, Replayed, capacity, machine, replay, usable_cpus
 from loraplane.serving.bench.report import percentile
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.builder import build_engine
@@ -106,7 +105,7 @@ def main() -> None:
     parser.add_argument("--no-interjection-run", action="store_true",
                         help="leave out the fair contender with fair_interjection off")  # fmt: skip
     args = parser.parse_args()
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(usable_cpus())
     cap, machine_line = measure_capacity(args.max_num_seqs, args.capacity)
     b_rate = args.b_share * cap
     a_rate = args.burst * b_rate

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import tempfile
 from collections import defaultdict
@@ -40,7 +39,7 @@ import torch
 from tqdm import tqdm
 
 from loraplane.adapter_format import LLAMA_TARGETS
-from loraplane.serving.bench.engine_replay import Arrival, Record, machine, poisson_arrivals, replay
+from loraplane.serving.bench.engine_replay import Arrival, Record, machine, poisson_arrivals, replay, usable_cpus
 from loraplane.serving.bench.report import percentile
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.builder import build_engine, resolve_dtype
@@ -188,7 +187,7 @@ def main() -> None:
         "the machine's speed does meanwhile",
     )  # fmt: skip
     args = parser.parse_args()
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(usable_cpus())
     base = resolve_base("embedded", EngineConfig().cache_dir)
     print(
         f"embedded base ({base.shape.name}), {machine(resolve_dtype(EngineConfig().dtype))}; "

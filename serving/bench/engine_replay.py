@@ -189,8 +189,14 @@ def capacity(engine: LLMEngine, burst: list[Arrival], *, prompt_len: int, out_le
     return sum(r.tokens for r in run.records) / run.wall / out_len
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: a container's cpuset or ``taskset`` limits them while
+    ``os.cpu_count()`` still counts the machine's, and torch threads beyond them only contend."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def machine(dtype: torch.dtype) -> str:
-    """The CPU (as /proc/cpuinfo names it; ``platform.processor()`` is empty on Linux), cores,
+    """The CPU (as /proc/cpuinfo names it; ``platform.processor()`` is empty on Linux), the CPUs usable,
     torch and its threads, and the engine's dtype: printed beside every figure."""
     cpu = platform.processor() or platform.machine()
     info = "/proc/cpuinfo"
@@ -198,4 +204,6 @@ def machine(dtype: torch.dtype) -> str:
         with open(info) as f:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     name = str(dtype).removeprefix("torch.")
-    return f"{cpu}, {os.cpu_count()} CPUs, torch {torch.__version__} ({torch.get_num_threads()} threads), {name}"
+    cpus = usable_cpus()
+    cpus_line = f"{cpus} CPUs" if cpus == os.cpu_count() else f"{cpus} of {os.cpu_count()} CPUs"
+    return f"{cpu}, {cpus_line}, torch {torch.__version__} ({torch.get_num_threads()} threads), {name}"

@@ -83,7 +83,10 @@ def hot_versus_base(mixed: list[Outcome], hot: str, base_name: str) -> str:
         Latency.of([o for o in mixed if o.request.model == base_name]),
     )
     ratio = h.ttft_p99_ms / b.ttft_p99_ms if b.ttft_p99_ms else float("nan")
-    return f"hot customer ({hot}) TTFT p99 {h.ttft_p99_ms:.0f} ms against the base's {b.ttft_p99_ms:.0f} ms: {ratio:.2f}x"
+    return (
+        f"mixed traffic ({len(mixed)} requests): hot customer ({hot}, {h.requests} requests) TTFT p99 "
+        f"{h.ttft_p99_ms:.0f} ms against the base's ({b.requests} requests) {b.ttft_p99_ms:.0f} ms: {ratio:.2f}x"
+    )
 
 
 def run_demo(
@@ -128,7 +131,7 @@ def run_demo(
                 click.echo(f"  [{name}] {lines[0]}")
                 for line in lines[1:]:
                     click.echo(" " * (len(name) + 5) + line)
-    click.echo(f"\nPer adapter ({report.wall_seconds:.1f} s, {len(outcomes)} requests):")
+    click.echo(f"\nPer adapter, showcase and mixed traffic ({report.wall_seconds:.1f} s, {len(outcomes)} requests):")
     click.echo(adapter_table(report, outcomes, models))
     click.echo(hot_versus_base(mixed, STYLES[0].name, base_name))
     click.echo("\nOverall:")

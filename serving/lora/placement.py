@@ -136,9 +136,10 @@ class DevicePlacement:
             # and a drain picks a holder that can leave.
             self.drain.cancel()
         elif current is not None and self.follows_demand and current.victim in self._owing(current.waiter):
-            # The victim owes a first token now (a request arrived for it as the drain began, and
-            # was held back), and the waiter only resumes parked ones: the drain gives way, and
-            # the waiter asks again once that token is out (see drain.RESUME_PATIENCE_STEPS).
+            # The victim owes a first token now (a request for it arrived after the admissions of
+            # the step its drain began), and the waiter only resumes parked answers: the drain
+            # gives way, and the waiter asks again once that token is out (see
+            # drain.RESUME_PATIENCE_STEPS).
             self.drain.cancel()
         victim = self.drain.overdue() if self.follows_demand else None
         entry = self.entries.get(victim) if victim is not None else None
