@@ -9,12 +9,11 @@ and the batch's logits masked with it) is measured inside the guided runs, step 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import time
 
 import loraplane.serving.engine.sampler as sampler_module
+from loraplane.serving.bench.engine_replay import machine
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.builder import build_engine
 from loraplane.serving.engine.sampling_params import SamplingParams
@@ -74,7 +73,7 @@ def main() -> None:
                 mask_ms.append(1e3 * statistics.median(mask_times))
             print(f"round {r + 1} {kind:12s} {1e3 * wall / steps:7.1f} ms/step over {steps} steps", flush=True)
     plain, guided, mask = (statistics.median(v) for v in (step_ms["plain"], step_ms["json_schema"], mask_ms))
-    print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores, dtype {engine.dtype}; "
+    print(f"\n{machine(engine.dtype)}; "
           f"batch {args.batch}, medians of {args.rounds} rounds")  # fmt: skip
     print(f"step, plain          {plain:7.1f} ms")
     print(f"step, json_schema    {guided:7.1f} ms  ({guided / plain:.2f}x)")
