@@ -32,6 +32,7 @@ import json
 import statistics
 import tempfile
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -43,6 +44,8 @@ from loraplane.serving.bench.engine_replay import Arrival, Record, machine, pois
 from loraplane.serving.bench.report import percentile
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.builder import build_engine, resolve_dtype
+from loraplane.serving.engine.llm_engine import LLMEngine
+from loraplane.serving.engine.outputs import RequestOutput
 from loraplane.serving.lora.entries import AdapterSpec
 from loraplane.serving.lora.synthetic import PEFT_DEFAULT, write_adapter
 from loraplane.serving.weights.base import resolve_base
@@ -63,10 +66,11 @@ class Run(NamedTuple):
 
 def serve(
     contender: str, folders: dict[str, Path], arrivals: list[Arrival], slots: int, host: int, args: argparse.Namespace,
-    label: str, step_clock: float | None = None,
+    label: str, step_clock: float | None = None, after_step: Callable[[LLMEngine, list[RequestOutput]], None] | None = None,
 ) -> Run:  # fmt: skip
     """One run: a fresh engine, adapters registered (on disk, not loaded), the arrivals replayed
-    (on the step clock when ``step_clock`` is given, see ``engine_replay.replay``)."""
+    (on the step clock when ``step_clock`` is given, with ``after_step`` after each of the
+    arrivals' steps; see ``engine_replay.replay``)."""
     resident = contender == "resident"
     config = EngineConfig(
         max_loras=len(folders) if resident else slots,
@@ -84,7 +88,10 @@ def serve(
                 assert engine.adapters.ensure_device(name) is not None
         # Warm up on the base alone (torch's first calls are slow); adapters stay where they are.
         replay(engine, [Arrival(0.0, None)] * 4, prompt_len=args.prompt_len, out_len=4, label="warm-up")
-        run = replay(engine, arrivals, prompt_len=args.prompt_len, out_len=args.output_len, label=label, step_clock=step_clock)
+        run = replay(
+            engine, arrivals, prompt_len=args.prompt_len, out_len=args.output_len, label=label,
+            step_clock=step_clock, after_step=after_step,
+        )  # fmt: skip
         swaps = {name: int(c.load_seconds.get("host", [0, 0.0])[0]) for name, c in engine.metrics.counts.items()}
         return Run(run.records, sum(r.tokens for r in run.records) / run.wall, swaps, run.step_seconds)
     finally:
@@ -168,7 +175,8 @@ def scenario(
     return hot_ratio, worst, tputs["demand"] / tputs["lru"]
 
 
-def main() -> None:
+def options() -> argparse.ArgumentParser:
+    """The bench's options (``benchmarks/step_timelines.py`` takes them too)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=1, help="runs per contender, alternated; medians are quoted")
     parser.add_argument("--demo-requests", type=int, default=120)
@@ -186,7 +194,11 @@ def main() -> None:
         help="steps: replay on a clock of engine steps (see engine_replay.replay), the same in every run whatever "
         "the machine's speed does meanwhile",
     )  # fmt: skip
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = options().parse_args()
     torch.set_num_threads(usable_cpus())
     base = resolve_base("embedded", EngineConfig().cache_dir)
     print(

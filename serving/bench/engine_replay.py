@@ -66,6 +66,7 @@ def replay(
     seed: int = 1,
     until: Callable[[Arrival], bool] | None = None,
     step_clock: float | None = None,
+    after_step: Callable[[LLMEngine, list[RequestOutput]], None] | None = None,
 ) -> Replayed:
     """Send each arrival at its time (random prompts of ``prompt_len`` tokens, ``out_len`` greedy
     tokens each) and step the engine until every request has finished or, with ``until``, until
@@ -77,7 +78,10 @@ def replay(
     (and by the wall time of a step that only waits for a load) instead of the wall clock. The
     engine's decisions depend only on the steps its requests arrive in, so the figures are then
     the same in every run, however the machine's speed drifts meanwhile; they count steps, not
-    what each step costs (a longer prefill step counts as one)."""
+    what each step costs (a longer prefill step counts as one).
+
+    ``after_step``: called after every engine step with its outputs, to watch the engine's state
+    step by step (``benchmarks/step_timelines.py``)."""
     rng = random.Random(seed)
     vocab = engine.base.config.vocab_size
     params = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
@@ -153,6 +157,8 @@ def replay(
                 out.tokens_per_step.append(len(outs))
             note_admissions(now)
             record(outs, t)
+            if after_step is not None:
+                after_step(engine, outs)
             if not outs and not engine.has_unfinished() and sent < len(order):
                 if step_clock is not None:
                     clock = max(clock, order[sent].at)  # nothing to run until the next arrival
