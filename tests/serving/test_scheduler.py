@@ -188,6 +188,25 @@ def test_a_tenant_over_its_share_prefills_in_short_chunks_while_another_is_below
             assert (chunks[bursts[3]], chunks[bursts[4]]) == (8, 8)
 
 
+def test_a_short_prompt_of_a_tenant_over_its_share_with_nothing_queued_goes_whole() -> None:
+    """A popular tenant over its share with nothing queued is not bursting: its next short prompt
+    (at most three chunks) goes whole in place of the step's chunk, where chunking would make its
+    first token wait three steps for a step no shorter in sum. A long prompt, or one of a burst
+    (the tenant has more queued), is still chunked."""
+    for prompt, queued, first_chunk in ((40, 0, 40), (48, 0, 48), (60, 0, 16), (40, 1, 16)):
+        sched = Scheduler(BlockManager(256, 4), max_num_seqs=8, max_num_batched_tokens=500, fair=True, fair_prefill_chunk=16)
+        for s in [*(tenant_seq("a", 1000 * (i + 1)) for i in range(5)), tenant_seq("b", 9000)]:
+            sched.add(s)
+        advance(sched.schedule())  # a runs 5 of 8, over its share of 4; b runs 1
+        new = [tenant_seq("a", 20_000 + 1000 * i, n=prompt) for i in range(1 + queued)]
+        for s in new:
+            sched.add(s)
+        step = dict(sched.schedule().items)
+        assert step[new[0]] == first_chunk, (prompt, queued)
+        if queued:
+            assert new[1].status is Status.WAITING  # a place is free, but the step's chunk is spent
+
+
 def test_a_tenant_whose_prefill_chunk_is_spent_holds_no_other_tenant_back() -> None:
     """Tenant a's next prompt cannot start while its chunk for the step is spent, but it is the
     one fair admission reaches first (a has been served less than c): c's request behind it is
