@@ -56,8 +56,8 @@ class EngineConfig(EngineSizing):
         default=None,
         ge=1,
         description="prompt tokens the tenants over their fair share may add to one step between them while another "
-        "tenant is below its share (the step length is what that tenant's next token waits for), or in its place one "
-        "prompt of at most three chunks of a tenant over its share with nothing queued; default 16 on a CPU, "
+        "tenant is below its share (the step length is what that tenant's next token waits for), or in its place the "
+        "rest of one prompt, at most three chunks, of a tenant over its share with nothing else queued; default 16 on a CPU, "
         "where every token lengthens the step, 512 on a GPU, where a decode step is bound by reading the weights and a "
         "few hundred more tokens add little (not measured yet)",
     )

@@ -20,9 +20,9 @@ below its share of ``max_num_seqs`` gets a slot by preempting the tenant furthes
 and the step that admits it runs without the work of the tenants bursting (over their share with
 requests queued), so its first token waits for no more than the step in flight and its own. The
 step in flight is kept short too: the tenants over their share add at most ``fair_prefill_chunk``
-prompt tokens to any step between them, or in its place one short prompt of a tenant that is not
-bursting (a popular one with nothing queued). Where even that step is long (a CPU), the engine may
-run such a tenant's new request between its layers (``schedule_interjection``).
+prompt tokens to any step between them, or in its place the rest of one short prompt (at most
+three chunks) of a tenant with nothing else queued. Where even that step is long (a CPU), the
+engine may run such a tenant's new request between its layers (``schedule_interjection``).
 
 Torch-free: the scheduler only moves sequences and counts blocks.
 """
@@ -41,11 +41,12 @@ from loraplane.serving.engine.sequence import Sequence, Status
 # add little to it and a short chunk would only slow the burster down. The GPU figure is a
 # starting point that has not been measured (docs/benchmarks.md); ``--fair-prefill-chunk`` sets it.
 FAIR_PREFILL_CHUNK = {"cuda": 512, "cpu": 16}
-# A prompt of a tenant over its share but with nothing queued goes whole, in place of the step's
-# chunk, when it is at most this many chunks long: chunked, its first token would wait as many
-# steps, for steps whose sum is no shorter. A burst's prompts and long documents stay chunked, so
-# no step carries more than this many chunks of the over-share tenants' prompts. Measured on the
-# CPU (docs/benchmarks.md, "A short prompt goes whole").
+# The rest of a prompt of a tenant over its share but with nothing else queued goes whole, in
+# place of the step's chunk, when it is at most this many chunks: chunked, its first token would
+# wait as many steps, for steps whose sum is no shorter. A burst's prompts while more are queued,
+# and all but the last chunks of a long document, stay chunked; no step carries more than this
+# many chunks of the over-share tenants' prompts. Measured on the CPU with 3 only
+# (docs/benchmarks.md, "A short prompt goes whole").
 SHORT_PROMPT_CHUNKS = 3
 
 
@@ -305,10 +306,12 @@ class Scheduler:
         over theirs prefill at most ``fair_prefill_chunk`` tokens per step between them: the step
         length is what every other tenant's next token waits for, so the burster's prefills, one
         long prompt or several starting together, must not set it. 0 when that share is spent.
-        The exception is a tenant over its share that is not bursting (nothing queued: popular,
-        or its parked answers just resumed): while the step's share is untouched, one prompt of
-        at most ``SHORT_PROMPT_CHUNKS`` chunks goes whole in its place. Chunked, that request
-        waited three steps for its first token, and on a shared slot was often parked halfway.
+        The exception is a tenant over its share that is not bursting (nothing queued besides
+        this prompt: popular, or its parked answers just resumed): while the step's share is
+        untouched, the rest of one prompt, if at most ``SHORT_PROMPT_CHUNKS`` chunks, goes whole
+        in its place. Chunked, a 40-token prompt waited three steps for its first token, and on
+        a shared slot was often parked halfway. The bound is on size, not on who: a burst's last
+        prompt, admitted once its queue is empty, and a long prompt's last chunks qualify too.
         A tenant below its share counts even while its request cannot run yet (its adapter still
         loading): the chunk then costs the burster some prefill speed for a neighbour that
         arrives within steps."""
@@ -316,11 +319,12 @@ class Scheduler:
         prefill = n > 1 or not seq.output_token_ids  # a prompt's last token is prefill too
         if prefill and seq.tenant in over:
             if (
-                self._over_prefill == self.fair_prefill_chunk
+                self._over_prefill == self.fair_prefill_chunk  # untouched this step
+                and n > self._over_prefill  # and the chunk would cut it
                 and n <= SHORT_PROMPT_CHUNKS * self.fair_prefill_chunk
                 and seq.tenant not in self._bursting(over)
             ):
-                self._over_prefill = 0  # a short prompt whole, in place of the step's chunk
+                self._over_prefill = 0  # the rest of a prompt whole, in place of the step's chunk
                 return n
             n = min(n, self._over_prefill)
             self._over_prefill -= n

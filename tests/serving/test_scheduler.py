@@ -189,10 +189,10 @@ def test_a_tenant_over_its_share_prefills_in_short_chunks_while_another_is_below
 
 
 def test_a_short_prompt_of_a_tenant_over_its_share_with_nothing_queued_goes_whole() -> None:
-    """A popular tenant over its share with nothing queued is not bursting: its next short prompt
-    (at most three chunks) goes whole in place of the step's chunk, where chunking would make its
-    first token wait three steps for a step no shorter in sum. A long prompt, or one of a burst
-    (the tenant has more queued), is still chunked."""
+    """A popular tenant over its share with nothing else queued is not bursting: its next short
+    prompt (at most three chunks) goes whole in place of the step's chunk, where chunking would
+    make a 40-token prompt's first token wait three steps for steps no shorter in sum. A longer
+    prompt starts in chunks, and so does one of a burst (the tenant has more queued)."""
     for prompt, queued, first_chunk in ((40, 0, 40), (48, 0, 48), (60, 0, 16), (40, 1, 16)):
         sched = Scheduler(BlockManager(256, 4), max_num_seqs=8, max_num_batched_tokens=500, fair=True, fair_prefill_chunk=16)
         for s in [*(tenant_seq("a", 1000 * (i + 1)) for i in range(5)), tenant_seq("b", 9000)]:
@@ -205,6 +205,23 @@ def test_a_short_prompt_of_a_tenant_over_its_share_with_nothing_queued_goes_whol
         assert step[new[0]] == first_chunk, (prompt, queued)
         if queued:
             assert new[1].status is Status.WAITING  # a place is free, but the step's chunk is spent
+
+
+def test_a_whole_short_prompt_takes_the_steps_chunk_from_every_tenant_over_its_share() -> None:
+    """Two popular tenants over their share, each with one short prompt and nothing else queued:
+    the first goes whole and the other waits for the next step, so the step carries one short
+    prompt of theirs, not two (the bound is three chunks per step between them)."""
+    sched = Scheduler(BlockManager(256, 4), max_num_seqs=11, max_num_batched_tokens=500, fair=True, fair_prefill_chunk=16)
+    running = [*(tenant_seq(t, 1000 * (k + 1) + (500 if t == "c" else 0)) for t in "ac" for k in range(4)), tenant_seq("b", 9000)]
+    for s in running:
+        sched.add(s)
+    advance(sched.schedule())  # a and c run 4 each of 11, over their share of 3.67; b runs 1
+    new = [tenant_seq(t, 20_000 + 1000 * k, n=40) for k, t in enumerate("ac")]
+    for s in new:
+        sched.add(s)
+    step = dict(sched.schedule().items)
+    assert sorted(step.get(s, 0) for s in new) == [0, 40]
+    assert sum(s.status is Status.WAITING for s in new) == 1  # two places are free; the chunk is not
 
 
 def test_a_tenant_whose_prefill_chunk_is_spent_holds_no_other_tenant_back() -> None:
