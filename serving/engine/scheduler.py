@@ -320,7 +320,6 @@ class Scheduler:
         if prefill and seq.tenant in over:
             if (
                 self._over_prefill == self.fair_prefill_chunk  # untouched this step
-                and n > self._over_prefill  # and the chunk would cut it
                 and n <= SHORT_PROMPT_CHUNKS * self.fair_prefill_chunk
                 and seq.tenant not in self._bursting(over)
             ):
