@@ -12,7 +12,8 @@ that bench's ``demand`` run. A request's state after each step:
 - ``P``: parked (its adapter's turn on a shared slot ended; its KV is kept);
 - ``R<n>``: running, with n tokens computed in that step (1 for a decode, more for a prompt chunk);
 - ``*`` after it: its tenant is over its share of the batch, so its prompts get at most
-  ``fair_prefill_chunk`` tokens per step between the tenants over theirs (``engine.scheduler``).
+  ``fair_prefill_chunk`` tokens per step between the tenants over theirs, or one short prompt
+  whole in its place when the tenant has nothing else queued (``engine.scheduler``).
 
 The bench's figures say how long the slowest first tokens took; these say where the steps went.
 """
