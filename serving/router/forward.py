@@ -4,6 +4,9 @@ that must not lose accepted work.
 - Before the first byte of the answer nothing has been generated for the client, so a replica
   that refuses the connection, drops it, or sheds the request (502/503/504) costs only a retry
   on the next replica; a replica whose connection failed is marked down until it answers again.
+  A replica sends a stream's headers when its first output exists and the first event just
+  after, so a stream is committed to its replica only once that first chunk of body has come:
+  a replica that dies between the two is retried like one that refused the connection.
 - After the first byte the stream belongs to that replica. If it dies, the client gets one last
   server-sent event carrying an OpenAI error body (the official clients raise it as an APIError)
   rather than a stream that just stops.
@@ -39,7 +42,11 @@ class Forwarder:
     def __init__(self, table: ReplicaTable, router: Router, metrics: RouterMetrics, client: httpx.AsyncClient) -> None:
         self.table, self.router, self.metrics, self.client = table, router, metrics, client
 
-    async def _open(self, path: str, body: bytes, headers: dict[str, str], model: str) -> tuple[Replica, httpx.Response]:
+    async def _open(
+        self, path: str, body: bytes, headers: dict[str, str], model: str, streaming: bool
+    ) -> tuple[Replica, httpx.Response, AsyncIterator[bytes] | None]:
+        """The replica that took the request, its response and, for a stream it accepted, the
+        stream's body with its first chunk already read (None otherwise)."""
         tried: set[str] = set()
         failures: list[str] = []
         while True:
@@ -69,8 +76,19 @@ class Forwarder:
                 self.metrics.retries.labels(replica.name).inc()
                 failures.append(f"{replica.name}: {response.status_code}")
                 continue
+            body_stream = None
+            if streaming and response.status_code == 200:
+                try:
+                    body_stream = await _first_chunk_read(response)
+                except httpx.TransportError as err:
+                    await response.aclose()
+                    replica.in_flight -= 1
+                    self.table.mark_down(replica, repr(err))
+                    self.metrics.retries.labels(replica.name).inc()
+                    failures.append(f"{replica.name}: {type(err).__name__} before the stream's first byte")
+                    continue
             self.metrics.routed.labels(replica.name, decision).inc()
-            return replica, response
+            return replica, response, body_stream
 
     async def get_any(self, path: str, headers: dict[str, str]) -> httpx.Response | None:
         """A GET answered by one replica that is up, the least busy first (every replica serves
@@ -92,11 +110,11 @@ class Forwarder:
             options = dict(payload.get("stream_options") or {})
             strip_usage = not options.get("include_usage")
             payload = {**payload, "stream_options": {**options, "include_usage": True}}
-        replica, response = await self._open(path, json.dumps(payload).encode(), headers, model)
+        replica, response, body_stream = await self._open(path, json.dumps(payload).encode(), headers, model, streaming)
         passed = {k: v for k, v in response.headers.items() if k.lower() in PASSED_HEADERS}
         passed[REPLICA_HEADER] = replica.name
-        if streaming and response.status_code == 200:
-            events = self._relay(replica, response, strip_usage, done)
+        if body_stream is not None:
+            events = self._relay(replica, response, body_stream, strip_usage, done)
             return StreamingResponse(events, status_code=200, headers=passed)
         try:
             content = await response.aread()
@@ -116,11 +134,13 @@ class Forwarder:
         done(usage)
         return Response(content, status_code=response.status_code, headers=passed)
 
-    async def _relay(self, replica: Replica, response: httpx.Response, strip_usage: bool, done: Done) -> AsyncIterator[bytes]:
+    async def _relay(
+        self, replica: Replica, response: httpx.Response, body: AsyncIterator[bytes], strip_usage: bool, done: Done
+    ) -> AsyncIterator[bytes]:
         usage: dict[str, Any] | None = None
         pending = b""
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in body:
                 pending += chunk
                 while b"\n\n" in pending:
                     event, pending = pending.split(b"\n\n", 1)
@@ -142,6 +162,24 @@ class Forwarder:
             await response.aclose()
             replica.in_flight -= 1
             done(usage)
+
+
+async def _first_chunk_read(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The response's raw body with its first chunk read now: a transport error before any byte
+    raises here, where the request can still go elsewhere."""
+    raw = response.aiter_raw()
+    try:
+        head = await anext(raw)
+    except StopAsyncIteration:
+        head = b""
+
+    async def rest() -> AsyncIterator[bytes]:
+        if head:
+            yield head
+        async for chunk in raw:
+            yield chunk
+
+    return rest()
 
 
 def _usage_of(event: bytes) -> dict[str, Any] | None:

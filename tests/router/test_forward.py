@@ -1,0 +1,79 @@
+"""The forwarder's failure rules at the one moment the replica tests cannot hit on purpose: a replica
+that has sent a stream's headers and dies before the first byte of its body. Replicas here are
+httpx mock transports, so the moment of death is exact."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+from prometheus_client import CollectorRegistry
+
+from loraplane.serving.router.forward import Forwarder
+from loraplane.serving.router.metrics import RouterMetrics
+from loraplane.serving.router.policy import Router
+from loraplane.serving.router.table import ReplicaTable
+
+EVENTS = [b'data: {"choices": [{"text": "hi"}]}\n\n', b"data: [DONE]\n\n"]
+
+
+class DiesAfter(httpx.AsyncByteStream):
+    """A body that yields ``sent`` events, then breaks like a killed replica's connection."""
+
+    def __init__(self, sent: int) -> None:
+        self.sent = sent
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for event in EVENTS[: self.sent]:
+            yield event
+        raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+
+
+def serve_stream(dying: dict[str, int]) -> tuple[Forwarder, ReplicaTable, list[str]]:
+    """Two replicas, ``r0`` (tried first: round-robin) and ``r1``; a replica named in ``dying`` answers 200 with the headers and
+    dies after that many events, the others stream the whole answer."""
+    asked: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        name = request.url.host
+        asked.append(name)
+        stream = DiesAfter(dying[name]) if name in dying else httpx.ByteStream(b"".join(EVENTS))
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=stream)
+
+    table = ReplicaTable()
+    table.set_members({"r0": "http://r0", "r1": "http://r1"})
+    forwarder = Forwarder(
+        table,
+        Router("round-robin"),
+        RouterMetrics(table, CollectorRegistry()),
+        httpx.AsyncClient(transport=httpx.MockTransport(handler)),
+    )
+    return forwarder, table, asked
+
+
+async def read_stream(forwarder: Forwarder) -> bytes:
+    payload = {"model": "m", "prompt": "p", "stream": True}
+    response = await forwarder.post("/v1/completions", payload, {}, lambda usage: None)
+    return b"".join([chunk async for chunk in response.body_iterator])  # type: ignore[attr-defined, misc]
+
+
+def test_a_replica_that_dies_after_its_headers_but_before_any_byte_is_retried_elsewhere() -> None:
+    forwarder, table, asked = serve_stream({"r0": 0})
+    body = asyncio.run(read_stream(forwarder))
+    assert asked == ["r0", "r1"]
+    assert body == b"".join(EVENTS), body  # the client sees one whole answer, no error event
+    assert table.replicas["r0"].up is False and table.replicas["r0"].in_flight == 0
+    assert forwarder.metrics.retries.labels("r0")._value.get() == 1
+
+
+def test_a_replica_that_dies_after_the_first_byte_ends_the_stream_with_an_error_event() -> None:
+    forwarder, table, asked = serve_stream({"r0": 1})
+    body = asyncio.run(read_stream(forwarder))
+    assert asked == ["r0"]  # the answer had started: it cannot be sent twice
+    events = body.split(b"\n\n")
+    assert events[0] + b"\n\n" == EVENTS[0]
+    error = json.loads(events[1].removeprefix(b"data: "))["error"]
+    assert "failed mid-stream" in error["message"] and error["code"] == "upstream_failed"
+    assert table.replicas["r0"].up is False and table.replicas["r0"].in_flight == 0
