@@ -9,6 +9,11 @@ Semantics::
 Shapes: x [T, K], lora_a [S, R, K], out/buf [T, R] float32, lora_b [S, R, N], y [T, >= off+N].
 Decode is memory-bound: each program streams one row's adapter weights once with wide vector
 loads and reduces in registers; no ``tl.dot`` (a single row would waste the tensor cores).
+
+The shrink splits its reduction over K between programs (float32 atomic adds into a
+zeroed buffer; ``ATOMIC``) whenever rows x rank blocks alone would leave the GPU's SMs idle. A program that
+walks all of K = 4096 alone issues 32 dependent loads: on an H200 that cost about 26 us whatever
+the batch (25.7 us at batch 1, 31.7 at 256), 0.1-13% of the copy bandwidth (gpu_check, part 2).
 """
 
 from __future__ import annotations
@@ -33,11 +38,14 @@ def _bgmv_shrink_kernel(
     stride_ak,
     stride_om,
     stride_or,
+    k_per_split,
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    ATOMIC: tl.constexpr,
 ):
     row = tl.program_id(0)
     pid_r = tl.program_id(1)
+    k_lo = tl.program_id(2) * k_per_split
     slot = tl.load(row_slots_ptr + row)
     rank = tl.load(ranks_ptr + tl.maximum(slot, 0))
     rank = tl.where(slot >= 0, rank, 0)
@@ -47,7 +55,7 @@ def _bgmv_shrink_kernel(
         a_base = a_ptr + slot.to(tl.int64) * stride_as
         x_base = x_ptr + row.to(tl.int64) * stride_xm
         acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
             k = k0 + offs_k
             x = tl.load(x_base + k * stride_xk, mask=k < K, other=0.0).to(tl.float32)
             a = tl.load(
@@ -56,7 +64,11 @@ def _bgmv_shrink_kernel(
                 other=0.0,
             ).to(tl.float32)
             acc += tl.sum(a * x[None, :], axis=1)
-        tl.store(out_ptr + row.to(tl.int64) * stride_om + offs_r * stride_or, acc, mask=offs_r < rank)
+        out_ptrs = out_ptr + row.to(tl.int64) * stride_om + offs_r * stride_or
+        if ATOMIC:  # the reduction is split over K: add this program's part
+            tl.atomic_add(out_ptrs, acc, mask=offs_r < rank, sem="relaxed")
+        else:
+            tl.store(out_ptrs, acc, mask=offs_r < rank)
 
 
 @triton.jit
@@ -105,11 +117,42 @@ def _bgmv_expand_kernel(
         tl.store(y_ptrs, (y.to(tl.float32) + scale * acc).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def bgmv_shrink(x: torch.Tensor, lora_a: torch.Tensor, ranks: torch.Tensor, row_slots: torch.Tensor, out: torch.Tensor) -> None:
+# Launch shapes, from a sweep on an H200 (docs/benchmarks.md, "The LoRA kernels on an H200"): the
+# geometric mean over batch 1-256 and ranks 8/16/64 of each candidate's time against the best
+# candidate at that shape. The shrink's split aims at SHRINK_PROGRAMS programs (eight per SM of
+# the H200's 132); the expand's 512-column blocks at two warps came 2.3x faster than 256 at four.
+SHRINK_BLOCK_R, SHRINK_BLOCK_K, SHRINK_PROGRAMS, SHRINK_WARPS = 16, 128, 1056, 8
+EXPAND_BLOCK_N, EXPAND_BLOCK_R, EXPAND_WARPS = 512, 16, 2
+
+
+def split_k(programs: int, k: int, block_k: int, target: int) -> int:
+    """How many programs share one row's reduction: a power of two, doubled while ``programs``
+    times it stays under ``target``, and never more than K has blocks."""
+    most, split = triton.cdiv(k, block_k), 1
+    while programs * split * 2 <= target and split * 2 <= most:
+        split *= 2
+    return split
+
+
+def bgmv_shrink(
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    ranks: torch.Tensor,
+    row_slots: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    zeroed: bool = False,
+) -> None:
+    """``zeroed``: ``out`` already holds zeros (a split shrink adds into it; else it is zeroed here)."""
     if x.shape[0] == 0:
         return
-    block_r, block_k = 16, 128
-    grid = (x.shape[0], triton.cdiv(lora_a.shape[1], block_r))
+    block_r, block_k, k = SHRINK_BLOCK_R, SHRINK_BLOCK_K, x.shape[1]
+    r_blocks = triton.cdiv(lora_a.shape[1], block_r)
+    split = split_k(x.shape[0] * r_blocks, k, block_k, SHRINK_PROGRAMS)
+    if split > 1 and not zeroed:
+        out.zero_()
+    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    grid = (x.shape[0], r_blocks, split)
     _bgmv_shrink_kernel[grid](
         x,
         lora_a,
@@ -124,8 +167,11 @@ def bgmv_shrink(x: torch.Tensor, lora_a: torch.Tensor, ranks: torch.Tensor, row_
         lora_a.stride(2),
         out.stride(0),
         out.stride(1),
+        k_per_split,
         BLOCK_R=block_r,
         BLOCK_K=block_k,
+        ATOMIC=split > 1,
+        num_warps=SHRINK_WARPS,
     )
 
 
@@ -141,7 +187,7 @@ def bgmv_expand(
     if y.shape[0] == 0:
         return
     n = lora_b.shape[2]
-    block_n, block_r = 256, 16
+    block_n, block_r = EXPAND_BLOCK_N, EXPAND_BLOCK_R
     grid = (y.shape[0], triton.cdiv(n, block_n))
     _bgmv_expand_kernel[grid](
         buf,
@@ -161,4 +207,5 @@ def bgmv_expand(
         y.stride(1),
         BLOCK_N=block_n,
         BLOCK_R=block_r,
+        num_warps=EXPAND_WARPS,
     )

@@ -113,7 +113,7 @@ def sgmv_shrink(
     else:
         from loraplane.kernels.sgmv import sgmv_shrink as launch
 
-        launch(x, lora_a, ranks, seg_starts, seg_slots, buf, max_len)
+        launch(x, lora_a, ranks, seg_starts, seg_slots, buf, max_len, zeroed=out is None)
     return buf
 
 
@@ -172,7 +172,7 @@ def bgmv_shrink(
     else:
         from loraplane.kernels.bgmv import bgmv_shrink as launch
 
-        launch(x, lora_a, ranks, row_slots, buf)
+        launch(x, lora_a, ranks, row_slots, buf, zeroed=out is None)
     return buf
 
 
@@ -301,7 +301,7 @@ def add_lora(
         _check_x(x, slots.lora_a)
         _check_y(y, slots.lora_b, y_offset)
         buf = _new_buffer(x, slots.lora_a, None)
-        sgmv.sgmv_shrink(x, slots.lora_a, slots.ranks, seg_starts, seg_slots, buf, max_seg_len)
+        sgmv.sgmv_shrink(x, slots.lora_a, slots.ranks, seg_starts, seg_slots, buf, max_seg_len, zeroed=True)
         sgmv.sgmv_expand(y, buf, slots.lora_b, slots.ranks, slots.scalings, seg_starts, seg_slots, y_offset, max_seg_len)
         return y
     buf = sgmv_shrink(x, slots.lora_a, slots.ranks, seg_starts, seg_slots, backend=backend, check=check)

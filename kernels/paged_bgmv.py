@@ -6,8 +6,9 @@ Semantics (``a_off``/``b_off`` [S, R] are flat offsets into ``pool``)::
         shrink: out[t, j] = sum_k pool[a_off[s, j] + k] * x[t, k]              j < r
         expand: y[t, off + n] += scalings[s] * sum_j buf[t, j] * pool[b_off[s, j] + n]
 
-The same program shape as :mod:`loraplane.kernels.bgmv`; the only change is that row ``j``'s base
-address comes from the index table instead of ``slot * stride + j * stride``. Prefill segments
+The same program shapes and launch sizes as :mod:`loraplane.kernels.bgmv` (the shrink's split
+over K too); the only change is that row ``j``'s base address comes from the index table instead
+of ``slot * stride + j * stride``. Prefill segments
 run through it row by row (the dispatcher expands them), which costs the SGMV tiling but not
 correctness; a paged SGMV is future work.
 """
@@ -18,14 +19,17 @@ import torch
 import triton
 import triton.language as tl
 
+from loraplane.kernels import bgmv
+
 
 @triton.jit
 def _paged_shrink_kernel(
-    x_ptr, pool_ptr, a_off_ptr, out_ptr, row_slots_ptr, ranks_ptr, K, R, stride_xm, stride_om,
-    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, pool_ptr, a_off_ptr, out_ptr, row_slots_ptr, ranks_ptr, K, R, stride_xm, stride_om, k_per_split,
+    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, ATOMIC: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     pid_r = tl.program_id(1)
+    k_lo = tl.program_id(2) * k_per_split
     slot = tl.load(row_slots_ptr + row)
     rank = tl.load(ranks_ptr + tl.maximum(slot, 0))
     rank = tl.where(slot >= 0, rank, 0)
@@ -34,12 +38,16 @@ def _paged_shrink_kernel(
         rows = tl.load(a_off_ptr + slot.to(tl.int64) * R + offs_r, mask=offs_r < rank, other=0)
         offs_k = tl.arange(0, BLOCK_K)
         acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
             k = k0 + offs_k
             x = tl.load(x_ptr + row.to(tl.int64) * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
             a = tl.load(pool_ptr + rows[:, None] + k[None, :], mask=(offs_r[:, None] < rank) & (k[None, :] < K), other=0.0)
             acc += tl.sum(a * x[None, :], axis=1)
-        tl.store(out_ptr + row.to(tl.int64) * stride_om + offs_r, acc, mask=offs_r < rank)
+        out_ptrs = out_ptr + row.to(tl.int64) * stride_om + offs_r
+        if ATOMIC:  # the reduction is split over K: add this program's part (into a zeroed buffer)
+            tl.atomic_add(out_ptrs, acc, mask=offs_r < rank, sem="relaxed")
+        else:
+            tl.store(out_ptrs, acc, mask=offs_r < rank)
 
 
 @triton.jit
@@ -90,10 +98,15 @@ def paged_add_lora(
         raise ValueError("y must have contiguous rows")
     buf = torch.zeros(rows, max_rank, dtype=torch.float32, device=x.device)
     slots32 = row_slots.to(torch.int32)
-    _paged_shrink_kernel[(rows, triton.cdiv(max_rank, 16))](
-        x, pool, a_off, buf, slots32, ranks, x.shape[1], max_rank, x.stride(0), buf.stride(0), BLOCK_R=16, BLOCK_K=128
-    )
-    _paged_expand_kernel[(rows, triton.cdiv(n_dim, 256))](
+    k, block_k, block_r = x.shape[1], bgmv.SHRINK_BLOCK_K, bgmv.SHRINK_BLOCK_R
+    r_blocks = triton.cdiv(max_rank, block_r)
+    split = bgmv.split_k(rows * r_blocks, k, block_k, bgmv.SHRINK_PROGRAMS)
+    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    _paged_shrink_kernel[(rows, r_blocks, split)](
+        x, pool, a_off, buf, slots32, ranks, k, max_rank, x.stride(0), buf.stride(0), k_per_split,
+        BLOCK_R=block_r, BLOCK_K=block_k, ATOMIC=split > 1, num_warps=bgmv.SHRINK_WARPS,
+    )  # fmt: skip
+    _paged_expand_kernel[(rows, triton.cdiv(n_dim, bgmv.EXPAND_BLOCK_N))](
         buf, pool, b_off, y_rows, slots32, ranks, scalings, n_dim, max_rank, y_offset, buf.stride(0), y.stride(0),
-        BLOCK_N=256, BLOCK_R=16,
+        BLOCK_N=bgmv.EXPAND_BLOCK_N, BLOCK_R=bgmv.EXPAND_BLOCK_R, num_warps=bgmv.EXPAND_WARPS,
     )  # fmt: skip

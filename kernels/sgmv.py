@@ -10,7 +10,12 @@ Shapes: x [T, K], lora_a [S, R, K], out/buf [T, R] float32, lora_b [S, R, N], y 
 Grid: (segment, row block, rank or column block). Programs past a segment's end or its adapter's
 rank exit at once, so short segments and low ranks cost nothing extra. Operands are widened to
 float32 before ``tl.dot``: Triton's CPU interpreter multiplies bf16 bit patterns otherwise, and
-accumulation is float32 on every path anyway.
+accumulation is float32 on every path anyway. For a bfloat16 or float16 model the dots then run
+as TF32 on the tensor cores (``DOT_PRECISION``, as attention does), whose 10-bit mantissa still
+holds the 8-bit inputs exactly; ``ieee`` float32 dots, which a float32 model keeps, took as long
+as the base GEMM itself on an H200 (rank 16, 2048 tokens: 89 us against 88, gpu_check part 2).
+The shrink splits K between programs (``ATOMIC``: atomic adds into a zeroed buffer) when the
+segments' row blocks alone would leave SMs idle, as BGMV's does.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from loraplane.kernels.bgmv import split_k
 
 
 @triton.jit
@@ -36,13 +43,18 @@ def _sgmv_shrink_kernel(
     stride_ak,
     stride_om,
     stride_or,
+    num_splits,
+    k_per_split,
     BLOCK_M: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    ATOMIC: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     seg = tl.program_id(0)
     pid_m = tl.program_id(1)
-    pid_r = tl.program_id(2)
+    pid_r = tl.program_id(2) // num_splits
+    k_lo = (tl.program_id(2) % num_splits) * k_per_split
     slot = tl.load(seg_slots_ptr + seg)
     start = tl.load(seg_starts_ptr + seg)
     seg_len = tl.load(seg_starts_ptr + seg + 1) - start
@@ -55,7 +67,7 @@ def _sgmv_shrink_kernel(
         rows = (start + offs_m).to(tl.int64)
         a_base = a_ptr + slot.to(tl.int64) * stride_as
         acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
             k = k0 + offs_k
             x = tl.load(
                 x_ptr + rows[:, None] * stride_xm + k[None, :] * stride_xk,
@@ -67,12 +79,13 @@ def _sgmv_shrink_kernel(
                 mask=(offs_r[None, :] < rank) & (k[:, None] < K),
                 other=0.0,
             )
-            acc += tl.dot(x.to(tl.float32), a_t.to(tl.float32), input_precision="ieee")
-        tl.store(
-            out_ptr + rows[:, None] * stride_om + offs_r[None, :] * stride_or,
-            acc,
-            mask=(offs_m[:, None] < seg_len) & (offs_r[None, :] < rank),
-        )
+            acc += tl.dot(x.to(tl.float32), a_t.to(tl.float32), input_precision=DOT_PRECISION)
+        out_ptrs = out_ptr + rows[:, None] * stride_om + offs_r[None, :] * stride_or
+        mask = (offs_m[:, None] < seg_len) & (offs_r[None, :] < rank)
+        if ATOMIC:  # the reduction is split over K: add this program's part
+            tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
+        else:
+            tl.store(out_ptrs, acc, mask=mask)
 
 
 @triton.jit
@@ -96,6 +109,7 @@ def _sgmv_expand_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     seg = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -125,11 +139,22 @@ def _sgmv_expand_kernel(
                 mask=(r[:, None] < rank) & (offs_n[None, :] < N),
                 other=0.0,
             )
-            acc += tl.dot(buf.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+            acc += tl.dot(buf.to(tl.float32), b.to(tl.float32), input_precision=DOT_PRECISION)
         y_ptrs = y_ptr + rows[:, None] * stride_ym + (y_offset + offs_n[None, :]) * stride_yn
         mask = (offs_m[:, None] < seg_len) & (offs_n[None, :] < N)
         y = tl.load(y_ptrs, mask=mask, other=0.0)
         tl.store(y_ptrs, (y.to(tl.float32) + scale * acc).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+# Launch shapes, from the same H200 sweep as BGMV's (2048 and 512 tokens in 8 segments, ranks 16
+# and 64); the shrink's split aims at SHRINK_PROGRAMS programs, as BGMV's does.
+SHRINK_BLOCK_M, SHRINK_BLOCK_R, SHRINK_BLOCK_K, SHRINK_PROGRAMS, SHRINK_WARPS = 64, 16, 64, 528, 4
+EXPAND_BLOCK_M, EXPAND_BLOCK_N, EXPAND_BLOCK_R, EXPAND_WARPS = 16, 256, 16, 4
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``tl.dot``'s precision for a model in ``dtype``: TF32 holds bf16/fp16 inputs exactly."""
+    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def sgmv_shrink(
@@ -140,12 +165,21 @@ def sgmv_shrink(
     seg_slots: torch.Tensor,
     out: torch.Tensor,
     max_seg_len: int,
+    *,
+    zeroed: bool = False,
 ) -> None:
+    """``zeroed``: ``out`` already holds zeros (a split shrink adds into it; else it is zeroed here)."""
     num_segs = seg_slots.shape[0]
     if num_segs == 0 or max_seg_len == 0:
         return
-    block_m, block_r, block_k = 16, 16, 64
-    grid = (num_segs, triton.cdiv(max_seg_len, block_m), triton.cdiv(lora_a.shape[1], block_r))
+    block_m, block_r, block_k, k = SHRINK_BLOCK_M, SHRINK_BLOCK_R, SHRINK_BLOCK_K, x.shape[1]
+    m_blocks, r_blocks = triton.cdiv(max_seg_len, block_m), triton.cdiv(lora_a.shape[1], block_r)
+    # Every row block of the longest segment counts: shorter ones exit early, and are cheap.
+    split = split_k(num_segs * m_blocks * r_blocks, k, block_k, SHRINK_PROGRAMS)
+    if split > 1 and not zeroed:
+        out.zero_()
+    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    grid = (num_segs, m_blocks, r_blocks * split)
     _sgmv_shrink_kernel[grid](
         x,
         lora_a,
@@ -161,9 +195,14 @@ def sgmv_shrink(
         lora_a.stride(2),
         out.stride(0),
         out.stride(1),
+        split,
+        k_per_split,
         BLOCK_M=block_m,
         BLOCK_R=block_r,
         BLOCK_K=block_k,
+        ATOMIC=split > 1,
+        DOT_PRECISION=dot_precision(x.dtype),
+        num_warps=SHRINK_WARPS,
     )
 
 
@@ -182,7 +221,7 @@ def sgmv_expand(
     if num_segs == 0 or max_seg_len == 0:
         return
     n = lora_b.shape[2]
-    block_m, block_n, block_r = 16, 64, 16
+    block_m, block_n, block_r = EXPAND_BLOCK_M, EXPAND_BLOCK_N, EXPAND_BLOCK_R
     grid = (num_segs, triton.cdiv(max_seg_len, block_m), triton.cdiv(n, block_n))
     _sgmv_expand_kernel[grid](
         buf,
@@ -204,4 +243,6 @@ def sgmv_expand(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_R=block_r,
+        DOT_PRECISION=dot_precision(y.dtype),
+        num_warps=EXPAND_WARPS,
     )

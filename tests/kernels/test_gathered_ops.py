@@ -194,3 +194,32 @@ def test_separate_shrink_and_expand_ops(backend: str) -> None:
     buf = sgmv_shrink(x, slots.lora_a, slots.ranks, seg_starts, seg_slots, backend=backend)  # type: ignore[arg-type]
     out = sgmv_expand(y.clone(), buf, slots.lora_b, slots.ranks, slots.scalings, seg_starts, seg_slots, backend=backend)  # type: ignore[arg-type]
     check(out, ref, torch.float32)
+
+
+@pytest.mark.parametrize("op", ["sgmv", "bgmv"])
+def test_a_shrink_split_over_k_adds_into_a_cleared_buffer(op: str) -> None:
+    """Few rows over a long K: the Triton shrink splits the reduction between programs that add
+    into ``out``, so a reused buffer (here full of NaN) must be cleared first and every part of K
+    counted once, the last partial block too."""
+    from loraplane.kernels import bgmv, sgmv
+
+    k = 1000  # several blocks of SHRINK_BLOCK_K, the last one partial
+    assert k % bgmv.SHRINK_BLOCK_K and k % sgmv.SHRINK_BLOCK_K
+    slots = make_slots([8, 16], k, 24, max_rank=16)
+    x, _ = inputs(5, k, 24, torch.float32)
+    rows = torch.tensor([1, 0, -1, 1, 1], dtype=torch.int32)
+    assert bgmv.split_k(5, k, bgmv.SHRINK_BLOCK_K, bgmv.SHRINK_PROGRAMS) > 1
+    assert sgmv.split_k(4, k, sgmv.SHRINK_BLOCK_K, sgmv.SHRINK_PROGRAMS) > 1  # four segments of one row block
+    out = torch.full((5, 16), float("nan"))
+    if op == "bgmv":
+        bgmv_shrink(x, slots.lora_a, slots.ranks, rows, out=out, backend="triton")
+    else:
+        seg_starts, seg_slots = torch.tensor([0, 1, 2, 3, 5], dtype=torch.int32), torch.tensor([1, 0, -1, 1], dtype=torch.int32)
+        sgmv_shrink(x, slots.lora_a, slots.ranks, seg_starts, seg_slots, out=out, backend="triton")
+    expected = torch.zeros(5, 16, dtype=torch.float64)
+    for t, s in enumerate(rows.tolist()):
+        if s >= 0:
+            r = int(slots.ranks[s])
+            expected[t, :r] = x[t].double() @ slots.lora_a[s, :r].double().T
+    assert torch.isfinite(out[rows >= 0]).all()
+    torch.testing.assert_close(out[rows >= 0].double(), expected[rows >= 0], rtol=1e-4, atol=1e-4)
