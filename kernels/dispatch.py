@@ -158,7 +158,9 @@ def bgmv_shrink(
     backend: Backend = "auto",
     check: bool = True,
 ) -> torch.Tensor:
-    """Semantics: ``out[t, :r] = lora_a[row_slots[t], :r] @ x[t]``; rows with slot -1 are left alone.
+    """Semantics: ``out[t, :r] = lora_a[row_slots[t], :r] @ x[t]``; rows with slot -1 are left alone
+    (zeros in a new buffer; a passed ``out`` is cleared first on the Triton path when the kernel
+    splits its reduction, see ``kernels.bgmv``).
 
     x [T, K]; lora_a [S, R, K]; ranks [S]; row_slots [T]; returns out [T, R] fp32.
     """

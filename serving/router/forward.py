@@ -155,9 +155,9 @@ class Forwarder:
         except httpx.TransportError as err:
             self.table.mark_down(replica, repr(err))
             self.metrics.broken_streams.labels(replica.name).inc()
-            body = error_body(f"replica {replica.name} failed mid-stream ({type(err).__name__}); the answer is incomplete",
-                              "server_error", "upstream_failed")  # fmt: skip
-            yield f"data: {json.dumps(body)}\n\n".encode()
+            failure = error_body(f"replica {replica.name} failed mid-stream ({type(err).__name__}); the answer is incomplete",
+                                 "server_error", "upstream_failed")  # fmt: skip
+            yield f"data: {json.dumps(failure)}\n\n".encode()
         finally:
             await response.aclose()
             replica.in_flight -= 1
