@@ -11,9 +11,10 @@ Grid: (segment, row block, rank or column block). Programs past a segment's end 
 rank exit at once, so short segments and low ranks cost nothing extra. Operands are widened to
 float32 before ``tl.dot``: Triton's CPU interpreter multiplies bf16 bit patterns otherwise, and
 accumulation is float32 on every path anyway. For a bfloat16 or float16 model the dots then run
-as TF32 on the tensor cores (``DOT_PRECISION``, as attention does), whose 10-bit mantissa still
-holds the 8-bit inputs exactly; ``ieee`` float32 dots, which a float32 model keeps, took as long
-as the base GEMM itself on an H200 (rank 16, 2048 tokens: 89 us against 88, gpu_check part 2).
+as TF32 on the tensor cores (``DOT_PRECISION``, as attention does): TF32's 10-bit mantissa holds
+x, A and B exactly, and rounds only the expand's float32 shrink result, to 2^-11, finer than the
+bf16 that vLLM casts it to. ``ieee`` float32 dots, which a float32 model keeps, took as long as
+the base GEMM itself on an H200 (rank 16, 2048 tokens: 89 us against 88, gpu_check part 2).
 The shrink splits K between programs (``ATOMIC``: atomic adds into a zeroed buffer) when the
 segments' row blocks alone would leave SMs idle, as BGMV's does.
 """
@@ -153,7 +154,7 @@ EXPAND_BLOCK_M, EXPAND_BLOCK_N, EXPAND_BLOCK_R, EXPAND_WARPS = 16, 256, 16, 4
 
 
 def dot_precision(dtype: torch.dtype) -> str:
-    """``tl.dot``'s precision for a model in ``dtype``: TF32 holds bf16/fp16 inputs exactly."""
+    """``tl.dot``'s precision for a model in ``dtype``: TF32 holds bf16/fp16 weights and activations exactly."""
     return "ieee" if dtype == torch.float32 else "tf32"
 
 

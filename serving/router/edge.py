@@ -101,6 +101,6 @@ async def _admitted(
 
     try:
         return await state.forward().post(path, payload, forwarded_headers(request), done)
-    except APIError:
-        done(None)
+    except BaseException:  # refused, or cancelled (the client went away) before an answer began
+        done(None)  # the reservation goes back; an answer under way calls done itself, once
         raise

@@ -58,15 +58,24 @@ class Forwarder:
             replica, decision = route
             tried.add(replica.name)
             self.table.sent(replica, model)
+            response: httpx.Response | None = None
             try:
                 request = self.client.build_request("POST", f"{replica.url}{path}", content=body, headers=headers)
                 response = await self.client.send(request, stream=True)
+                body_stream = await _first_chunk_read(response) if streaming and response.status_code == 200 else None
             except httpx.TransportError as err:
+                if response is not None:
+                    await response.aclose()
                 replica.in_flight -= 1
                 self.table.mark_down(replica, repr(err))
                 self.metrics.retries.labels(replica.name).inc()
-                failures.append(f"{replica.name}: {type(err).__name__}")
+                failures.append(f"{replica.name}: {type(err).__name__}{'' if response is None else ' before the first byte'}")
                 continue
+            except BaseException:  # cancelled (the client went away): give back what this attempt holds
+                if response is not None:
+                    await response.aclose()
+                replica.in_flight -= 1
+                raise
             more = any(r.name not in tried for r in self.table.up())
             if response.status_code in RETRY_ELSEWHERE and more:
                 await response.aclose()
@@ -76,17 +85,6 @@ class Forwarder:
                 self.metrics.retries.labels(replica.name).inc()
                 failures.append(f"{replica.name}: {response.status_code}")
                 continue
-            body_stream = None
-            if streaming and response.status_code == 200:
-                try:
-                    body_stream = await _first_chunk_read(response)
-                except httpx.TransportError as err:
-                    await response.aclose()
-                    replica.in_flight -= 1
-                    self.table.mark_down(replica, repr(err))
-                    self.metrics.retries.labels(replica.name).inc()
-                    failures.append(f"{replica.name}: {type(err).__name__} before the stream's first byte")
-                    continue
             self.metrics.routed.labels(replica.name, decision).inc()
             return replica, response, body_stream
 

@@ -9,6 +9,7 @@ import json
 from collections.abc import AsyncIterator
 
 import httpx
+import pytest
 from prometheus_client import CollectorRegistry
 
 from loraplane.serving.router.forward import Forwarder
@@ -77,3 +78,47 @@ def test_a_replica_that_dies_after_the_first_byte_ends_the_stream_with_an_error_
     error = json.loads(events[1].removeprefix(b"data: "))["error"]
     assert "failed mid-stream" in error["message"] and error["code"] == "upstream_failed"
     assert table.replicas["r0"].up is False and table.replicas["r0"].in_flight == 0
+
+
+class Stalls(httpx.AsyncByteStream):
+    """A body whose first byte never comes before the test gives up; notes that it was closed."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        await asyncio.sleep(60)
+        yield EVENTS[0]
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def test_a_client_that_goes_away_before_the_answer_begins_leaves_nothing_held_on_the_replica() -> None:
+    """Cancelled while the replica queues it (no headers yet), or after the headers but before the
+    first byte: either way the replica's in-flight count comes back and the response is closed."""
+    for stage in ("before the headers", "before the first byte"):
+        body = Stalls()
+
+        async def handler(request: httpx.Request, stage: str = stage, body: Stalls = body) -> httpx.Response:
+            if stage == "before the headers":
+                await asyncio.sleep(60)
+            return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=body)
+
+        table = ReplicaTable()
+        table.set_members({"r0": "http://r0"})
+        client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        forwarder = Forwarder(table, Router("round-robin"), RouterMetrics(table, CollectorRegistry()), client)
+
+        async def scenario(forwarder: Forwarder = forwarder) -> None:
+            task = asyncio.create_task(read_stream(forwarder))
+            await asyncio.sleep(0.05)
+            assert forwarder.table.replicas["r0"].in_flight == 1
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(scenario())
+        assert table.replicas["r0"].in_flight == 0, stage
+        assert table.replicas["r0"].up, stage  # a client leaving says nothing about the replica
+        assert body.closed == (stage == "before the first byte")
