@@ -13,7 +13,7 @@ loads and reduces in registers; no ``tl.dot`` (a single row would waste the tens
 The shrink splits its reduction over K between programs (float32 atomic adds into a
 zeroed buffer; ``ATOMIC``) whenever rows x rank blocks alone would leave the GPU's SMs idle. A program that
 walks all of K = 4096 alone issues 32 dependent loads: on an H200 that cost about 26 us whatever
-the batch (25.7 us at batch 1, 31.7 at 256), 0.1-13% of the copy bandwidth (gpu_check, part 2).
+the batch (25.7 us at batch 1, 31.7 at 256), 0.1-33% of the copy bandwidth (gpu_check, part 2).
 """
 
 from __future__ import annotations
@@ -117,7 +117,8 @@ def _bgmv_expand_kernel(
         tl.store(y_ptrs, (y.to(tl.float32) + scale * acc).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-# Launch shapes, from a sweep on an H200 (docs/benchmarks.md, "The LoRA kernels on an H200"): the
+# Launch shapes, from a sweep on an H200 (benchmarks/lora_kernel_sweep.py; docs/benchmarks.md, "The
+# GPU path on an H200"): the
 # geometric mean over batch 1-256 and ranks 8/16/64 of each candidate's time against the best
 # candidate at that shape. The shrink's split aims at SHRINK_PROGRAMS programs (eight per SM of
 # the H200's 132); the expand's 512-column blocks at two warps came 2.3x faster than 256 at four.
@@ -125,13 +126,15 @@ SHRINK_BLOCK_R, SHRINK_BLOCK_K, SHRINK_PROGRAMS, SHRINK_WARPS = 16, 128, 1056, 8
 EXPAND_BLOCK_N, EXPAND_BLOCK_R, EXPAND_WARPS = 512, 16, 2
 
 
-def split_k(programs: int, k: int, block_k: int, target: int) -> int:
-    """How many programs share one row's reduction: a power of two, doubled while ``programs``
-    times it stays under ``target``, and never more than K has blocks."""
+def split_k(programs: int, k: int, block_k: int, target: int) -> tuple[int, int]:
+    """How a shrink splits its reduction over K, for every launcher of one (this, SGMV, paged
+    BGMV): (the number of programs that share one row's reduction, the K each covers). The
+    number is a power of two, doubled while ``programs`` times it stays under ``target`` and
+    never more than K has blocks; each covers whole blocks, so no two overlap."""
     most, split = triton.cdiv(k, block_k), 1
     while programs * split * 2 <= target and split * 2 <= most:
         split *= 2
-    return split
+    return split, triton.cdiv(triton.cdiv(k, split), block_k) * block_k
 
 
 def bgmv_shrink(
@@ -148,10 +151,9 @@ def bgmv_shrink(
         return
     block_r, block_k, k = SHRINK_BLOCK_R, SHRINK_BLOCK_K, x.shape[1]
     r_blocks = triton.cdiv(lora_a.shape[1], block_r)
-    split = split_k(x.shape[0] * r_blocks, k, block_k, SHRINK_PROGRAMS)
+    split, k_per_split = split_k(x.shape[0] * r_blocks, k, block_k, SHRINK_PROGRAMS)
     if split > 1 and not zeroed:
         out.zero_()
-    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     grid = (x.shape[0], r_blocks, split)
     _bgmv_shrink_kernel[grid](
         x,

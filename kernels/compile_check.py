@@ -302,8 +302,8 @@ def with_dtype(launch: Launch, dtype: torch.dtype) -> Launch:
     constexprs = launch.constexprs
     if launch.name == "_paged_attention_kernel":
         constexprs = _retuned_attention(constexprs, dtype)
-    elif "DOT_PRECISION" in constexprs:  # SGMV's: the launcher's own rule
-        from loraplane.kernels.sgmv import dot_precision
+    elif "DOT_PRECISION" in constexprs:  # SGMV's: the launchers' one rule
+        from loraplane.kernels.precision import dot_precision
 
         constexprs = {**constexprs, "DOT_PRECISION": dot_precision(dtype)}
     return replace(launch, signature=signature, constexprs=constexprs, dtype=new_type)

@@ -37,6 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
+from loraplane.kernels.precision import dot_precision
+
 _LOG2E = math.log2(math.e)  # the kernel takes exp2 of scores in log2 units
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
@@ -192,7 +194,7 @@ def launch_config(
         "BLOCK_Q": block_q,
         "BLOCK_M": block_m,
         "BLOCK_N": block_n,
-        "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32",
+        "DOT_PRECISION": dot_precision(dtype),
     }
     grid = (num_seqs, triton.cdiv(max(max_query_len, 0), block_q), kv_heads)
     return LaunchConfig(grid=grid, constexprs=constexprs, num_warps=4, num_stages=2)

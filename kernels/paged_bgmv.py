@@ -100,8 +100,7 @@ def paged_add_lora(
     slots32 = row_slots.to(torch.int32)
     k, block_k, block_r = x.shape[1], bgmv.SHRINK_BLOCK_K, bgmv.SHRINK_BLOCK_R
     r_blocks = triton.cdiv(max_rank, block_r)
-    split = bgmv.split_k(rows * r_blocks, k, block_k, bgmv.SHRINK_PROGRAMS)
-    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    split, k_per_split = bgmv.split_k(rows * r_blocks, k, block_k, bgmv.SHRINK_PROGRAMS)
     _paged_shrink_kernel[(rows, r_blocks, split)](
         x, pool, a_off, buf, slots32, ranks, k, max_rank, x.stride(0), buf.stride(0), k_per_split,
         BLOCK_R=block_r, BLOCK_K=block_k, ATOMIC=split > 1, num_warps=bgmv.SHRINK_WARPS,

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from loraplane.kernels.bgmv import split_k
+from loraplane.kernels.precision import dot_precision
 
 
 @triton.jit
@@ -153,11 +154,6 @@ SHRINK_BLOCK_M, SHRINK_BLOCK_R, SHRINK_BLOCK_K, SHRINK_PROGRAMS, SHRINK_WARPS = 
 EXPAND_BLOCK_M, EXPAND_BLOCK_N, EXPAND_BLOCK_R, EXPAND_WARPS = 16, 256, 16, 4
 
 
-def dot_precision(dtype: torch.dtype) -> str:
-    """``tl.dot``'s precision for a model in ``dtype``: TF32 holds bf16/fp16 weights and activations exactly."""
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
 def sgmv_shrink(
     x: torch.Tensor,
     lora_a: torch.Tensor,
@@ -176,10 +172,9 @@ def sgmv_shrink(
     block_m, block_r, block_k, k = SHRINK_BLOCK_M, SHRINK_BLOCK_R, SHRINK_BLOCK_K, x.shape[1]
     m_blocks, r_blocks = triton.cdiv(max_seg_len, block_m), triton.cdiv(lora_a.shape[1], block_r)
     # Every row block of the longest segment counts: shorter ones exit early, and are cheap.
-    split = split_k(num_segs * m_blocks * r_blocks, k, block_k, SHRINK_PROGRAMS)
+    split, k_per_split = split_k(num_segs * m_blocks * r_blocks, k, block_k, SHRINK_PROGRAMS)
     if split > 1 and not zeroed:
         out.zero_()
-    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     grid = (num_segs, m_blocks, r_blocks * split)
     _sgmv_shrink_kernel[grid](
         x,

@@ -208,8 +208,8 @@ def test_a_shrink_split_over_k_adds_into_a_cleared_buffer(op: str) -> None:
     slots = make_slots([8, 16], k, 24, max_rank=16)
     x, _ = inputs(5, k, 24, torch.float32)
     rows = torch.tensor([1, 0, -1, 1, 1], dtype=torch.int32)
-    assert bgmv.split_k(5, k, bgmv.SHRINK_BLOCK_K, bgmv.SHRINK_PROGRAMS) > 1
-    assert sgmv.split_k(4, k, sgmv.SHRINK_BLOCK_K, sgmv.SHRINK_PROGRAMS) > 1  # four segments of one row block
+    assert bgmv.split_k(5, k, bgmv.SHRINK_BLOCK_K, bgmv.SHRINK_PROGRAMS)[0] > 1
+    assert sgmv.split_k(4, k, sgmv.SHRINK_BLOCK_K, sgmv.SHRINK_PROGRAMS)[0] > 1  # four segments of one row block
     out = torch.full((5, 16), float("nan"))
     if op == "bgmv":
         bgmv_shrink(x, slots.lora_a, slots.ranks, rows, out=out, backend="triton")
