@@ -329,6 +329,13 @@ class Scheduler:
             self._over_prefill -= n
         return n
 
+    def in_line(self) -> list[Sequence]:
+        """The waiting sequences in the order admission would take them now, ready or not (with
+        fairness, as ``_next_waiting`` orders them before this step's admissions charge anyone)."""
+        if not self.fair:
+            return list(self.waiting)
+        return sorted(self.waiting, key=lambda q: (self.served.get(q.tenant, 0.0), not q.output_token_ids))
+
     def _next_waiting(self, skipped: set[int], tenants_out: Container[str | None] = ()) -> Sequence | None:
         """FIFO, or with fairness the waiting sequence of the least-served tenant (FIFO within a
         tenant, a preempted sequence first), passing over ``skipped`` sequences and the waiting

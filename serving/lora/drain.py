@@ -13,7 +13,7 @@ adapters sharing a slot then waited nine times their all-resident time to first 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from loraplane.serving.lora.entries import AdapterEntry
 
@@ -36,6 +36,8 @@ SLOT_HOLD_STEPS = 2
 # be short, and the waiter's bound (hold + this + 1 steps) falls from 7 to 4. On the demo scenario
 # replayed on the step clock (benchmarks/hot_tenants_bench.py --clock steps), the colder adapters'
 # worst TTFT p99 against all-resident fell to 2.5x (docs/benchmarks.md, "On the step clock").
+# A victim that owes no first token, drained at the top of a step for the first request in line,
+# is parked at once instead (``SlotDrain.park_now``): that request then loses no step to the turn.
 DRAIN_PREEMPT_STEPS = 1
 # First tokens before resumes. A waiter that owes no first token (all it wants the slot for is to
 # resume parked requests, whose answers are already streaming) does not take a slot from a holder
@@ -56,6 +58,10 @@ class Drain:
     waiter: str
     started: int  # the step it began
     asked: int  # the step the waiter last asked in; the drain lapses if it stops asking
+    parks_at: int = field(init=False)  # the step the victim's running requests are parked in
+
+    def __post_init__(self) -> None:
+        self.parks_at = self.started + DRAIN_PREEMPT_STEPS  # or this step, see SlotDrain.park_now
 
 
 class SlotDrain:
@@ -101,6 +107,20 @@ class SlotDrain:
         victim = choose(waiter, now)
         self.current = Drain(victim, waiter, now, now) if victim is not None else None
 
+    def park_now(self) -> None:
+        """The drain that began this step parks its victim's requests in this step, before the
+        scheduler runs, so the waiter is placed and admitted in it. For a victim that owes no
+        first token: its requests are all decoding, and the step DRAIN_PREEMPT_STEPS would give
+        them is one more token each, bought with a step of the waiter's first token."""
+        if self.current is not None and self.current.started == self.step:
+            self.current.parks_at = self.step
+
+    def admits(self, name: str) -> bool:
+        """Whether the drained ``name`` may still admit a request: only in the step its drain
+        began, before its requests are parked (see ``DevicePlacement.admits``)."""
+        d = self.current
+        return d is not None and d.victim == name and d.started == self.step < d.parks_at
+
     def cancel(self) -> None:
         """The victim can no longer leave its slot (pinned, or hot, meanwhile): end the drain."""
         self.current = None
@@ -119,10 +139,11 @@ class SlotDrain:
 
     def overdue(self) -> str | None:
         """The victim whose running requests have held its slot for DRAIN_PREEMPT_STEPS since the
-        drain began: the engine parks them (they resume on its next turn, from the KV they kept), so
-        a waiter's wait is bounded by the hold and this, not by the victim's longest request."""
+        drain began (or at once, see ``park_now``): the engine parks them (they resume on its next
+        turn, from the KV they kept), so a waiter's wait is bounded by the hold and this, not by
+        the victim's longest request."""
         d = self.current
-        if d is None or not self.draining(d.victim) or self.step - d.started < DRAIN_PREEMPT_STEPS:
+        if d is None or not self.draining(d.victim) or self.step < d.parks_at:
             return None
         return d.victim
 

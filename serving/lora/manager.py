@@ -254,9 +254,11 @@ class AdapterManager:
         self.device_prefetches += placed
         return placed
 
-    def begin_step(self) -> tuple[str, int] | None:
-        """Called once per engine step: the drained adapter whose running requests to preempt."""
-        return self.placement.begin_step()
+    def begin_step(self, waiting: Iterable[str] = ()) -> tuple[str, int] | None:
+        """Called once per engine step: the drained adapter whose running requests to park.
+        ``waiting``: the adapters of the queued requests owed their first token, in the order
+        admission takes them (``DevicePlacement.begin_step``)."""
+        return self.placement.begin_step(waiting)
 
     def residency(self, name: str) -> Tier:
         return self._get(name).residency

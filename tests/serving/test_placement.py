@@ -59,8 +59,8 @@ def test_the_hot_adapter_keeps_its_slot_while_two_colder_ones_share_the_other(
 
 def test_a_waiter_is_served_without_waiting_for_the_holders_long_requests(tiny_llama, tiny_adapters, tmp_path, no_hold) -> None:
     """One slot held by qv4, whose two running requests want 120 tokens each; all8 arrives. The
-    drain parks qv4's requests instead of waiting 120 steps for them, all8 is served within a
-    few steps, and qv4's requests then resume from the KV they kept (nothing is recomputed) and
+    drain parks qv4's requests instead of waiting 120 steps for them, all8 gets its first token
+    in the first step after it arrives, and qv4's requests then resume from the KV they kept (nothing is recomputed) and
     finish with exactly the tokens they would have had alone."""
     long = SamplingParams(max_tokens=120, temperature=0, ignore_eos=True)
     alone = tiny_engine(tiny_llama, tmp_path / "alone", max_loras=1, max_cpu_loras=2)
@@ -85,16 +85,35 @@ def test_a_waiter_is_served_without_waiting_for_the_holders_long_requests(tiny_l
             if out.finished:
                 done[out.request_id] = (step, out.token_ids)
         step += 1
-    # The holder was placed long enough ago: the drain begins in the step all8 arrives in, qv4's
-    # requests are parked DRAIN_PREEMPT_STEPS later, and all8 takes the slot and prefills in that
-    # step. (Its remaining tokens may then wait for a turn of qv4's: the two take turns.)
-    bound = drain.DRAIN_PREEMPT_STEPS + 1
+    # The holder was placed long enough ago and owes no first token (its requests are decoding):
+    # the drain begins at the top of the first step after all8 arrives, parks qv4's requests at
+    # once, and all8 takes the slot and prefills in that same step, as if it had been resident.
+    # (Its remaining tokens may then wait for a turn of qv4's: the two take turns.)
     waited = first_token[waiter]
-    assert waited <= bound, f"all8's first token waited {waited} steps for qv4's long requests (bound {bound})"
+    assert waited == 0, f"all8's first token waited {waited} extra steps for its turn on qv4's slot"
     assert waiter in done
     assert engine.scheduler.num_parks >= 2 and engine.scheduler.num_preemptions == 0
     assert done[first][1] == expected[0].token_ids
     assert done[second][1] == expected[1].token_ids
+
+
+def test_the_first_request_in_line_that_needs_a_slot_takes_it_at_the_top_of_the_step(tiny_llama, tiny_adapters, tmp_path) -> None:
+    """One slot, held past its hold by qv4, whose answer is decoding. Requests for the base and
+    for all8 arrive together, the base's first in line: all8 does not need to be at the head for
+    the slot to be handed over at the top of the step, and both get their first token in it."""
+    engine = tiny_engine(tiny_llama, tmp_path, max_loras=1, max_cpu_loras=2)
+    for name in ("qv4", "all8"):
+        engine.load_lora(name, str(tiny_adapters[name]))
+    engine.add_request(PROMPT, SamplingParams(max_tokens=120, temperature=0, ignore_eos=True), adapter="qv4")
+    for _ in range(drain.SLOT_HOLD_STEPS + 1):
+        engine.step()
+    short = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    base = engine.add_request(PROMPT, short)
+    waiter = engine.add_request(PROMPT, short, adapter="all8")
+    assert [s.request_id for s in engine.scheduler.in_line()] == [base, waiter]
+    started = {o.request_id for o in engine.step() if o.token_ids}
+    assert {base, waiter} <= started, "all8's first token waited a step for the turn on qv4's slot"
+    assert engine.scheduler.num_preemptions == 0 and [s.adapter for s in engine.scheduler.parked] == ["qv4"]
 
 
 def test_under_lru_the_drain_keeps_its_old_order(tiny_llama, tiny_adapters, tmp_path, no_hold) -> None:
@@ -200,8 +219,10 @@ def test_a_queued_requests_adapter_takes_its_slot_before_its_turn(tiny_llama, ti
 def test_a_drain_whose_victim_is_protected_meanwhile_turns_to_a_holder_that_can_leave(
     tiny_llama, tiny_adapters, tmp_path, how: str
 ) -> None:
-    """Two slots held by qv4 and all8, each running a long request; mlp16 arrives and a drain
-    picks one of them. That one is then pinned by the operator, or joins the engine's hot set as
+    """Two slots held by qv4 and all8, each running a long request; mlp16 arrives, and so does a
+    new request for each holder (a victim owed a first token is parked a step after its drain
+    begins, not at once: the window in which this can happen). A drain picks one of them. That
+    one is then pinned by the operator, or joins the engine's hot set as
     its traffic grows. Neither leaves its slot, so the drain must turn to the other holder: mlp16
     is served within the drain's bound, and the protected adapter's request is not left parked
     behind a slot that can never free. Before, the victim admitted nothing and its requests
@@ -214,7 +235,10 @@ def test_a_drain_whose_victim_is_protected_meanwhile_turns_to_a_holder_that_can_
     holders = {engine.add_request(PROMPT, long, adapter=name): name for name in ("qv4", "all8")}
     for _ in range(drain.SLOT_HOLD_STEPS + 1):
         engine.step()
-    waiter = engine.add_request(PROMPT, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), adapter="mlp16")
+    short = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    waiter = engine.add_request(PROMPT, short, adapter="mlp16")
+    for name in ("qv4", "all8"):
+        engine.add_request(PROMPT[:3], short, adapter=name)
     engine.step()
     current = engine.adapters.placement.drain.current
     assert current is not None and current.waiter == "mlp16"
