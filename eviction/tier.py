@@ -84,16 +84,11 @@ class Tier:
             return []
         if size > self.capacity:
             raise TierFullError(f"{self.name}: {key!r} needs {size} units, capacity is {self.capacity}")
-        victims: list[Key] = []
-        freed = 0
-        while self.used - freed + size > self.capacity:
-            victim = self.policy.victim(lambda k: self._protected(k) or k in victims)
-            if victim is None:
-                raise TierFullError(f"{self.name}: no room for {key!r}; every resident adapter is pinned or in use")
-            if admit and not victims and not self.policy.admit(key, victim):
-                return []
-            victims.append(victim)
-            freed += self._size[victim]
+        victims = self._victims_for(size)
+        if victims is None:
+            raise TierFullError(f"{self.name}: no room for {key!r}; every resident adapter is pinned or in use")
+        if admit and victims and not self.policy.admit(key, victims[0]):
+            return []
         for victim in victims:
             self.remove(victim)
             if self._on_evict is not None:
@@ -101,6 +96,23 @@ class Tier:
         self._size[key] = size
         self.used += size
         self.policy.on_insert(key)
+        return victims
+
+    def has_room(self, size: int = 1) -> bool:
+        """Whether ``insert`` of ``size`` units would succeed now, evicting only what it may."""
+        return size <= self.capacity and self._victims_for(size) is not None
+
+    def _victims_for(self, size: int) -> list[Key] | None:
+        """The keys, in the policy's order, whose eviction makes room for ``size`` more units;
+        None when only protected keys could."""
+        victims: list[Key] = []
+        freed = 0
+        while self.used - freed + size > self.capacity:
+            victim = self.policy.victim(lambda k: self._protected(k) or k in victims)
+            if victim is None:
+                return None
+            victims.append(victim)
+            freed += self._size[victim]
         return victims
 
     def remove(self, key: Key) -> None:

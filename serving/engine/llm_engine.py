@@ -223,8 +223,7 @@ class LLMEngine:
         """One scheduling round and one forward pass; outputs of the sequences that advanced.
         When ``interjects``, ``between_layers`` runs after each of the forward pass's layers."""
         outputs = self._fail_loads()
-        owed = (s.adapter for s in self.scheduler.in_line() if s.adapter is not None and not s.output_token_ids)
-        overdue = self.adapters.begin_step(owed)
+        overdue = self.adapters.begin_step(self.scheduler.adapters_owed_in_line())
         if overdue is not None:  # its slot is owed to a waiting adapter (see DevicePlacement.begin_step)
             name, slot = overdue  # parked, not preempted: they resume without recompute on its next turn
             self.scheduler.park_where(lambda s: s.adapter == name and s.adapter_slot == slot)

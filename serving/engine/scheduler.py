@@ -30,7 +30,7 @@ Torch-free: the scheduler only moves sequences and counts blocks.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 
 from loraplane.serving.engine.block_manager import BlockManager
@@ -335,6 +335,14 @@ class Scheduler:
         if not self.fair:
             return list(self.waiting)
         return sorted(self.waiting, key=lambda q: (self.served.get(q.tenant, 0.0), not q.output_token_ids))
+
+    def adapters_owed_in_line(self) -> Iterator[str]:
+        """The adapters of the waiting requests still owed their first token, in line order.
+        A generator: the queue is ordered only if the caller reads it (placement does so under
+        ``demand`` only, and stops at the first adapter without a slot)."""
+        for seq in self.in_line():
+            if seq.adapter is not None and not seq.output_token_ids:
+                yield seq.adapter
 
     def _next_waiting(self, skipped: set[int], tenants_out: Container[str | None] = ()) -> Sequence | None:
         """FIFO, or with fairness the waiting sequence of the least-served tenant (FIFO within a

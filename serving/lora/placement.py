@@ -177,16 +177,13 @@ class DevicePlacement:
             entry = self.entries.get(name)
             if entry is None or entry.loaded is None or entry.slot is not None:
                 continue  # unknown, loading into host memory (under way already), or placed
-            if len(self.tier) < self.tier.capacity or self.tier.policy.victim(self._not_evictable) is not None:
+            if self.tier.has_room():
                 return
             self.drain.ask(name, self._on_device, self._drain_victim)
             d = self.drain.current
             if d is not None and d.waiter == name and self.owed().get(d.victim, 0) == 0:
                 self.drain.park_now()
             return
-
-    def _not_evictable(self, key: object) -> bool:
-        return key in self.tier.pinned or self._held(key)
 
     def _drain_victim(self, waiter: str, now: int) -> str | None:
         if not self.follows_demand:  # the policy's own order, as the device tier would evict

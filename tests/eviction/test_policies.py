@@ -116,3 +116,21 @@ def test_belady_hits_at_least_as_often_as_any_online_policy(stream: list[int], c
     best = hits("belady")
     for policy in ("lru", "lfu", "tinylfu", "demand"):
         assert hits(policy) <= best
+
+
+def test_has_room_says_whether_an_insert_would_succeed() -> None:
+    """What placement asks before starting a drain: room is free, or a key neither pinned nor in
+    use can go. It agrees with ``insert`` and evicts nothing itself."""
+    busy: set[str] = set()
+    tier = Tier(2, make_policy("lru"), in_use=busy.__contains__)
+    assert tier.has_room(2) and not tier.has_room(3)
+    tier.insert("A")
+    tier.insert("B")
+    assert tier.has_room()  # B can go
+    busy.add("B")
+    tier.pin("A")
+    assert not tier.has_room() and sorted(tier.keys()) == ["A", "B"]
+    with pytest.raises(TierFullError):
+        tier.insert("C")
+    busy.clear()
+    assert tier.has_room() and tier.insert("C") == ["B"]
