@@ -11,11 +11,12 @@ import asyncio
 from collections import defaultdict
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from loraplane.serving.api.async_engine import AsyncEngine
 from loraplane.serving.api.deps import Caller, Engine, Server
+from loraplane.serving.api.disconnect import cancel_on_disconnect
 from loraplane.serving.api.errors import APIError
 from loraplane.serving.api.generation import final, meter_for, run, sampling, tokenised
 from loraplane.serving.api.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, new_id, now
@@ -69,7 +70,8 @@ async def model(model: str, engine: Engine, tenant: Caller) -> ModelCard:
 
 
 @router.post("/v1/completions")
-async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, server: Server) -> Any:
+@cancel_on_disconnect
+async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, server: Server, raw_request: Request) -> Any:
     adapter = resolve_model(engine, req.model, tenant)
     params = await sampling(engine, req, req.max_tokens or DEFAULT_COMPLETION_TOKENS, req.logprobs)
     rid, created = new_id("cmpl"), now()
@@ -110,7 +112,8 @@ async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, se
 
 
 @router.post("/v1/chat/completions")
-async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, server: Server) -> Any:
+@cancel_on_disconnect
+async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, server: Server, raw_request: Request) -> Any:
     adapter = resolve_model(engine, req.model, tenant)
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
     try:  # templated and encoded off the event loop and the engine thread

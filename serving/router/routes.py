@@ -8,6 +8,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from loraplane.serving.api.disconnect import cancel_on_disconnect
 from loraplane.serving.api.errors import APIError, require_admin
 from loraplane.serving.router.edge import forwarded_headers, relay
 from loraplane.serving.router.state import RouterState, State
@@ -20,11 +21,13 @@ def _no_replica() -> APIError:
 
 
 @router.post("/v1/completions")
+@cancel_on_disconnect
 async def completions(request: Request, state: State) -> Response:
     return await relay(state, request, "/v1/completions")
 
 
 @router.post("/v1/chat/completions")
+@cancel_on_disconnect
 async def chat(request: Request, state: State) -> Response:
     return await relay(state, request, "/v1/chat/completions")
 

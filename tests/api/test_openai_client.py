@@ -188,6 +188,22 @@ def test_a_client_that_disconnects_frees_its_sequence(server: str) -> None:
     assert engine.metrics.counts["qv4"].completion_tokens - before < 200, "the request ran on after the client left"
 
 
+def test_a_client_that_leaves_before_a_plain_answer_aborts_it(server: str) -> None:
+    """Not streamed, the response starts only when the whole answer is done: the engine must not
+    compute it for a client that has gone (it aborts at the disconnect, as vLLM does)."""
+    engine = ENGINES[server].get()
+    body = {"model": "qv4", "prompt": "the quick brown fox", "max_tokens": 240, "n": 4, "ignore_eos": True}
+    before = engine.metrics.counts["qv4"].completion_tokens
+    with pytest.raises(httpx.ReadTimeout):  # 4 x 240 tokens take about a second here; the client leaves after 0.1 s
+        httpx.post(f"{server}/v1/completions", json=body, timeout=0.1)
+    deadline = time.monotonic() + 10
+    while engine.has_unfinished() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not engine.has_unfinished()
+    assert engine.blocks.num_free == engine.blocks.num_blocks
+    assert engine.metrics.counts["qv4"].completion_tokens - before < 4 * 240, "the answer ran on after the client left"
+
+
 def test_a_prefetch_lands_in_host_memory_with_no_traffic(server: str, tiny_adapters: dict[str, Path], tiny_llama: Path) -> None:
     """What the operator relies on when it stages an adapter: an idle server still finishes the load."""
     admin = httpx.Client(base_url=server, headers={"Authorization": f"Bearer {ADMIN}"})
