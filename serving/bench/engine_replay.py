@@ -45,6 +45,7 @@ class Record:
     lag: float = 0.0
     first_steps: float = 0.0
     preemptions: int = 0
+    request_id: str = ""  # the engine's id, to match what a watcher (``after_step``) saw of it
 
 
 @dataclass
@@ -118,6 +119,7 @@ def replay(
                 out.records.append(Record(
                     a, seq.arrival_tier, admit - added, first_token - a.at, len(o.token_ids),
                     lag=added - a.at, first_steps=first_token - admit, preemptions=seq.num_preemptions,
+                    request_id=o.request_id,
                 ))  # fmt: skip
                 if until is not None and until(a):
                     awaited -= 1
