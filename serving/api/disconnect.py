@@ -21,7 +21,7 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import ParamSpec, TypeVar
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 P = ParamSpec("P")
@@ -31,10 +31,15 @@ T = TypeVar("T")
 CLIENT_CLOSED_REQUEST = 499
 
 
-async def _disconnected(request: Request) -> None:
-    """Returns once the client has disconnected (the body has been read already)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+async def _disconnected(request: Request) -> bool:
+    """Returns True once the client has disconnected (the body has been read already); False if
+    the connection cannot be watched, and then the handler runs to its end as without the watch."""
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    except Exception:
+        return False
+    return True
 
 
 def cancel_on_disconnect(handler: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T | Response]]:
@@ -44,12 +49,20 @@ def cancel_on_disconnect(handler: Callable[P, Awaitable[T]]) -> Callable[P, Awai
 
     @functools.wraps(handler)
     async def watched(*args: P.args, **kwargs: P.kwargs) -> T | Response:
-        request = next(a for a in (*args, *kwargs.values()) if isinstance(a, Request))
-        await request.body()  # read (and kept) before the watch, which reads what comes after it
+        request = next((a for a in (*args, *kwargs.values()) if isinstance(a, Request)), None)
+        if request is None:
+            raise TypeError(f"{handler.__qualname__} needs a starlette Request parameter to watch its client")
+        try:
+            await request.body()  # read (and kept) before the watch, which reads what comes after it
+        except ClientDisconnect:  # gone in the middle of its body: nothing was started
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         work = asyncio.ensure_future(handler(*args, **kwargs))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             done, _ = await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+            if work not in done and not gone.result():  # unwatchable: as if there were no watch
+                await asyncio.wait((work,))
+                done = {work}
         except BaseException:  # cancelled itself (the server stops): so is the work
             work.cancel()
             raise
@@ -59,6 +72,10 @@ def cancel_on_disconnect(handler: Callable[P, Awaitable[T]]) -> Callable[P, Awai
             return work.result()
         work.cancel()
         await asyncio.gather(work, return_exceptions=True)  # its cleanup, whatever it raises
+        if not work.cancelled() and work.exception() is None:
+            # It returned all the same (a cancel can land as it ends): its response carries the
+            # cleanup (a streamed body closes its request when the send fails), so it must run.
+            return work.result()
         return Response(status_code=CLIENT_CLOSED_REQUEST)
 
     return watched

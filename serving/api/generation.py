@@ -67,8 +67,9 @@ async def guide_for(engine: AsyncEngine, req: Request) -> Guide | None:
     schema = fmt.json_schema.schema_ if fmt.type == "json_schema" and fmt.json_schema is not None else None
     grammars = engine.engine.grammars
     work = asyncio.get_running_loop().run_in_executor(grammars.pool, grammars.compile, schema)
-    try:
-        return await asyncio.wait_for(work, COMPILE_DEADLINE_SECONDS)
+    try:  # asyncio.timeout, not wait_for: wait_for may swallow a cancel that lands as the compile ends
+        async with asyncio.timeout(COMPILE_DEADLINE_SECONDS):
+            return await work
     except GrammarError as err:
         raise APIError(400, f"response_format: {err}", param="response_format") from None
     except TimeoutError:  # a compile already running finishes within llguidance's own fuel bounds

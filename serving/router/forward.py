@@ -72,9 +72,9 @@ class Forwarder:
                 failures.append(f"{replica.name}: {type(err).__name__}{'' if response is None else ' before the first byte'}")
                 continue
             except BaseException:  # cancelled (the client went away): give back what this attempt holds
+                replica.in_flight -= 1  # first: a second cancel may land in the await below
                 if response is not None:
                     await response.aclose()
-                replica.in_flight -= 1
                 raise
             more = any(r.name not in tried for r in self.table.up())
             if response.status_code in RETRY_ELSEWHERE and more:
@@ -121,8 +121,8 @@ class Forwarder:
             raise APIError(502, f"replica {replica.name} failed while answering", type_="server_error",
                            code="upstream_failed") from None  # fmt: skip
         finally:
-            await response.aclose()
             replica.in_flight -= 1
+            await response.aclose()
         usage = None
         if response.status_code == 200:
             try:
@@ -156,10 +156,10 @@ class Forwarder:
             failure = error_body(f"replica {replica.name} failed mid-stream ({type(err).__name__}); the answer is incomplete",
                                  "server_error", "upstream_failed")  # fmt: skip
             yield f"data: {json.dumps(failure)}\n\n".encode()
-        finally:
-            await response.aclose()
+        finally:  # the bookkeeping first: a cancel (the client gone) may land in the await
             replica.in_flight -= 1
             done(usage)
+            await response.aclose()
 
 
 async def _first_chunk_read(response: httpx.Response) -> AsyncIterator[bytes]:
