@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -18,8 +19,8 @@ def request_with(receive: Any) -> Request:
     return Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
 
 
-def leaves_after(seconds: float) -> Any:
-    """An ASGI receive: the whole (empty) body, then the client leaves after ``seconds``."""
+def body_then(after: Callable[[], Awaitable[dict[str, Any]]]) -> Any:
+    """An ASGI receive: the whole body, then whatever ``after`` gives (or raises) at each call."""
     sent = False
 
     async def receive() -> dict[str, Any]:
@@ -27,10 +28,19 @@ def leaves_after(seconds: float) -> Any:
         if not sent:
             sent = True
             return {"type": "http.request", "body": b"{}", "more_body": False}
+        return await after()
+
+    return receive
+
+
+def leaves_after(seconds: float) -> Any:
+    """The client leaves ``seconds`` after sending its body."""
+
+    async def leave() -> dict[str, Any]:
         await asyncio.sleep(seconds)
         return {"type": "http.disconnect"}
 
-    return receive
+    return body_then(leave)
 
 
 def test_a_handler_whose_client_leaves_is_cancelled_and_its_cleanup_has_run() -> None:
@@ -65,13 +75,7 @@ def test_a_handler_that_returns_despite_its_cancel_keeps_its_response() -> None:
 
 
 def test_a_connection_that_cannot_be_watched_lets_the_handler_finish() -> None:
-    sent = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": b"{}", "more_body": False}
+    async def unavailable() -> dict[str, Any]:
         raise RuntimeError("receive is not available here")
 
     @cancel_on_disconnect
@@ -79,4 +83,4 @@ def test_a_connection_that_cannot_be_watched_lets_the_handler_finish() -> None:
         await asyncio.sleep(0.1)
         return "answer"
 
-    assert asyncio.run(handler(request_with(receive))) == "answer"
+    assert asyncio.run(handler(request_with(body_then(unavailable)))) == "answer"
