@@ -5,7 +5,7 @@ as one stream or one list.
 Settling is here because it must happen exactly once however the request ends: the usage record
 is written before the last event of a finished request, and the request's quota slot and pending
 count are released when it ends, finished, failed or abandoned by its client, even one that
-leaves before its response starts (``CleanupResponse``).
+leaves before its response starts (``cleanup_response.CleanupResponse``).
 """
 
 from __future__ import annotations
@@ -14,10 +14,6 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
 
 from loraplane.serving.api.metering import RequestMeter
 from loraplane.serving.engine.outputs import RequestOutput
@@ -120,22 +116,6 @@ class Choices:
                     running.discard(c.index)
         finally:
             self.close()
-
-
-class CleanupResponse(StreamingResponse):
-    """A streamed response that closes its request however the connection ends. Starlette never
-    iterates the body of a response whose client left before it started, so cleanup in the body
-    alone would leak that request's quota slot, pending count and sequences."""
-
-    def __init__(self, content: Any, request: Choices, **kwargs: Any) -> None:
-        super().__init__(content, **kwargs)
-        self.request = request
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.request.close()
 
 
 async def close_all(choices: list[Choice]) -> None:

@@ -10,7 +10,8 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from loraplane.serving.api.choices import Choices, CleanupResponse
+from loraplane.serving.api.choices import Choices
+from loraplane.serving.api.cleanup_response import CleanupResponse
 from loraplane.serving.api.errors import error_body
 from loraplane.serving.api.generation import Request, failure
 from loraplane.serving.api.metering import RequestMeter
@@ -64,4 +65,4 @@ def streamed(req: Request, base: dict[str, Any], request: Choices, choice_event:
         if req.stream_options and req.stream_options.include_usage:
             yield {**base, "choices": [], "usage": usage(request.meter)}
 
-    return CleanupResponse(sse(events()), request, media_type="text/event-stream")
+    return CleanupResponse(sse(events()), request.close, media_type="text/event-stream")

@@ -18,14 +18,15 @@ does not see it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
 from fastapi import Response
-from fastapi.responses import StreamingResponse
 
+from loraplane.serving.api.cleanup_response import CleanupResponse
 from loraplane.serving.api.errors import APIError, error_body
 from loraplane.serving.router.metrics import RouterMetrics
 from loraplane.serving.router.policy import Router
@@ -41,6 +42,7 @@ Done = Callable[[dict[str, Any] | None], None]  # called once with the answer's 
 class Forwarder:
     def __init__(self, table: ReplicaTable, router: Router, metrics: RouterMetrics, client: httpx.AsyncClient) -> None:
         self.table, self.router, self.metrics, self.client = table, router, metrics, client
+        self._closing: set[asyncio.Task[None]] = set()  # upstream responses closing after their client left
 
     async def _open(
         self, path: str, body: bytes, headers: dict[str, str], model: str, streaming: bool
@@ -112,8 +114,25 @@ class Forwarder:
         passed = {k: v for k, v in response.headers.items() if k.lower() in PASSED_HEADERS}
         passed[REPLICA_HEADER] = replica.name
         if body_stream is not None:
-            events = self._relay(replica, response, body_stream, strip_usage, done)
-            return StreamingResponse(events, status_code=200, headers=passed)
+            settled = False
+
+            def settle(usage: dict[str, Any] | None) -> None:
+                """The replica's in-flight count and the caller's ``done``, once, however the stream ends."""
+                nonlocal settled
+                if not settled:
+                    settled = True
+                    replica.in_flight -= 1
+                    done(usage)
+
+            def cleanup() -> None:  # after the response: the body's own finally settled it, unless it never started
+                settle(None)
+                if not response.is_closed:
+                    closing = asyncio.get_running_loop().create_task(response.aclose())
+                    self._closing.add(closing)
+                    closing.add_done_callback(self._closing.discard)
+
+            events = self._relay(replica, response, body_stream, strip_usage, settle)
+            return CleanupResponse(events, cleanup, status_code=200, headers=passed)
         try:
             content = await response.aread()
         except httpx.TransportError as err:
@@ -133,7 +152,7 @@ class Forwarder:
         return Response(content, status_code=response.status_code, headers=passed)
 
     async def _relay(
-        self, replica: Replica, response: httpx.Response, body: AsyncIterator[bytes], strip_usage: bool, done: Done
+        self, replica: Replica, response: httpx.Response, body: AsyncIterator[bytes], strip_usage: bool, settle: Done
     ) -> AsyncIterator[bytes]:
         usage: dict[str, Any] | None = None
         pending = b""
@@ -157,8 +176,7 @@ class Forwarder:
                                  "server_error", "upstream_failed")  # fmt: skip
             yield f"data: {json.dumps(failure)}\n\n".encode()
         finally:  # the bookkeeping first: a cancel (the client gone) may land in the await
-            replica.in_flight -= 1
-            done(usage)
+            settle(usage)
             await response.aclose()
 
 

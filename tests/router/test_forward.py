@@ -120,3 +120,27 @@ def test_a_client_that_goes_away_before_the_answer_begins_leaves_nothing_held_on
         assert table.replicas["r0"].in_flight == 0, stage
         assert table.replicas["r0"].up, stage  # a client leaving says nothing about the replica
         assert body.closed == (stage == "before the first byte")
+
+
+def test_a_client_gone_before_the_stream_starts_leaves_nothing_held() -> None:
+    """The handler has returned the stream, and the client leaves before Starlette sends a byte
+    of it: Starlette then never starts the body, so a cleanup written only in the body would
+    never run, and the replica's in-flight count and the tenant's reservation would stay taken."""
+    forwarder, table, _, _ = serve_stream({})
+    settled: list[object] = []
+
+    async def gone() -> dict[str, str]:
+        return {"type": "http.disconnect"}
+
+    async def nowhere(message: object) -> None:
+        await asyncio.sleep(0)
+
+    async def scenario() -> None:
+        payload = {"model": "m", "prompt": "p", "stream": True}
+        response = await forwarder.post("/v1/completions", payload, {}, settled.append)
+        assert table.replicas["r0"].in_flight == 1
+        await response({"type": "http", "asgi": {"spec_version": "2.3"}}, gone, nowhere)
+
+    asyncio.run(scenario())
+    assert table.replicas["r0"].in_flight == 0
+    assert len(settled) == 1  # the reservation went back, once
