@@ -114,24 +114,16 @@ class Forwarder:
         passed = {k: v for k, v in response.headers.items() if k.lower() in PASSED_HEADERS}
         passed[REPLICA_HEADER] = replica.name
         if body_stream is not None:
-            settled = False
+            settlement = _Settlement(replica, done)
 
-            def settle(usage: dict[str, Any] | None) -> None:
-                """The replica's in-flight count and the caller's ``done``, once, however the stream ends."""
-                nonlocal settled
-                if not settled:
-                    settled = True
-                    replica.in_flight -= 1
-                    done(usage)
-
-            def cleanup() -> None:  # after the response: the body's own finally settled it, unless it never started
-                settle(None)
+            def cleanup() -> None:  # after the response, however it ended (see CleanupResponse)
+                settlement.settle()
                 if not response.is_closed:
                     closing = asyncio.get_running_loop().create_task(response.aclose())
                     self._closing.add(closing)
                     closing.add_done_callback(self._closing.discard)
 
-            events = self._relay(replica, response, body_stream, strip_usage, settle)
+            events = self._relay(replica, response, body_stream, strip_usage, settlement)
             return CleanupResponse(events, cleanup, status_code=200, headers=passed)
         try:
             content = await response.aread()
@@ -152,9 +144,9 @@ class Forwarder:
         return Response(content, status_code=response.status_code, headers=passed)
 
     async def _relay(
-        self, replica: Replica, response: httpx.Response, body: AsyncIterator[bytes], strip_usage: bool, settle: Done
-    ) -> AsyncIterator[bytes]:
-        usage: dict[str, Any] | None = None
+        self, replica: Replica, response: httpx.Response, body: AsyncIterator[bytes], strip_usage: bool,
+        settlement: _Settlement,
+    ) -> AsyncIterator[bytes]:  # fmt: skip
         pending = b""
         try:
             async for chunk in body:
@@ -163,7 +155,7 @@ class Forwarder:
                     event, pending = pending.split(b"\n\n", 1)
                     found = _usage_of(event)
                     if found is not None:
-                        usage = found
+                        settlement.usage = found
                         if strip_usage:
                             continue
                     yield event + b"\n\n"
@@ -176,8 +168,26 @@ class Forwarder:
                                  "server_error", "upstream_failed")  # fmt: skip
             yield f"data: {json.dumps(failure)}\n\n".encode()
         finally:  # the bookkeeping first: a cancel (the client gone) may land in the await
-            settle(usage)
+            settlement.settle()
             await response.aclose()
+
+
+class _Settlement:
+    """A streamed answer's bookkeeping, done once however the stream ends: the replica's in-flight
+    count and the caller's ``done`` with the usage relayed so far. The body's ``finally`` settles it
+    when it ends; the response's cleanup when the body never started, or was left suspended at a
+    ``yield`` (Starlette does not close a body it stopped sending), with the usage seen by then."""
+
+    def __init__(self, replica: Replica, done: Done) -> None:
+        self.replica, self.done = replica, done
+        self.usage: dict[str, Any] | None = None
+        self.settled = False
+
+    def settle(self) -> None:
+        if not self.settled:
+            self.settled = True
+            self.replica.in_flight -= 1
+            self.done(self.usage)
 
 
 async def _first_chunk_read(response: httpx.Response) -> AsyncIterator[bytes]:

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
+from starlette.requests import ClientDisconnect
 
 from loraplane.serving.router.forward import Forwarder
 from loraplane.serving.router.metrics import RouterMetrics
@@ -144,3 +145,40 @@ def test_a_client_gone_before_the_stream_starts_leaves_nothing_held() -> None:
     asyncio.run(scenario())
     assert table.replicas["r0"].in_flight == 0
     assert len(settled) == 1  # the reservation went back, once
+
+
+def test_a_stream_cut_off_in_a_send_settles_with_the_usage_relayed_so_far() -> None:
+    """Starlette stops sending when a send fails (a server that says so with OSError) and leaves
+    the body suspended at its ``yield``, not closed: the cleanup after the response settles it,
+    with the usage the stream had carried, so the tenant's token quota counts what was used."""
+    usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+    events = [EVENTS[0], f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode(), EVENTS[1]]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=httpx.ByteStream(b"".join(events)))
+
+    table = ReplicaTable()
+    table.set_members({"r0": "http://r0"})
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    forwarder = Forwarder(table, Router("round-robin"), RouterMetrics(table, CollectorRegistry()), client)
+    settled: list[object] = []
+    sent: list[object] = []
+
+    async def listening() -> dict[str, str]:
+        await asyncio.sleep(60)
+        return {"type": "http.disconnect"}
+
+    async def fails_at_the_third(message: object) -> None:
+        sent.append(message)
+        if len(sent) == 3:  # the headers, the first event, then the usage event's send fails
+            raise OSError("the client's connection is gone")
+
+    async def scenario() -> None:
+        payload = {"model": "m", "prompt": "p", "stream": True, "stream_options": {"include_usage": True}}
+        response = await forwarder.post("/v1/completions", payload, {}, settled.append)
+        with pytest.raises(ClientDisconnect):
+            await response({"type": "http", "asgi": {"spec_version": "2.4"}}, listening, fails_at_the_third)
+
+    asyncio.run(scenario())
+    assert table.replicas["r0"].in_flight == 0
+    assert settled == [usage]
