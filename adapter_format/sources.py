@@ -9,6 +9,7 @@ folder; validation happens once they are local.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -126,7 +127,10 @@ def open_source(uri: str, s3: S3Settings | None = None) -> AdapterSource:
             raise ValueError(f"{uri!r}: an s3:// source needs a bucket, as in s3://bucket/prefix")
         return S3Source(uri, parsed.netloc, parsed.path.strip("/"), s3 or S3Settings.from_env())
     if parsed.scheme in ("file", ""):
-        return FileSource(uri, Path(parsed.path if parsed.scheme else uri).expanduser())
+        folder = Path(parsed.path if parsed.scheme else uri)
+        with contextlib.suppress(RuntimeError):  # "~name" for no user here: kept as written, as a shell does
+            folder = folder.expanduser()
+        return FileSource(uri, folder)
     raise ValueError(f"{uri!r}: adapter sources are s3://bucket/prefix, file:///path or a local path")
 
 

@@ -147,6 +147,15 @@ def test_a_local_source_no_folder_can_be_is_missing_not_an_os_error(tmp_path: Pa
     assert len(str(err.value)) < 1_000
 
 
+def test_a_home_of_no_user_is_a_missing_source_not_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``~name/...`` for a user this machine does not have (found by the admin fuzz test: a 500
+    from ``Path.expanduser``) is a path like any other that is not there: a 400 to the caller."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(AdapterValidationError) as err:
+        open_source("~no-such-user-on-this-machine/adapter").fetch(tmp_path)
+    assert err.value.code == ErrorCode.MISSING_FILE
+
+
 def test_digest_mismatch(tmp_path: Path) -> None:
     expect(
         ErrorCode.DIGEST_MISMATCH,
