@@ -90,7 +90,8 @@ class Timelines:
         for rid, first in self.first.items():
             seen = [s for s in self.states[rid] if s[0] <= first]
             if self.adapter.get(rid) == adapter and seen:
-                waits.append((ttft.get(rid, first - seen[0][0] + 1), rid, first - seen[0][0] + 1, seen))
+                steps = first - seen[0][0] + 1
+                waits.append((ttft.get(rid, steps), rid, steps, seen))
         return [(rid, steps, seen) for _, rid, steps, seen in sorted(waits, key=lambda w: -w[0])[:top]]
 
     def lengths(self, seen: list[tuple[int, str]]) -> str:

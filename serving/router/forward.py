@@ -123,7 +123,7 @@ class Forwarder:
                     self._closing.add(closing)
                     closing.add_done_callback(self._closing.discard)
 
-            events = self._relay(replica, response, body_stream, strip_usage, settlement)
+            events = self._relay(response, body_stream, strip_usage, settlement)
             return CleanupResponse(events, cleanup, status_code=200, headers=passed)
         try:
             content = await response.aread()
@@ -144,9 +144,9 @@ class Forwarder:
         return Response(content, status_code=response.status_code, headers=passed)
 
     async def _relay(
-        self, replica: Replica, response: httpx.Response, body: AsyncIterator[bytes], strip_usage: bool,
-        settlement: _Settlement,
-    ) -> AsyncIterator[bytes]:  # fmt: skip
+        self, response: httpx.Response, body: AsyncIterator[bytes], strip_usage: bool, settlement: _Settlement
+    ) -> AsyncIterator[bytes]:
+        replica = settlement.replica
         pending = b""
         try:
             async for chunk in body:
