@@ -334,7 +334,7 @@ class Scheduler:
         fairness, as ``_next_waiting`` orders them before this step's admissions charge anyone)."""
         if not self.fair:
             return list(self.waiting)
-        return sorted(self.waiting, key=lambda q: (self.served.get(q.tenant, 0.0), not q.output_token_ids))
+        return sorted(self.waiting, key=self._line_key)  # stable: deque order breaks ties, as below
 
     def adapters_owed_in_line(self) -> Iterator[str]:
         """The adapters of the waiting requests still owed their first token, in line order.
@@ -343,6 +343,11 @@ class Scheduler:
         for seq in self.in_line():
             if seq.adapter is not None and not seq.output_token_ids:
                 yield seq.adapter
+
+    def _line_key(self, seq: Sequence) -> tuple[float, bool]:
+        """A waiting sequence's place in line with fairness: its tenant's decayed service, then a
+        preempted sequence (one with output) before a new one."""
+        return self.served.get(seq.tenant, 0.0), not seq.output_token_ids
 
     def _next_waiting(self, skipped: set[int], tenants_out: Container[str | None] = ()) -> Sequence | None:
         """FIFO, or with fairness the waiting sequence of the least-served tenant (FIFO within a
@@ -356,7 +361,7 @@ class Scheduler:
         for q in self.waiting:  # deque order breaks ties: earlier first
             if id(q) in skipped or q.tenant in tenants_out:
                 continue
-            key = (self.served.get(q.tenant, 0.0), not q.output_token_ids)
+            key = self._line_key(q)
             if best_key is None or key < best_key:
                 best, best_key = q, key
         return best
