@@ -123,6 +123,7 @@ def write_records(path: Path, records: list[Record]) -> None:
         for r in sorted(records, key=lambda r: r.arrival.at):
             row = {"at": r.arrival.at, "adapter": r.arrival.adapter, "arrival_tier": r.arrival_tier, "lag": r.lag}
             row |= {"queue_wait": r.queue_wait, "first_steps": r.first_steps, "ttft": r.ttft, "preemptions": r.preemptions}
+            row |= {"latency": r.latency, "tokens": r.tokens}
             f.write(json.dumps(row) + "\n")
 
 

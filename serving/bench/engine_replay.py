@@ -46,6 +46,7 @@ class Record:
     first_steps: float = 0.0
     preemptions: int = 0
     request_id: str = ""  # the engine's id, to match what a watcher (``after_step``) saw of it
+    latency: float = 0.0  # seconds from its arrival time to its last token (the answer's end)
 
 
 @dataclass
@@ -119,7 +120,7 @@ def replay(
                 out.records.append(Record(
                     a, seq.arrival_tier, admit - added, first_token - a.at, len(o.token_ids),
                     lag=added - a.at, first_steps=first_token - admit, preemptions=seq.num_preemptions,
-                    request_id=o.request_id,
+                    request_id=o.request_id, latency=t - a.at,
                 ))  # fmt: skip
                 if until is not None and until(a):
                     awaited -= 1
