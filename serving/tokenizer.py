@@ -7,6 +7,7 @@ request, and a body of megabytes must not cost a full encode to be refused.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,21 @@ class PromptTooLong(ValueError):
     """A prompt with more tokens than the model can take."""
 
 
+class TemplateVariableError(ValueError):
+    """A chat-template variable that would set one of the templating call's own arguments."""
+
+
 class Tokenizer:
     def __init__(self, folder: Path) -> None:
         from transformers import AutoTokenizer
 
         self.hf: Any = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        decoder = getattr(getattr(self.hf, "backend_tokenizer", None), "decoder", None)
+        self._byte_of: dict[str, int] | None = None  # a byte-level BPE vocabulary's characters -> their bytes
+        if type(decoder).__name__ == "ByteLevel":
+            from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+            self._byte_of = {c: b for b, c in bytes_to_unicode().items()}  # type: ignore[no-untyped-call]
 
     @property
     def eos_token_id(self) -> int | None:
@@ -36,8 +47,8 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return bool(self.hf.chat_template)
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.hf.encode(text, add_special_tokens=True))
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
     def encode_within(self, text: str, limit: int, *, add_special_tokens: bool = True) -> list[int]:
         """``text``'s token ids, or ``PromptTooLong`` when they are more than ``limit``, decided
@@ -46,22 +57,64 @@ class Tokenizer:
         if len(text) > head:
             prefix = self.hf.encode(text[:head], add_special_tokens=add_special_tokens)
             if len(prefix) > limit + CUT_WORD_MARGIN:
-                raise PromptTooLong(f"the prompt has more than {limit} tokens, the most this model takes")
+                raise PromptTooLong(
+                    f"This model's maximum context length is {limit} tokens. However, the prompt has more tokens than that."
+                )
         ids = list(self.hf.encode(text, add_special_tokens=add_special_tokens))
         if len(ids) > limit:
-            raise PromptTooLong(f"the prompt has {len(ids)} tokens; this model takes at most {limit}")
+            raise PromptTooLong(
+                f"This model's maximum context length is {limit} tokens. However, the prompt has {len(ids)} tokens."
+            )
         return ids
 
-    def decode(self, ids: list[int]) -> str:
-        return str(self.hf.decode(ids, skip_special_tokens=True))
+    def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
+        return str(self.hf.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def token_text(self, token_id: int) -> str:
-        return str(self.hf.convert_ids_to_tokens(token_id))
+        """A token's own text, as OpenAI and vLLM show it in log-probabilities (" world", not the
+        vocabulary's "Ġworld"; special tokens by name). A token holding part of a character's
+        bytes shows as U+FFFD; ``token_bytes`` has its bytes."""
+        return str(self.hf.decode([token_id], skip_special_tokens=False))
 
-    def chat(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True, limit: int | None = None) -> list[int]:
+    def token_bytes(self, token_id: int) -> list[int]:
+        """A token's UTF-8 bytes (OpenAI's ``bytes``, which lets a client join the pieces of a
+        character split across tokens): exact for a byte-level BPE vocabulary, else its text's."""
+        if self._byte_of is not None:
+            piece = str(self.hf.convert_ids_to_tokens(token_id))
+            if all(c in self._byte_of for c in piece):
+                return [self._byte_of[c] for c in piece]
+        return list(self.token_text(token_id).encode("utf-8"))
+
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        variables: dict[str, Any] | None = None,
+        limit: int | None = None,
+    ) -> list[int]:
+        """The conversation through the model's chat template, as token ids. ``variables`` are
+        extra names the template may read (vLLM's ``chat_template_kwargs``); none may be
+        ``messages`` or one of ``apply_chat_template``'s own arguments (``tokenize``,
+        ``chat_template``, ...), which would change what is rendered or with what template. A
+        template that refuses the conversation (``raise_exception``, as many do for roles out of
+        order) is a ``ValueError``."""
+        from jinja2 import TemplateError
+
         if not self.has_chat_template:
             raise ValueError("this model's tokenizer has no chat template; send a plain prompt instead")
-        out = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        variables = variables or {}
+        taken = sorted(set(variables) & ({"messages"} | set(inspect.signature(self.hf.apply_chat_template).parameters)))
+        if taken:
+            raise TemplateVariableError(f"chat_template_kwargs: {', '.join(taken)} cannot be set here")
+        try:
+            out = self.hf.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, **variables,
+            )  # fmt: skip
+        except (TemplateError, TypeError) as err:  # TypeError: a variable that shadows one of the template's functions
+            raise ValueError(f"the chat template refused the conversation: {err}") from None
         if limit is not None:
             return self.encode_within(out, limit, add_special_tokens=False)
         return list(self.hf.encode(out, add_special_tokens=False))

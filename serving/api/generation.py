@@ -18,15 +18,15 @@ from loraplane.serving.api.choices import Choice, Choices
 from loraplane.serving.api.deps import ServerState
 from loraplane.serving.api.errors import APIError
 from loraplane.serving.api.metering import RequestMeter
-from loraplane.serving.api.protocol import ChatCompletionRequest, CompletionRequest
+from loraplane.serving.api.protocol import ChatCompletionRequest, ChatTemplating, CompletionRequest
 from loraplane.serving.api.tenants import TenantConfig
-from loraplane.serving.engine.llm_engine import RequestError
+from loraplane.serving.engine.llm_engine import ContextLengthExceeded, RequestError
 from loraplane.serving.engine.outputs import RequestOutput
 from loraplane.serving.engine.sampling_params import SamplingError, SamplingParams
 from loraplane.serving.engine.sequence import FinishReason
 from loraplane.serving.engine.structured import GrammarError, Guide
 from loraplane.serving.lora.entries import AdapterNotFound, AdapterUnavailable
-from loraplane.serving.tokenizer import PromptTooLong
+from loraplane.serving.tokenizer import PromptTooLong, TemplateVariableError
 
 Request = CompletionRequest | ChatCompletionRequest
 COMPILE_DEADLINE_SECONDS = 10.0  # a response_format schema's compile, queueing included
@@ -40,6 +40,7 @@ async def sampling(engine: AsyncEngine, req: Request, max_tokens: int, logprobs:
             temperature=req.temperature,
             top_p=req.top_p,
             top_k=req.top_k,
+            min_p=req.min_p,
             seed=req.seed,
             stop=req.stop_list(),
             stop_token_ids=tuple(req.stop_token_ids or ()),
@@ -50,6 +51,8 @@ async def sampling(engine: AsyncEngine, req: Request, max_tokens: int, logprobs:
             repetition_penalty=req.repetition_penalty,
             min_tokens=req.min_tokens,
             logit_bias=req.bias_list(),
+            skip_special_tokens=req.skip_special_tokens,
+            include_stop_str_in_output=req.include_stop_str_in_output,
             guide=guide,
         )
     except SamplingError as err:
@@ -91,7 +94,21 @@ async def tokenised(engine: AsyncEngine, prompts: list[str | list[int]]) -> list
     try:
         return await asyncio.to_thread(encode)
     except PromptTooLong as err:
-        raise APIError(400, str(err), param="prompt") from None
+        raise APIError(400, str(err), param="prompt", code="context_length_exceeded") from None
+
+
+async def templated(engine: AsyncEngine, req: ChatTemplating, *, limit: int | None = None) -> list[int]:
+    """The conversation through the chat template, as token ids, templated and encoded off the
+    event loop and the engine thread; one beyond ``limit`` tokens, a template variable that is
+    not one, or a conversation the template refuses is a 400."""
+    try:
+        return await asyncio.to_thread(engine.engine.tokenizer.chat, **req.template_input(), limit=limit)
+    except PromptTooLong as err:
+        raise APIError(400, str(err), param="messages", code="context_length_exceeded") from None
+    except TemplateVariableError as err:
+        raise APIError(400, str(err), param="chat_template_kwargs") from None
+    except ValueError as err:  # no chat template, or one that refuses these turns
+        raise APIError(400, str(err), param="messages") from None
 
 
 def meter_for(
@@ -108,6 +125,8 @@ async def first_output(stream: AsyncIterator[RequestOutput]) -> RequestOutput | 
         return await stream.__anext__()
     except StopAsyncIteration:
         return None
+    except ContextLengthExceeded as err:
+        raise APIError(400, str(err), code="context_length_exceeded") from None  # the prompt or max_tokens
     except (RequestError, SamplingError) as err:
         raise APIError(400, str(err)) from None
     except AdapterNotFound as err:

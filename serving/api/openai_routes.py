@@ -7,8 +7,8 @@ exactly as a missing model does.
 
 from __future__ import annotations
 
-import asyncio
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -18,7 +18,7 @@ from loraplane.serving.api.async_engine import AsyncEngine
 from loraplane.serving.api.deps import Caller, Engine, Server
 from loraplane.serving.api.disconnect import cancel_on_disconnect
 from loraplane.serving.api.errors import APIError
-from loraplane.serving.api.generation import final, meter_for, run, sampling, tokenised
+from loraplane.serving.api.generation import final, meter_for, run, sampling, templated, tokenised
 from loraplane.serving.api.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, new_id, now
 from loraplane.serving.api.streaming import finish_reason, streamed, usage
 from loraplane.serving.api.tenants import TenantConfig, Tenants
@@ -36,11 +36,15 @@ def _missing(model: str) -> APIError:
 def cards(engine: AsyncEngine, tenant: TenantConfig | None) -> list[ModelCard]:
     """The base (for a tenant allowed it) and the adapters the caller may use, each with the
     source it is served from as ``root`` (vLLM's field)."""
-    base = engine.engine.base.shape.name
-    found = [ModelCard(id=base, root=engine.engine.config.model)] if tenant is None or tenant.allow_base else []
+    base, context = engine.engine.base.shape.name, engine.engine.max_model_len
+    found = (
+        [ModelCard(id=base, root=engine.engine.config.model, max_model_len=context)]
+        if tenant is None or tenant.allow_base
+        else []
+    )
     for name, spec in sorted(engine.engine.adapters.catalog.items()):  # the engine thread's published snapshot
         if Tenants.may_use(tenant, spec.tenant):
-            found.append(ModelCard(id=name, root=spec.source, parent=base))
+            found.append(ModelCard(id=name, root=spec.source, parent=base, max_model_len=context))
     return found
 
 
@@ -53,6 +57,12 @@ def resolve_model(engine: AsyncEngine, model: str, tenant: TenantConfig | None) 
     if spec is not None and Tenants.may_use(tenant, spec.tenant):
         return model
     raise _missing(model)
+
+
+def token_namer(engine: AsyncEngine, as_ids: bool) -> Callable[[int], str]:
+    """How log-probabilities name a token: its text, or with vLLM's ``return_tokens_as_token_ids``
+    ``token_id:{id}``, which tells apart tokens whose text is the same (pieces of characters)."""
+    return (lambda t: f"token_id:{t}") if as_ids else engine.engine.tokenizer.token_text
 
 
 @router.get("/v1/models")
@@ -79,17 +89,29 @@ async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, se
     prompts = await tokenised(engine, req.prompts())
     request = await run(server, engine, prompts, params, req.n, meter, tenant, req.cache_salt)
 
-    def logprobs_of(out: RequestOutput, start: int = 0) -> dict[str, Any] | None:
-        """The entries of ``out``'s tokens from ``start`` on (a streamed chunk carries its new ones)."""
+    shown = token_namer(engine, req.return_tokens_as_token_ids)
+    sent: dict[int, int] = defaultdict(int)  # log-probabilities sent per choice
+    offset: dict[int, int] = defaultdict(int)  # where the next one's text starts in the choice's text
+
+    def logprobs_of(index: int, out: RequestOutput) -> dict[str, Any] | None:
+        """The entries of ``out``'s tokens not yet sent (a streamed chunk carries its new ones),
+        each token's ``text_offset`` counted, as vLLM's, over the texts of the tokens before it."""
         if req.logprobs is None:
             return None
-        tok, entries = engine.engine.tokenizer, out.logprobs[start:]
+        entries = out.logprobs[sent[index] :]
+        sent[index] = len(out.logprobs)
+        tokens = [shown(lp.token_id) for lp in entries]
+        offsets = []
+        for text in tokens:
+            offsets.append(offset[index])
+            offset[index] += len(text)
         return {
-            "tokens": [tok.token_text(lp.token_id) for lp in entries],
+            "text_offset": offsets,
+            "tokens": tokens,
             "token_logprobs": [lp.logprob for lp in entries],
             # As vLLM: the chosen token is among its step's entries too, so logprobs=0 gives it alone.
             "top_logprobs": [
-                {**{tok.token_text(t): v for t, v in lp.top}, tok.token_text(lp.token_id): lp.logprob} for lp in entries
+                {**{shown(t): v for t, v in lp.top}, text: lp.logprob} for lp, text in zip(entries, tokens, strict=True)
             ],
         }
 
@@ -97,16 +119,13 @@ async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, se
     if not req.stream:
         outs = await final(request)
         body = {**base, "usage": usage(meter), "choices": [
-            {"index": c.index, "text": out.text, "finish_reason": finish_reason(out), "logprobs": logprobs_of(out)}
+            {"index": c.index, "text": out.text, "finish_reason": finish_reason(out), "logprobs": logprobs_of(c.index, out)}
             for c, out in zip(request.choices, outs, strict=True)
         ]}  # fmt: skip
         return JSONResponse(body)
 
-    sent: dict[int, int] = defaultdict(int)  # log-probabilities sent per choice
-
     def event(index: int, out: RequestOutput, delta: str) -> dict[str, Any]:
-        start, sent[index] = sent[index], len(out.logprobs)
-        return {"index": index, "text": delta, "finish_reason": finish_reason(out), "logprobs": logprobs_of(out, start)}
+        return {"index": index, "text": delta, "finish_reason": finish_reason(out), "logprobs": logprobs_of(index, out)}
 
     return streamed(req, base, request, event)
 
@@ -115,11 +134,7 @@ async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, se
 @cancel_on_disconnect
 async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, server: Server, raw_request: Request) -> Any:
     adapter = resolve_model(engine, req.model, tenant)
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-    try:  # templated and encoded off the event loop and the engine thread
-        prompt = await asyncio.to_thread(engine.engine.tokenizer.chat, messages, limit=engine.engine.max_model_len)
-    except ValueError as err:  # no chat template, or a conversation beyond the context
-        raise APIError(400, str(err), param="messages") from None
+    prompt = await templated(engine, req, limit=engine.engine.max_model_len)
     limit = req.max_completion_tokens or req.max_tokens or max(1, engine.engine.max_model_len - len(prompt))
     params = await sampling(engine, req, limit, (req.top_logprobs or 0) if req.logprobs else None)
     rid, created = new_id("chatcmpl"), now()
@@ -129,10 +144,13 @@ async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, serve
     def logprobs_of(out: RequestOutput, start: int = 0) -> dict[str, Any] | None:
         if not req.logprobs:
             return None
-        tok = engine.engine.tokenizer
+        tok, shown = engine.engine.tokenizer, token_namer(engine, req.return_tokens_as_token_ids)
+
+        def entry(token_id: int, logprob: float) -> dict[str, Any]:
+            return {"token": shown(token_id), "logprob": logprob, "bytes": tok.token_bytes(token_id)}
+
         return {"content": [
-            {"token": tok.token_text(lp.token_id), "logprob": lp.logprob, "bytes": None,
-             "top_logprobs": [{"token": tok.token_text(t), "logprob": v, "bytes": None} for t, v in lp.top]}
+            {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
             for lp in out.logprobs[start:]
         ]}  # fmt: skip
 

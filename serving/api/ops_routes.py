@@ -1,11 +1,12 @@
 """What Kubernetes and Prometheus call: ``/health`` (liveness, at once), ``/ready`` (readiness,
-once the base is in memory) and ``/metrics``."""
+once the base is in memory) and ``/metrics``; and vLLM's ``/version``."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from loraplane import __version__
 from loraplane.serving.api.deps import Server
 from loraplane.serving.api.errors import require_admin
 
@@ -15,6 +16,12 @@ router = APIRouter()
 @router.get("/health")
 async def health() -> dict[str, str]:
     return {"status": "ok"}
+
+
+@router.get("/version")
+async def version() -> dict[str, str]:
+    """vLLM's: the server's version, for clients and dashboards that check what they talk to."""
+    return {"version": __version__}
 
 
 @router.get("/ready")

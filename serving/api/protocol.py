@@ -2,7 +2,9 @@
 
 Unknown fields are refused with a 400 rather than ignored: a client that sends ``best_of`` or
 ``tools`` expecting them to work should hear that they do not. Documented OpenAI fields that
-change nothing here (``user``, ``metadata``, ``store``, ...) are accepted. The models are the
+change nothing here (``user``, ``metadata``, ``store``, ...) are accepted, and so is ``null``
+for any optional field: OpenAI's schema marks them nullable, and clients (and the answers they
+send back as conversation turns) carry nulls for what they leave unset. The models are the
 single source of truth for the OpenAPI schema FastAPI publishes.
 """
 
@@ -30,6 +32,16 @@ TOKEN_ID_KEY = re.compile(r"[0-9]{1,9}")
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data: object) -> object:
+        """``"temperature": null`` means the default, as in OpenAI's API; a required field's
+        null is still refused (by its own type's message)."""
+        if not isinstance(data, dict):
+            return data
+        optional = {f.alias or k for k, f in cls.model_fields.items() if not f.is_required()}
+        return {k: v for k, v in data.items() if v is not None or k not in optional}
 
 
 class StreamOptions(_Strict):
@@ -63,6 +75,7 @@ class _Sampling(_Strict):
     temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = Field(default=0, ge=0, description="vLLM extension; 0 is off")
+    min_p: float = Field(default=0.0, ge=0, le=1, description="vLLM extension: drop tokens below min_p x the top one's")
     ignore_eos: bool = Field(default=False, description="vLLM extension: generate max_tokens whatever the model says")
     seed: int | None = None
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOPS)] | None = None
@@ -78,6 +91,11 @@ class _Sampling(_Strict):
     )
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
         default=None, max_length=300, description="token id (as a string) -> bias added to its logit"
+    )
+    skip_special_tokens: bool = Field(default=True, description="vLLM extension: special tokens left out of the text")
+    include_stop_str_in_output: bool = Field(default=False, description="vLLM extension: the text ends after the stop")
+    return_tokens_as_token_ids: bool = Field(
+        default=False, description="vLLM extension: log-probabilities name tokens as 'token_id:{id}'"
     )
     response_format: ResponseFormat | None = None
     cache_salt: str | None = Field(
@@ -171,10 +189,37 @@ class TextPart(_Strict):
     text: str
 
 
+# An OpenAI assistant message's fields for tools, refusals and audio, as the official client hands
+# an answer back (``message.model_dump()``): null or empty in every answer this server gives, so a
+# conversation may send them back as they came. Set to anything else they are refused as unknown.
+ANSWER_ONLY_FIELDS = ("refusal", "annotations", "audio", "function_call", "tool_calls")
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "user", "assistant"]
-    content: str | list[TextPart] = Field(description="text, or OpenAI content parts (text parts only)")
+    role: Literal["system", "developer", "user", "assistant"] = Field(
+        description="developer: OpenAI's newer name for system instructions, given to the chat template as system"
+    )
+    content: str | list[TextPart] | None = Field(
+        default=None, description="text, or OpenAI content parts (text parts only); null only in an assistant turn"
+    )
     name: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _answer_fields_unset(cls, data: object) -> object:
+        if not isinstance(data, dict):
+            return data
+        return {k: v for k, v in data.items() if k not in ANSWER_ONLY_FIELDS or v not in (None, [])}
+
+    @model_validator(mode="after")
+    def _content_given(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"content: required in a {self.role} message")
+        return self
+
+    def template_role(self) -> str:
+        """The role the chat template is given: chat templates know ``system``, not ``developer``."""
+        return "system" if self.role == "developer" else self.role
 
     @field_validator("content", mode="before")
     @classmethod
@@ -188,14 +233,48 @@ class ChatMessage(_Strict):
 
     def text(self) -> str:
         """The message's text: content parts joined as OpenAI's own chat formatting joins them."""
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
-class ChatCompletionRequest(_Sampling):
+class ChatTemplating(_Strict):
+    """A conversation and vLLM's chat-template controls: what ``/v1/chat/completions`` and
+    ``/tokenize`` render through the model's chat template."""
+
     messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = Field(default=False, description="the answer goes on from the last assistant turn")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None, description="extra variables for the chat template (for example enable_thinking)"
+    )
+
+    @model_validator(mode="after")
+    def _continuation(self) -> ChatTemplating:
+        if self.continue_final_message and (self.add_generation_prompt or self.messages[-1].role != "assistant"):
+            raise ValueError("continue_final_message: needs add_generation_prompt false and an assistant message last")
+        return self
+
+    def template_input(self) -> dict[str, Any]:
+        """``Tokenizer.chat``'s arguments: the turns and the template controls."""
+        return {
+            "messages": [{"role": m.template_role(), "content": m.text()} for m in self.messages],
+            "add_generation_prompt": self.add_generation_prompt,
+            "continue_final_message": self.continue_final_message,
+            "variables": self.chat_template_kwargs or {},
+        }
+
+
+class ChatCompletionRequest(_Sampling, ChatTemplating):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:  # as OpenAI and vLLM answer
+            raise ValueError("top_logprobs: only allowed when logprobs is true")
+        return self
 
 
 class PromptTokensDetails(BaseModel):
@@ -224,8 +303,42 @@ class ModelCard(BaseModel):
     owned_by: str = "loraplane"
     root: str | None = Field(default=None, description="what it is served from: the base's source, an adapter's URI")
     parent: str | None = None
+    max_model_len: int | None = Field(default=None, description="vLLM's field: prompt and completion tokens together")
 
 
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+# vLLM's /tokenize and /detokenize ------------------------------------------------------------
+
+
+class TokenizeCompletionRequest(_Strict):
+    model: str
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(ChatTemplating):
+    """A conversation as ``/v1/chat/completions`` would template it."""
+
+    model: str
+    return_token_strs: bool = False
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(_Strict):
+    model: str
+    tokens: list[Annotated[int, Field(ge=0)]]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str

@@ -22,8 +22,10 @@ MAX_PENDING_TOKENS = 8
 
 
 class Detokenizer:
-    def __init__(self, decode: Callable[[list[int]], str], stops: tuple[str, ...] = ()) -> None:
-        self.decode, self.stops = decode, stops
+    def __init__(self, decode: Callable[[list[int]], str], stops: tuple[str, ...] = (), include_stop: bool = False) -> None:
+        """``include_stop``: the text ends after the stop string found (vLLM's
+        ``include_stop_str_in_output``), not where it begins."""
+        self.decode, self.stops, self.include_stop = decode, stops, include_stop
         self.longest_stop = max((len(s) for s in stops), default=0)
         self.ids: list[int] = []
         self.prefix_offset = 0  # the window's first token
@@ -69,9 +71,10 @@ class Detokenizer:
         if not self.stops:
             return
         start = max(self.floor, before - self.longest_stop + 1)  # a match must end in the new text
-        cuts = [c for c in (self.text.find(s, start) for s in self.stops) if c >= 0]
-        if cuts:
-            self.text, self.stopped = self.text[: min(cuts)], True
+        found = [(c, s) for s in self.stops if (c := self.text.find(s, start)) >= 0]
+        if found:
+            cut, stop = min(found, key=lambda f: f[0])  # the first to begin; of those, the first listed
+            self.text, self.stopped = self.text[: cut + len(stop) if self.include_stop else cut], True
 
     @property
     def visible(self) -> str:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -45,6 +46,11 @@ log = logging.getLogger(__name__)
 
 class RequestError(ValueError):
     """A request the engine refuses before queueing it (the server maps this to a 400)."""
+
+
+class ContextLengthExceeded(RequestError):
+    """The prompt and ``max_tokens`` together exceed the model's context (OpenAI's
+    ``context_length_exceeded``)."""
 
 
 @dataclass
@@ -158,13 +164,18 @@ class LLMEngine:
         if any(t >= vocab for t, _ in params.logit_bias) or any(not 0 <= t < vocab for t in params.stop_token_ids):
             raise RequestError(f"logit_bias and stop_token_ids must name token ids in [0, {vocab})")
         if len(ids) + params.max_tokens > self.max_model_len:
-            raise RequestError(
-                f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds max_model_len={self.max_model_len}"
+            raise ContextLengthExceeded(  # OpenAI's and vLLM's wording, which clients match on
+                f"This model's maximum context length is {self.max_model_len} tokens (max_model_len). However, you "
+                f"requested {len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, {params.max_tokens} in the "
+                "completion). Please reduce the length of the prompt or max_tokens."
             )
         seq = Sequence(
             request_id=request_id, prompt_token_ids=ids, params=params, adapter=adapter, tenant=tenant, cache_scope=cache_scope
         )
-        seq.detokenizer = Detokenizer(self.tokenizer.decode, params.stop)
+        decode = (
+            self.tokenizer.decode if params.skip_special_tokens else partial(self.tokenizer.decode, skip_special_tokens=False)
+        )
+        seq.detokenizer = Detokenizer(decode, params.stop, params.include_stop_str_in_output)
         seq.leader = self.requests.get(after) if after is not None else None
         seq.arrival_time = time.monotonic()
         if adapter is not None:

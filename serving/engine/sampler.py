@@ -2,8 +2,8 @@
 
 Every sequence samples with its own generator when it gives a seed, so its output does not
 depend on which other requests share the batch. Log-probabilities are those of the model's
-distribution after the request's logits processors and before temperature, top-k and top-p
-(vLLM's default), for the chosen token and the ``logprobs`` most likely alternatives.
+distribution after the request's logits processors and before temperature, top-k, top-p and
+min-p (vLLM's default), for the chosen token and the ``logprobs`` most likely alternatives.
 """
 
 from __future__ import annotations
@@ -126,6 +126,8 @@ class Sampler:
             drop[0] = False
             scaled = scaled.scatter(0, index[drop], float("-inf"))
         probs = torch.softmax(scaled, dim=-1)
+        if p.min_p > 0:  # after temperature, as vLLM: the most likely token always stays
+            probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
         return int(torch.multinomial(probs, 1, generator=self._generator(seq)))
 
 

@@ -34,6 +34,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0  # vLLM's: tokens less likely than min_p x the most likely one are dropped
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
@@ -44,6 +45,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     min_tokens: int = 0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), as OpenAI's map
+    skip_special_tokens: bool = True  # vLLM's: special tokens are left out of the text
+    include_stop_str_in_output: bool = False  # vLLM's: the text ends after the stop string, not before it
     # A structured-output constraint: a factory of per-sequence matchers (see structured.py).
     guide: Any = field(default=None, compare=False)
     logits_processors: Sequence[LogitsProcessor] = field(default=(), compare=False)
@@ -55,6 +58,8 @@ class SamplingParams:
             raise SamplingError(f"temperature must be in [0, 2], got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise SamplingError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise SamplingError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.top_k < 0:
             raise SamplingError(f"top_k must be 0 (off) or positive, got {self.top_k}")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:

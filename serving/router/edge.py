@@ -63,7 +63,7 @@ async def _replica_serves(state: RouterState, request: Request, model: str) -> b
     read), the replica's own lookup decides, with the caller's key, as ``GET /v1/models/{model}``
     answers it. A replica that cannot answer decides nothing: the request goes on, and the
     forward reports what it finds."""
-    r = await state.forward().get_any(f"/v1/models/{quote(model, safe='')}", forwarded_headers(request))
+    r = await state.forward().ask_any(f"/v1/models/{quote(model, safe='')}", forwarded_headers(request))
     return r is None or r.status_code != 404
 
 

@@ -90,11 +90,14 @@ class Forwarder:
             self.metrics.routed.labels(replica.name, decision).inc()
             return replica, response, body_stream
 
-    async def get_any(self, path: str, headers: dict[str, str]) -> httpx.Response | None:
-        """A GET answered by one replica that is up, the least busy first (every replica serves
-        the same adapters; the operator sees to it); None when none answers."""
+    async def ask_any(self, path: str, headers: dict[str, str], body: bytes | None = None) -> httpx.Response | None:
+        """A call that only reads (a GET, or with ``body`` a POST to vLLM's tokenizer routes),
+        answered by one replica that is up, the least busy first (every replica serves the same
+        adapters; the operator sees to it); None when none answers."""
         for replica in sorted(self.table.up(), key=lambda r: r.in_flight):
             try:
+                if body is not None:
+                    return await self.client.post(f"{replica.url}{path}", headers=headers, content=body)
                 return await self.client.get(f"{replica.url}{path}", headers=headers)
             except httpx.TransportError as err:
                 self.table.mark_down(replica, repr(err))

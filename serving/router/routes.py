@@ -1,5 +1,6 @@
 """The router's routes: OpenAI's generation routes admitted at the edge and forwarded (see
-``edge``), the model list asked of any replica that is up, health, metrics, and the table."""
+``edge``), the model list and vLLM's tokenizer routes asked of any replica that is up, health,
+metrics, and the table."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from loraplane import __version__
 from loraplane.serving.api.disconnect import cancel_on_disconnect
 from loraplane.serving.api.errors import APIError, require_admin
 from loraplane.serving.router.edge import forwarded_headers, relay
@@ -32,9 +34,9 @@ async def chat(request: Request, state: State) -> Response:
     return await relay(state, request, "/v1/chat/completions")
 
 
-async def _ask_any(state: RouterState, request: Request, path: str) -> Response:
+async def _ask_any(state: RouterState, request: Request, path: str, body: bytes | None = None) -> Response:
     state.tenants.authenticate(request.headers.get("authorization"))
-    r = await state.forward().get_any(path, forwarded_headers(request))
+    r = await state.forward().ask_any(path, forwarded_headers(request), body)
     if r is None:
         raise _no_replica()
     return Response(r.content, status_code=r.status_code, media_type="application/json")
@@ -48,6 +50,23 @@ async def models(request: Request, state: State) -> Response:
 @router.get("/v1/models/{model:path}")
 async def model(model: str, request: Request, state: State) -> Response:
     return await _ask_any(state, request, f"/v1/models/{quote(model, safe='')}")
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request, state: State) -> Response:
+    """vLLM's tokenizer routes: any replica answers (one base, one tokenizer), checking the
+    caller's key and model there as for a generation."""
+    return await _ask_any(state, request, "/tokenize", await request.body())
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request, state: State) -> Response:
+    return await _ask_any(state, request, "/detokenize", await request.body())
+
+
+@router.get("/version")
+async def version() -> dict[str, str]:
+    return {"version": __version__}
 
 
 @router.get("/health")

@@ -1,5 +1,7 @@
 """What ordinary OpenAI clients send, through the official client: batched prompts, n > 1,
-penalties and biases, structured output, and stop strings in streams."""
+penalties and biases, structured output, stop strings in streams, log-probabilities as OpenAI
+shows them, nulls and answers sent back as turns, context-length errors and vLLM's tokenizer
+routes."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import jsonschema
 import openai
 import pytest
 from engine_helpers import tiny_engine
+from transformers import AutoTokenizer
 
 from loraplane.serving.api.app import create_app
 from loraplane.serving.api.loopback import serve_app
@@ -107,13 +110,14 @@ def test_n_streamed_interleaves_choices_that_add_up_to_the_plain_answer(client: 
 
 def test_penalties_and_bias_are_applied(client: openai.OpenAI) -> None:
     base = {"model": "qv4", "prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0, "logprobs": 0,
-            "extra_body": {"ignore_eos": True}}  # fmt: skip
+            "extra_body": {"ignore_eos": True, "return_tokens_as_token_ids": True}}  # fmt: skip
     plain = client.completions.create(**base).choices[0].logprobs.tokens
     penalised = client.completions.create(**base, frequency_penalty=2.0, presence_penalty=2.0).choices[0].logprobs.tokens
     assert len(set(plain)) < len(plain) and len(set(penalised)) == len(penalised)  # it loops; penalised, it does not
     biased = client.completions.create(**base, logit_bias={"77": 100}).choices[0].logprobs.tokens
     assert len(set(biased)) == 1 and len(biased) == 24
-    repeated = client.completions.create(**{**base, "extra_body": {"ignore_eos": True, "repetition_penalty": 1.8}})
+    assert biased[0] == "token_id:77"
+    repeated = client.completions.create(**{**base, "extra_body": {**base["extra_body"], "repetition_penalty": 1.8}})
     assert repeated.choices[0].logprobs.tokens != plain
 
 
@@ -229,3 +233,122 @@ def test_a_client_that_leaves_before_its_stream_starts_releases_every_choice(ser
     while time.monotonic() < deadline and (state.pending.total or engine.has_unfinished()):
         time.sleep(0.1)
     assert state.pending.total == 0 and not state.pending.by_tenant and not engine.has_unfinished()
+
+
+def test_log_probabilities_carry_token_text_offsets_and_bytes(client: openai.OpenAI, tiny_llama: Path) -> None:
+    """Tokens as text (" the", never the vocabulary's "Ġthe"), each one's ``text_offset`` in the
+    choice's text (streamed or not), and in chat each token's own bytes: a byte that is only part
+    of a character shows as U+FFFD and keeps its byte, so a client can join the pieces."""
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama))
+    word = next(i for piece, i in sorted(tok.get_vocab().items()) if piece.startswith("Ġ") and len(piece) >= 3)
+    text = tok.decode([word])
+    kwargs = {"model": "qv4", "prompt": PROMPTS[0], "max_tokens": 3, "temperature": 0, "logprobs": 1,
+              "logit_bias": {str(word): 100}, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    plain = client.completions.create(**kwargs).choices[0]
+    assert plain.text == text * 3 and plain.logprobs.tokens == [text] * 3
+    assert plain.logprobs.text_offset == [0, len(text), 2 * len(text)]
+    offsets = [
+        o for c in client.completions.create(**kwargs, stream=True) if c.choices for o in c.choices[0].logprobs.text_offset
+    ]
+    assert offsets == plain.logprobs.text_offset
+    lead = tok.convert_tokens_to_ids("Ã")  # byte 0xC3: the first byte of "é"
+    chat = client.chat.completions.create(
+        model="qv4", messages=[{"role": "user", "content": "hi"}], max_tokens=2, temperature=0, logprobs=True,
+        top_logprobs=1, logit_bias={str(lead): 100}, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    for entry in chat.choices[0].logprobs.content:
+        assert (entry.token, entry.bytes) == ("\ufffd", [0xC3])
+        assert [(t.token, t.bytes) for t in entry.top_logprobs] == [("\ufffd", [0xC3])]
+
+
+def test_nulls_developer_turns_and_answers_sent_back_are_accepted(server, client: openai.OpenAI) -> None:
+    """OpenAI's schema marks optional fields nullable, and a conversation sends the client's own
+    answer object back as a turn (its tool and refusal fields null): all of it is a plain request."""
+    first = client.chat.completions.create(model="qv4", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    body = {
+        "model": "qv4", "max_tokens": 3, "temperature": None, "top_p": None, "n": None, "stream": None, "seed": None,
+        "stop": None, "logprobs": None, "top_logprobs": None, "presence_penalty": None, "response_format": None,
+        "messages": [{"role": "developer", "content": "answer briefly"}, {"role": "user", "content": "hi", "name": None},
+                     first.choices[0].message.model_dump(), {"role": "user", "content": "and then?"}],
+    }  # fmt: skip
+    r = httpx.post(f"{server[0]}/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] > first.usage.prompt_tokens
+    for bad, field in (
+        ({**body, "top_logprobs": 2}, "top_logprobs"),
+        ({**body, "messages": [{"role": "user", "content": None}]}, "content"),
+        ({**body, "model": None}, "model"),
+        ({**body, "messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "c"}]}]}, "tool_calls"),
+    ):
+        r = httpx.post(f"{server[0]}/v1/chat/completions", json=bad)
+        assert r.status_code == 400 and field in r.json()["error"]["message"] + (r.json()["error"]["param"] or ""), r.text
+
+
+def test_context_overflow_is_openais_context_length_exceeded(client: openai.OpenAI) -> None:
+    """Clients match OpenAI's code and wording ("maximum context length") to trim and retry."""
+    for kwargs in ({"prompt": "the quick brown fox", "max_tokens": 250}, {"prompt": "the quick brown fox " * 200}):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(model="qv4", **kwargs)
+        assert err.value.code == "context_length_exceeded" and "maximum context length is 256 tokens" in err.value.message
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="qv4", messages=[{"role": "user", "content": "fox " * 400}])
+    assert err.value.code == "context_length_exceeded"
+
+
+def test_vllms_tokenizer_routes_match_what_generation_counts(server, client: openai.OpenAI, tiny_llama: Path) -> None:
+    url = server[0]
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama))
+    counted = httpx.post(f"{url}/tokenize", json={"model": "qv4", "prompt": PROMPTS[0], "return_token_strs": True}).json()
+    assert counted["tokens"] == tok.encode(PROMPTS[0]) and counted["count"] == len(counted["tokens"])
+    assert counted["max_model_len"] == 256 and "".join(counted["token_strs"]) == tok.decode(counted["tokens"])
+    back = httpx.post(f"{url}/detokenize", json={"model": "qv4", "tokens": counted["tokens"]}).json()
+    assert back["prompt"] == tok.decode(counted["tokens"])
+    messages = [{"role": "user", "content": "tell me about adapters"}]
+    chat = httpx.post(f"{url}/tokenize", json={"model": "qv4", "messages": messages}).json()
+    used = client.chat.completions.create(model="qv4", messages=messages, max_tokens=1).usage.prompt_tokens
+    assert chat["count"] == used
+    assert httpx.post(f"{url}/tokenize", json={"model": "nope", "prompt": "hi"}).status_code == 404
+    r = httpx.post(f"{url}/detokenize", json={"model": "qv4", "tokens": [10**6]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tokens"
+    assert {m.id: m.model_extra["max_model_len"] for m in client.models.list().data} == {_base(client): 256, "qv4": 256}
+    assert httpx.get(f"{url}/version").json()["version"]
+
+
+def test_vllms_chat_template_controls(server) -> None:
+    """A developer turn is templated as a system turn; continue_final_message goes on from the
+    last assistant turn; chat_template_kwargs reach the template, but never its call's own
+    arguments (a template of the caller's own among them)."""
+    url = server[0]
+
+    def rendered(**body: object) -> httpx.Response:
+        return httpx.post(f"{url}/tokenize", json={"model": "qv4", **body})
+
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the quick"}]
+    as_system = rendered(messages=[{"role": "system", "content": "be brief"}, *turns]).json()["tokens"]
+    assert rendered(messages=[{"role": "developer", "content": "be brief"}, *turns]).json()["tokens"] == as_system
+    going_on = rendered(messages=turns, add_generation_prompt=False, continue_final_message=True).json()["tokens"]
+    text = httpx.post(f"{url}/detokenize", json={"model": "qv4", "tokens": going_on}).json()["prompt"]
+    assert text.endswith("assistant\nthe quick")
+    assert rendered(messages=turns, continue_final_message=True).status_code == 400  # with add_generation_prompt
+    assert (
+        rendered(messages=turns, chat_template_kwargs={"enable_thinking": False}).json()["tokens"]
+        == rendered(messages=turns).json()["tokens"]
+    )
+    r = rendered(messages=turns, chat_template_kwargs={"tokenize": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
+    r = httpx.post(
+        f"{url}/v1/chat/completions",
+        json={"model": "qv4", "messages": turns, "chat_template_kwargs": {"chat_template": "{{ raise_exception('no') }}"}},
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
+
+
+def test_vllms_text_controls_reach_the_engine(client: openai.OpenAI) -> None:
+    kwargs = {"model": "qv4", "prompt": PROMPTS[1], "max_tokens": 12, "temperature": 0}
+    full = client.completions.create(**kwargs, extra_body={"ignore_eos": True}).choices[0].text
+    stop = full[4:6]
+    kept = client.completions.create(**kwargs, stop=[stop], extra_body={"ignore_eos": True, "include_stop_str_in_output": True})
+    assert kept.choices[0].text == full[: full.find(stop) + len(stop)]
+    # min_p 1 keeps only the most likely token: sampling at any temperature is then greedy.
+    sampled = client.completions.create(**{**kwargs, "temperature": 1.5}, extra_body={"ignore_eos": True, "min_p": 1.0})
+    assert sampled.choices[0].text == full

@@ -96,6 +96,11 @@ def test_each_tenant_lists_and_calls_only_its_own(server, tiny_llama: Path) -> N
     assert theirs.value.body["message"].replace("globex-bot", "X") == missing.value.body["message"].replace("no-such-bot", "X")
     with pytest.raises(openai.NotFoundError):
         globex.completions.create(model=tiny_llama.name, prompt="hi", max_tokens=2)
+    # vLLM's tokenizer routes answer as the completions do: a key, and only the caller's models.
+    body = {"model": "globex-bot", "prompt": "hi"}
+    assert httpx.post(f"{url}/tokenize", json=body).status_code == 401
+    assert httpx.post(f"{url}/tokenize", json=body, headers={"Authorization": "Bearer key-acme"}).status_code == 404
+    assert httpx.post(f"{url}/tokenize", json=body, headers={"Authorization": "Bearer key-globex"}).json()["count"] > 0
 
 
 def test_one_tenants_cached_prompt_is_invisible_to_another(server, tiny_llama: Path) -> None:

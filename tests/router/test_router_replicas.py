@@ -137,6 +137,15 @@ def test_streams_pass_through_and_tenants_stay_apart_at_the_edge(fleet: Fleet, r
         openai.OpenAI(base_url=f"{router}/v1", api_key="sk-wrong", max_retries=0).models.list()
     assert {m.id for m in globex.models.list().data} >= {"mlp16", "ku2"}
     assert not {"qv4", "all8"} & {m.id for m in globex.models.list().data}
+    # vLLM's tokenizer routes go through too, with the same keys and the same hiding.
+    key = {"Authorization": f"Bearer {fleet.keys['globex']}"}
+    counted = httpx.post(f"{router}/tokenize", json={"model": "mlp16", "prompt": "hello"}, headers=key, timeout=30).json()
+    assert counted == httpx.post(f"{fleet.urls[0]}/tokenize", json={"model": "mlp16", "prompt": "hello"}, headers=key).json()
+    back = httpx.post(f"{router}/detokenize", json={"model": "mlp16", "tokens": counted["tokens"]}, headers=key, timeout=30)
+    assert back.json()["prompt"].endswith("hello")
+    assert httpx.post(f"{router}/tokenize", json={"model": "qv4", "prompt": "x"}, headers=key, timeout=30).status_code == 404
+    assert httpx.post(f"{router}/tokenize", json={"model": "mlp16", "prompt": "x"}, timeout=30).status_code == 401
+    assert httpx.get(f"{router}/version", timeout=30).json()["version"]
 
 
 def test_a_tenants_concurrency_quota_holds_at_the_edge(fleet: Fleet) -> None:

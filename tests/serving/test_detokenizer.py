@@ -59,6 +59,15 @@ def test_streamed_text_never_shows_a_stop_string_or_its_cut_beginning(tokenizer:
         assert stop not in shown and final.startswith(shown)
 
 
+def test_the_stop_string_ends_the_text_when_it_is_to_be_included(tokenizer: Tokenizer) -> None:
+    """vLLM's include_stop_str_in_output: the text ends after the first stop string to begin."""
+    ids = tokenizer.hf.encode("ab cd ef gh", add_special_tokens=False)
+    detok = Detokenizer(tokenizer.decode, ("ef", "d e"), include_stop=True)
+    for t in ids:
+        detok.push(t)
+    assert detok.stopped and detok.text == detok.visible == "ab cd e"
+
+
 def test_a_stop_string_split_across_many_tokens_is_held_back_until_it_is_decided(tokenizer: Tokenizer) -> None:
     ids = tokenizer.hf.encode("ab END", add_special_tokens=False)
     detok = Detokenizer(tokenizer.decode, ("ENDING",))

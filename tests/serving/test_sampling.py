@@ -50,6 +50,38 @@ def test_top_p_keeps_the_smallest_nucleus(engine) -> None:
         assert token in nucleus
 
 
+def test_min_p_drops_tokens_below_its_share_of_the_top_one(engine) -> None:
+    """vLLM's min_p, after temperature: at 0.5 every drawn token is at least half as likely as the
+    step's most likely one, where the same seed without it draws some that are not."""
+    recorder = LogitsRecorder(None)
+    kwargs = {"max_tokens": 30, "temperature": 2.0, "seed": 4, "ignore_eos": True}
+    out = engine.generate([PROMPT], SamplingParams(**kwargs, min_p=0.5, logits_processors=[recorder]))[0]
+    for token, row in zip(out.token_ids, recorder.rows, strict=True):
+        probs = torch.softmax(row / 2.0, -1)
+        assert probs[token] >= 0.5 * probs.max()
+    recorder = LogitsRecorder(None)
+    free = engine.generate([PROMPT], SamplingParams(**kwargs, logits_processors=[recorder]))[0]
+    shares = [
+        float(torch.softmax(row / 2.0, -1)[t] / torch.softmax(row / 2.0, -1).max())
+        for t, row in zip(free.token_ids, recorder.rows, strict=True)
+    ]
+    assert min(shares) < 0.5
+
+
+def test_special_tokens_and_the_stop_string_in_the_text_as_asked(engine) -> None:
+    """vLLM's skip_special_tokens (on by default) and include_stop_str_in_output (off)."""
+    eos = engine.tokenizer.eos_token_id
+    forced = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, logit_bias=((eos, 100.0),))
+    assert engine.generate([PROMPT], forced)[0].text == ""
+    shown = engine.generate([PROMPT], SamplingParams(**{**forced.__dict__, "skip_special_tokens": False}))[0]
+    assert shown.text == engine.tokenizer.hf.decode([eos]) * 3
+    greedy = engine.generate([PROMPT], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
+    stop = greedy.text[2:4]
+    kept = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop=(stop,), include_stop_str_in_output=True)
+    out = engine.generate([PROMPT], kept)[0]
+    assert out.finish_reason is FinishReason.STOP and out.text == greedy.text[: greedy.text.find(stop) + len(stop)]
+
+
 def test_logprobs_are_those_of_the_chosen_tokens(engine) -> None:
     recorder = LogitsRecorder(None)
     p = SamplingParams(max_tokens=6, temperature=0.8, seed=1, logprobs=3, ignore_eos=True, logits_processors=[recorder])
@@ -91,6 +123,7 @@ def test_stop_string_truncates_the_text(engine) -> None:
         ({"top_k": -2}, "top_k"),
         ({"logprobs": 50}, "logprobs"),
         ({"stop": ("",)}, "stop"),
+        ({"min_p": 1.5}, "min_p"),
     ],
 )
 def test_bad_sampling_params_are_refused(kwargs, message) -> None:

@@ -1,0 +1,36 @@
+"""The chat template as the server applies it: variables a request may set, and a template's own
+refusals, each an error the server answers with a 400 rather than a 500."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loraplane.serving.tokenizer import TemplateVariableError, Tokenizer
+
+TURNS = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def tokenizer(tiny_llama: Path) -> Tokenizer:
+    return Tokenizer(tiny_llama)
+
+
+def test_variables_reach_the_template(tokenizer: Tokenizer) -> None:
+    tokenizer.hf.chat_template = "{% if greeting %}{{ greeting }} {% endif %}{{ messages[0]['content'] }}"
+    assert tokenizer.hf.decode(tokenizer.chat(TURNS, add_generation_prompt=False, variables={"greeting": "hello"})) == "hello hi"
+
+
+@pytest.mark.parametrize("name", ["messages", "tokenize", "chat_template", "tools", "add_generation_prompt"])
+def test_a_variable_may_not_set_the_templating_calls_own_arguments(tokenizer: Tokenizer, name: str) -> None:
+    with pytest.raises(TemplateVariableError, match=name):
+        tokenizer.chat(TURNS, variables={name: "{{ 1 }}"})
+
+
+def test_a_template_that_refuses_the_turns_is_a_value_error(tokenizer: Tokenizer) -> None:
+    tokenizer.hf.chat_template = "{{ raise_exception('roles must alternate') }}"
+    with pytest.raises(ValueError, match="roles must alternate"):
+        tokenizer.chat(TURNS)
+    with pytest.raises(ValueError, match="refused"):  # a variable shadowing the template's own function
+        tokenizer.chat(TURNS, variables={"raise_exception": 1})
