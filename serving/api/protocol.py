@@ -232,10 +232,10 @@ class ChatMessage(_Strict):
         return v
 
     def text(self) -> str:
-        """The message's text: content parts joined as OpenAI's own chat formatting joins them."""
+        """The message's text: content parts joined with newlines, as vLLM joins them."""
         if self.content is None:
             return ""
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
 
 
 class ChatTemplating(_Strict):

@@ -231,17 +231,18 @@ def test_models_are_retrieved_one_by_one_with_their_root(client: openai.OpenAI, 
 
 def test_chat_content_parts_and_usage_on_every_chunk(client: openai.OpenAI) -> None:
     """What OpenAI-compatible load generators send (guidellm among them): content as a list of
-    text parts, and vLLM's continuous_usage_stats."""
-    plain = [{"role": "user", "content": "a platform team serves many fine-tunes"}]
+    text parts (joined with newlines, as vLLM joins them), and vLLM's continuous_usage_stats."""
+    plain = [{"role": "user", "content": "a platform team\nserves many fine-tunes"}]
     parts = [
         {
             "role": "user",
-            "content": [{"type": "text", "text": "a platform team "}, {"type": "text", "text": "serves many fine-tunes"}],
+            "content": [{"type": "text", "text": "a platform team"}, {"type": "text", "text": "serves many fine-tunes"}],
         }
     ]
     a = client.chat.completions.create(model="all8", messages=plain, max_tokens=6, temperature=0)
     b = client.chat.completions.create(model="all8", messages=parts, max_tokens=6, temperature=0)  # type: ignore[arg-type]
     assert a.choices[0].message.content == b.choices[0].message.content
+    assert a.usage.prompt_tokens == b.usage.prompt_tokens
     chunks = list(client.chat.completions.create(
         model="all8", messages=parts, max_tokens=6, temperature=0, stream=True,  # type: ignore[arg-type]
         stream_options={"include_usage": True, "continuous_usage_stats": True},  # type: ignore[typeddict-unknown-key]
