@@ -82,6 +82,7 @@ class _Sampling(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=MAX_N, description="choices per prompt; they share the prompt's KV blocks")
+    best_of: int | None = Field(default=None, description="accepted only equal to n: no hidden samples are drawn")
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
     presence_penalty: float = Field(default=0.0, ge=-2, le=2)
     repetition_penalty: float = Field(default=1.0, ge=0.01, le=2, description="vLLM extension; 1 is off")
@@ -112,6 +113,8 @@ class _Sampling(_Strict):
     def _stream_options_need_stream(self) -> _Sampling:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")  # as OpenAI and vLLM answer
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError(f"best_of: only best_of equal to n ({self.n}) is supported")
         return self
 
     @field_validator("logit_bias")
@@ -269,6 +272,18 @@ class ChatCompletionRequest(_Sampling, ChatTemplating):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
+    # Tools are not served: what a framework with no tools registered sends is accepted; a tool
+    # offered, or a call demanded, is a 400 naming the field.
+    tools: list[Any] | None = Field(default=None, description="only an empty list: tools are not served")
+    tool_choice: Literal["none", "auto"] | None = None
+    parallel_tool_calls: bool | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, v: list[Any] | None) -> list[Any] | None:
+        if v:
+            raise ValueError("tool calling is not served here; send no tools (or an empty list)")
+        return v
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:

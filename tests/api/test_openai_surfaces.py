@@ -274,7 +274,12 @@ def test_nulls_developer_turns_and_answers_sent_back_are_accepted(server, client
     r = httpx.post(f"{server[0]}/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] > first.usage.prompt_tokens
+    no_tools = {**body, "tools": [], "tool_choice": "none", "parallel_tool_calls": False, "n": 2, "best_of": 2}
+    assert httpx.post(f"{server[0]}/v1/chat/completions", json=no_tools).status_code == 200  # a framework with no tools
     for bad, field in (
+        ({**body, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({**body, "tool_choice": "required"}, "tool_choice"),
+        ({**body, "n": 2, "best_of": 3}, "best_of"),
         ({**body, "top_logprobs": 2}, "top_logprobs"),
         ({**body, "messages": [{"role": "user", "content": None}]}, "content"),
         ({**body, "model": None}, "model"),
