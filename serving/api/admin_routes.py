@@ -44,7 +44,13 @@ async def _state(engine: AsyncEngine, tenants: Tenants, name: str) -> NamedAdapt
 @router.post("/v1/load_lora_adapter", response_class=PlainTextResponse)
 async def load_lora(req: LoadLoraRequest, engine: Admin, server: Server) -> str:
     """vLLM's call: fetch, validate and replay the golden outputs (off the engine thread), then
-    serve it under ``lora_name``, replacing a version already there."""
+    serve it under ``lora_name``. A name already served is replaced only with ``load_inplace``,
+    as vLLM answers (the operator's promotions go through ``/admin/adapters``)."""
+    if req.lora_name in engine.engine.adapters.catalog and not req.load_inplace:
+        raise APIError(
+            400, f"The lora adapter '{req.lora_name}' has already been loaded. Set load_inplace to replace it.",
+            param="lora_name", code="adapter_already_loaded",
+        )  # fmt: skip
     try:
         await load_adapter(engine, _spec(req))
     except AdapterValidationError as err:

@@ -141,6 +141,10 @@ def test_load_and_unload_lora_need_the_admin_token(server: str, client: openai.O
     httpx.post(f"{server}/v1/unload_lora_adapter", json={"lora_name": "mlp16"}, headers=auth)
     bad = httpx.post(f"{server}/v1/load_lora_adapter", json={"lora_name": "bad", "lora_path": "/nonexistent"}, headers=auth)
     assert bad.status_code == 404 and bad.json()["error"]["code"] == "MissingFile"  # vLLM's answer for no adapter there
+    # A name already served is replaced only when asked to, as vLLM answers.
+    twice = httpx.post(f"{server}/v1/load_lora_adapter", json=body, headers=auth)
+    assert twice.status_code == 400 and "already been loaded" in twice.json()["error"]["message"]
+    assert client.completions.create(model="ku2", prompt="hi", max_tokens=2).choices
     # vLLM's own fields: tools written for its endpoint send them.
     again = {**body, "load_inplace": True, "lora_int_id": 7}
     assert httpx.post(f"{server}/v1/load_lora_adapter", json=again, headers=auth).status_code == 200
