@@ -25,6 +25,7 @@ from loraplane.serving.engine.decode_graphs import DecodeGraphs
 from loraplane.serving.engine.device_memory import GpuBudget, activation_bytes, gpu_budget, log_sizing, resolve_device
 from loraplane.serving.engine.llm_engine import EngineParts, LLMEngine
 from loraplane.serving.engine.model_runner import ModelRunner
+from loraplane.serving.engine.queue_metrics import QueueCollector
 from loraplane.serving.engine.sampler import Sampler
 from loraplane.serving.engine.scheduler import FAIR_PREFILL_CHUNK, Scheduler
 from loraplane.serving.engine.structured import Grammars
@@ -266,6 +267,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
         fair=config.fair_scheduling,
         fair_prefill_chunk=config.fair_prefill_chunk or FAIR_PREFILL_CHUNK["cuda" if device.type == "cuda" else "cpu"],
     )
+    metrics.registry.register(QueueCollector(scheduler, blocks, config.max_loras, base.shape.name))
     graphs = None
     if graphed:
         max_blocks = -(-max_model_len // config.block_size)
