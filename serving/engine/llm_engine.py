@@ -165,7 +165,7 @@ class LLMEngine:
             raise RequestError(f"logit_bias and stop_token_ids must name token ids in [0, {vocab})")
         if len(ids) + params.max_tokens > self.max_model_len:
             raise ContextLengthExceeded(  # OpenAI's and vLLM's wording, which clients match on
-                f"This model's maximum context length is {self.max_model_len} tokens (max_model_len). However, you "
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you "
                 f"requested {len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, {params.max_tokens} in the "
                 "completion). Please reduce the length of the prompt or max_tokens."
             )

@@ -90,7 +90,7 @@ def test_unknown_names_busy_adapters_and_long_prompts(engine, tiny_adapters) -> 
     engine.abort(rid)
     engine.unload_lora("all8")
     assert "all8" not in engine.adapters.entries
-    with pytest.raises(RequestError, match="max_model_len"):
+    with pytest.raises(RequestError, match="maximum context length is"):
         engine.add_request([1] * 500, SamplingParams(max_tokens=100))
     with pytest.raises(RequestError, match="token ids"):
         engine.add_request([1, 99999])
