@@ -86,8 +86,9 @@ class BlockManager:
 
     def _prefix_hits(self, seq: Sequence) -> list[Block]:
         """Cached blocks that hold this sequence's leading full blocks. The last token is always
-        left to compute, because its logits are what the step samples from."""
-        if not self.enable_prefix_caching:
+        left to compute, because its logits are what the step samples from; and every token of a
+        sequence that asks for its prompt's log-probabilities, which come from computed rows."""
+        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
             return []
         hits: list[Block] = []
         parent = 0

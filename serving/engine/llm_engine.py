@@ -176,6 +176,8 @@ class LLMEngine:
             self.tokenizer.decode if params.skip_special_tokens else partial(self.tokenizer.decode, skip_special_tokens=False)
         )
         seq.detokenizer = Detokenizer(decode, params.stop, params.include_stop_str_in_output)
+        if params.prompt_logprobs is not None:
+            seq.prompt_logprobs = [None] * len(ids)
         seq.leader = self.requests.get(after) if after is not None else None
         seq.arrival_time = time.monotonic()
         if adapter is not None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from loraplane.serving.engine import transfers
+from loraplane.serving.engine import prompt_logprobs, transfers
 from loraplane.serving.engine.decode_graphs import DecodeGraphs
 from loraplane.serving.engine.sampler import SampleFailure, Sampler
 from loraplane.serving.engine.sequence import Sequence, TokenLogprob
@@ -195,6 +195,8 @@ class ModelRunner:
                 hidden = self.model(input_ids, ctx, self.cache)
             else:
                 hidden = self.model(input_ids, ctx, self.cache, between_layers=between_layers)
+            if any(seq.params.prompt_logprobs is not None for seq, _ in items):
+                prompt_logprobs.record(items, hidden, self.model.logits)
             if not sampled:
                 return {}
             logits = self.model.logits(hidden[logit_rows])

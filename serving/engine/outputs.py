@@ -19,6 +19,7 @@ class RequestOutput:
     finish_reason: FinishReason | None
     logprobs: list[TokenLogprob]
     num_cached_tokens: int
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     error: str | None = None
     adapter_version: str | None = None
     adapter_digest: str | None = None
@@ -39,6 +40,7 @@ def output_of(seq: Sequence) -> RequestOutput:
         finish_reason=seq.finish_reason,
         logprobs=list(seq.logprobs),
         num_cached_tokens=seq.num_cached_tokens,
+        prompt_logprobs=list(seq.prompt_logprobs) if seq.prompt_logprobs is not None else None,
         error=seq.error,
         adapter_version=seq.adapter_version,
         adapter_digest=seq.adapter_digest,

@@ -40,6 +40,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None  # vLLM's: each prompt token's, and this many alternatives
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -64,6 +65,8 @@ class SamplingParams:
             raise SamplingError(f"top_k must be 0 (off) or positive, got {self.top_k}")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise SamplingError(f"logprobs must be in [0, 20], got {self.logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
+            raise SamplingError(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
         for name in ("frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
             if not -MAX_PENALTY <= value <= MAX_PENALTY:

@@ -60,6 +60,9 @@ class Sequence:
     status: Status = Status.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    # With params.prompt_logprobs: one entry per prompt token, None for the first (nothing predicts
+    # it) and for those not computed yet (see prompt_logprobs.py).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0  # times it was sent back to the queue to be recomputed

@@ -81,3 +81,31 @@ def test_embedded_smollm2_mixed_batch_matches_peft(tmp_path: Path) -> None:
         assert err < 2e-3, f"request {i} ({mix[i]}): max logit error {err:.2e}"
     assert tokens == ref_tokens
     assert torch.isfinite(torch.stack(logits)).all()
+
+
+def test_prompt_log_probabilities_match_peft_chunked_and_beside_cached_prompts(
+    tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    """vLLM's prompt_logprobs (what echo with logprobs returns): each prompt token's log-probability
+    under the adapter, as transformers + PEFT compute it over the whole prompt, though the prompt
+    is computed in chunks (a small token budget) and the same prompt's blocks were cached by an
+    earlier request (which must not be reused: their rows would be missing)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from loraplane.serving.engine.sampling_params import SamplingParams
+
+    prompt = _prompts(1, 320, seed=11)[0] * 3  # about 30 to 60 tokens: several chunks of 16
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32).eval()
+    model = PeftModel.from_pretrained(model, str(tiny_adapters["all8"])).eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    engine = tiny_engine(tiny_llama, tmp_path, tiny_adapters, max_num_batched_tokens=16)
+    engine.generate([prompt], SamplingParams(max_tokens=1), ["all8"])  # its blocks are cached now
+    (out,) = engine.generate([prompt], SamplingParams(max_tokens=1, prompt_logprobs=3), ["all8"])
+    assert out.prompt_logprobs is not None and len(out.prompt_logprobs) == len(prompt)
+    assert out.prompt_logprobs[0] is None  # nothing predicts the first token
+    for i, entry in enumerate(out.prompt_logprobs[1:], start=1):
+        assert entry is not None and entry.token_id == prompt[i]
+        assert abs(entry.logprob - float(ref[i - 1, prompt[i]])) < 1e-4, f"position {i}"
+        assert [t for t, _ in entry.top] == torch.topk(ref[i - 1], 3).indices.tolist()
