@@ -32,7 +32,9 @@ Request = CompletionRequest | ChatCompletionRequest
 COMPILE_DEADLINE_SECONDS = 10.0  # a response_format schema's compile, queueing included
 
 
-async def sampling(engine: AsyncEngine, req: Request, max_tokens: int, logprobs: int | None) -> SamplingParams:
+async def sampling(
+    engine: AsyncEngine, req: Request, max_tokens: int, logprobs: int | None, *, prompt_logprobs: int | None = None
+) -> SamplingParams:
     guide = await guide_for(engine, req)
     try:
         return SamplingParams(
@@ -45,6 +47,7 @@ async def sampling(engine: AsyncEngine, req: Request, max_tokens: int, logprobs:
             stop=req.stop_list(),
             stop_token_ids=tuple(req.stop_token_ids or ()),
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             ignore_eos=req.ignore_eos,
             frequency_penalty=req.frequency_penalty,
             presence_penalty=req.presence_penalty,

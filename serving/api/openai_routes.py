@@ -7,7 +7,6 @@ exactly as a missing model does.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from loraplane.serving.api.async_engine import AsyncEngine
+from loraplane.serving.api.completion_logprobs import CompletionLogprobs
 from loraplane.serving.api.deps import Caller, Engine, Server
 from loraplane.serving.api.disconnect import cancel_on_disconnect
 from loraplane.serving.api.errors import APIError
@@ -83,51 +83,38 @@ async def model(model: str, engine: Engine, tenant: Caller) -> ModelCard:
 @cancel_on_disconnect
 async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, server: Server, raw_request: Request) -> Any:
     adapter = resolve_model(engine, req.model, tenant)
-    params = await sampling(engine, req, req.max_tokens or DEFAULT_COMPLETION_TOKENS, req.logprobs)
+    # echo with max_tokens 0 returns the prompt alone (how evaluation harnesses score a text): one
+    # token is generated, as vLLM does, and left out of the answer.
+    generated = not (req.echo and req.max_tokens == 0)
+    max_tokens = (req.max_tokens or DEFAULT_COMPLETION_TOKENS) if generated else 1
+    params = await sampling(engine, req, max_tokens, req.logprobs, prompt_logprobs=req.logprobs if req.echo else None)
     rid, created = new_id("cmpl"), now()
     meter = meter_for(server, rid, "/v1/completions", req.model, adapter, tenant)
     prompts = await tokenised(engine, req.prompts())
     request = await run(server, engine, prompts, params, req.n, meter, tenant, req.cache_salt)
+    logprobs = CompletionLogprobs(token_namer(engine, req.return_tokens_as_token_ids), echo=req.echo, generated=generated)
+    echoed: set[int] = set()
 
-    shown = token_namer(engine, req.return_tokens_as_token_ids)
-    sent: dict[int, int] = defaultdict(int)  # log-probabilities sent per choice
-    offset: dict[int, int] = defaultdict(int)  # where the next one's text starts in the choice's text
+    def text(index: int, new: str) -> str:
+        """``new`` generated text of choice ``index``, after its prompt when echoed (once)."""
+        head = ""
+        if req.echo and index not in echoed:
+            echoed.add(index)
+            prompt = req.prompts()[index // req.n]
+            head = prompt if isinstance(prompt, str) else engine.engine.tokenizer.decode(prompt)
+        return head + (new if generated else "")
 
-    def logprobs_of(index: int, out: RequestOutput) -> dict[str, Any] | None:
-        """The entries of ``out``'s tokens not yet sent (a streamed chunk carries its new ones),
-        each token's ``text_offset`` counted, as vLLM's, over the texts of the tokens before it."""
-        if req.logprobs is None:
-            return None
-        entries = out.logprobs[sent[index] :]
-        sent[index] = len(out.logprobs)
-        tokens = [shown(lp.token_id) for lp in entries]
-        offsets = []
-        for text in tokens:
-            offsets.append(offset[index])
-            offset[index] += len(text)
-        return {
-            "text_offset": offsets,
-            "tokens": tokens,
-            "token_logprobs": [lp.logprob for lp in entries],
-            # As vLLM: the chosen token is among its step's entries too, so logprobs=0 gives it alone.
-            "top_logprobs": [
-                {**{shown(t): v for t, v in lp.top}, text: lp.logprob} for lp, text in zip(entries, tokens, strict=True)
-            ],
-        }
+    def choice(index: int, out: RequestOutput, new: str) -> dict[str, Any]:
+        lp = logprobs.of(index, out) if req.logprobs is not None else None
+        return {"index": index, "text": text(index, new), "finish_reason": finish_reason(out), "logprobs": lp}
 
     base = {"id": rid, "object": "text_completion", "created": created, "model": req.model}
     if not req.stream:
         outs = await final(request)
-        body = {**base, "usage": usage(meter), "choices": [
-            {"index": c.index, "text": out.text, "finish_reason": finish_reason(out), "logprobs": logprobs_of(c.index, out)}
-            for c, out in zip(request.choices, outs, strict=True)
-        ]}  # fmt: skip
-        return JSONResponse(body)
+        choices = [choice(c.index, out, out.text) for c, out in zip(request.choices, outs, strict=True)]
+        return JSONResponse({**base, "usage": usage(meter), "choices": choices})
 
-    def event(index: int, out: RequestOutput, delta: str) -> dict[str, Any]:
-        return {"index": index, "text": delta, "finish_reason": finish_reason(out), "logprobs": logprobs_of(index, out)}
-
-    return streamed(req, base, request, event)
+    return streamed(req, base, request, choice)
 
 
 @router.post("/v1/chat/completions")

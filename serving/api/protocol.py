@@ -142,8 +142,9 @@ class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]] = Field(
         description="text, token ids, or a list of either (one choice per prompt and per n)"
     )
+    max_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS_LIMIT, description="0 only with echo: the prompt alone")
     logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: Literal[False] = False
+    echo: bool = Field(default=False, description="the prompt before the completion (and with logprobs, its tokens' entries)")
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -173,6 +174,8 @@ class CompletionRequest(_Sampling):
 
     @model_validator(mode="after")
     def _bounded_choices(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens: 0 only with echo, which returns the prompt alone")
         if len(self.prompts()) * self.n > MAX_CHOICES:
             raise ValueError(f"prompt: the number of prompts times n must be at most {MAX_CHOICES}")
         return self

@@ -357,3 +357,34 @@ def test_vllms_text_controls_reach_the_engine(client: openai.OpenAI) -> None:
     # min_p 1 keeps only the most likely token: sampling at any temperature is then greedy.
     sampled = client.completions.create(**{**kwargs, "temperature": 1.5}, extra_body={"ignore_eos": True, "min_p": 1.0})
     assert sampled.choices[0].text == full
+
+
+def test_echo_returns_the_prompt_and_its_log_probabilities_as_harnesses_score_them(server, client: openai.OpenAI) -> None:
+    """OpenAI's echo: the prompt before the completion; with logprobs, the prompt's entries first
+    (the first null). With max_tokens 0 the prompt alone, as lm-evaluation-harness asks to score a
+    text: the entries of a greedy answer, sent back as part of a prompt, are the log-probabilities
+    the answer was generated with."""
+    plain = client.completions.create(model="qv4", prompt=PROMPTS[0], max_tokens=5, temperature=0, logprobs=1,
+                                      extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})  # fmt: skip
+    echoed = client.completions.create(model="qv4", prompt=PROMPTS[0], max_tokens=5, temperature=0, echo=True,
+                                       extra_body={"ignore_eos": True})  # fmt: skip
+    assert echoed.choices[0].text == PROMPTS[0] + plain.choices[0].text
+    prompt_ids = httpx.post(f"{server[0]}/tokenize", json={"model": "qv4", "prompt": PROMPTS[0]}).json()["tokens"]
+    answer_ids = [int(t.removeprefix("token_id:")) for t in plain.choices[0].logprobs.tokens]
+    as_ids = {"model": "qv4", "prompt": prompt_ids + answer_ids, "max_tokens": 0, "echo": True, "logprobs": 1,
+              "extra_body": {"return_tokens_as_token_ids": True}}  # fmt: skip
+    scored = client.completions.create(**as_ids)
+    choice = scored.choices[0]
+    assert choice.finish_reason == "length" and choice.text == PROMPTS[0] + plain.choices[0].text
+    lp = choice.logprobs
+    assert lp.tokens == [f"token_id:{t}" for t in prompt_ids + answer_ids]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v is not None and v <= 0 for v in lp.token_logprobs[1:])
+    tail = lp.token_logprobs[len(prompt_ids) :]
+    assert tail == pytest.approx(plain.choices[0].logprobs.token_logprobs, abs=1e-4)
+    streamed = list(client.completions.create(**as_ids, stream=True))
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == choice.text
+    assert [t for c in streamed if c.choices for t in c.choices[0].logprobs.tokens] == lp.tokens
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="qv4", prompt=PROMPTS[0], max_tokens=0)
+    assert "max_tokens" in err.value.message

@@ -1,0 +1,49 @@
+"""A completion's log-probabilities in OpenAI's legacy shape (``tokens``, ``token_logprobs``,
+``top_logprobs``, ``text_offset``), streamed or not; with ``echo``, the prompt's entries first,
+the first of them null (nothing predicts it), as OpenAI and vLLM give them."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from loraplane.serving.engine.outputs import RequestOutput
+from loraplane.serving.engine.sequence import TokenLogprob
+
+
+class CompletionLogprobs:
+    def __init__(self, name: Callable[[int], str], *, echo: bool, generated: bool) -> None:
+        """``name``: how a token is shown (its text, or ``token_id:{id}``); ``generated`` False
+        leaves the generated tokens out (echo with ``max_tokens: 0``)."""
+        self.name, self.echo, self.generated = name, echo, generated
+        self.sent: dict[int, int] = defaultdict(int)  # generated tokens' entries sent, per choice
+        self.offset: dict[int, int] = defaultdict(int)  # where the next entry's text starts, per choice
+        self.echoed: set[int] = set()
+
+    def of(self, index: int, out: RequestOutput) -> dict[str, Any]:
+        """The entries of choice ``index`` not sent yet (a streamed chunk carries its new ones),
+        each token's ``text_offset`` counted, as vLLM's, over the texts of the tokens before it."""
+        entries: list[tuple[int, TokenLogprob | None]] = []
+        if self.echo and index not in self.echoed:
+            self.echoed.add(index)
+            prompt = out.prompt_logprobs or [None] * len(out.prompt_token_ids)
+            entries += zip(out.prompt_token_ids, prompt, strict=True)
+        if self.generated:
+            entries += [(lp.token_id, lp) for lp in out.logprobs[self.sent[index] :]]
+        self.sent[index] = len(out.logprobs)
+        tokens = [self.name(t) for t, _ in entries]
+        offsets = []
+        for text in tokens:
+            offsets.append(self.offset[index])
+            self.offset[index] += len(text)
+        return {
+            "text_offset": offsets,
+            "tokens": tokens,
+            "token_logprobs": [None if lp is None else lp.logprob for _, lp in entries],
+            # As vLLM: the chosen token is among its step's entries too, so logprobs=0 gives it alone.
+            "top_logprobs": [
+                None if lp is None else {**{self.name(t): v for t, v in lp.top}, text: lp.logprob}
+                for (_, lp), text in zip(entries, tokens, strict=True)
+            ],
+        }
