@@ -31,6 +31,8 @@ class Tokenizer:
         from transformers import AutoTokenizer
 
         self.hf: Any = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        # Names a chat-template variable may not take: the templating call's own arguments.
+        self._call_arguments = {"messages"} | set(inspect.signature(self.hf.apply_chat_template).parameters)
         decoder = getattr(getattr(self.hf, "backend_tokenizer", None), "decoder", None)
         self._byte_of: dict[str, int] | None = None  # a byte-level BPE vocabulary's characters -> their bytes
         if type(decoder).__name__ == "ByteLevel":
@@ -105,7 +107,7 @@ class Tokenizer:
         if not self.has_chat_template:
             raise ValueError("this model's tokenizer has no chat template; send a plain prompt instead")
         variables = variables or {}
-        taken = sorted(set(variables) & ({"messages"} | set(inspect.signature(self.hf.apply_chat_template).parameters)))
+        taken = sorted(set(variables) & self._call_arguments)
         if taken:
             raise TemplateVariableError(f"chat_template_kwargs: {', '.join(taken)} cannot be set here")
         try:

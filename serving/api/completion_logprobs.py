@@ -1,6 +1,8 @@
 """A completion's log-probabilities in OpenAI's legacy shape (``tokens``, ``token_logprobs``,
 ``top_logprobs``, ``text_offset``), streamed or not; with ``echo``, the prompt's entries first,
-the first of them null (nothing predicts it), as OpenAI and vLLM give them."""
+the first of them null (nothing predicts it), as OpenAI and vLLM give them. A choice's first
+chunk carries the prompt's entries; the route says which chunk that is, as it does for the
+prompt's text."""
 
 from __future__ import annotations
 
@@ -13,22 +15,21 @@ from loraplane.serving.engine.sequence import TokenLogprob
 
 
 class CompletionLogprobs:
-    def __init__(self, name: Callable[[int], str], *, echo: bool, generated: bool) -> None:
+    def __init__(self, name: Callable[[int], str], *, generated: bool) -> None:
         """``name``: how a token is shown (its text, or ``token_id:{id}``); ``generated`` False
         leaves the generated tokens out (echo with ``max_tokens: 0``)."""
-        self.name, self.echo, self.generated = name, echo, generated
+        self.name, self.generated = name, generated
         self.sent: dict[int, int] = defaultdict(int)  # generated tokens' entries sent, per choice
         self.offset: dict[int, int] = defaultdict(int)  # where the next entry's text starts, per choice
-        self.echoed: set[int] = set()
 
-    def of(self, index: int, out: RequestOutput) -> dict[str, Any]:
+    def of(self, index: int, out: RequestOutput, *, with_prompt: bool) -> dict[str, Any]:
         """The entries of choice ``index`` not sent yet (a streamed chunk carries its new ones),
-        each token's ``text_offset`` counted, as vLLM's, over the texts of the tokens before it."""
+        after the prompt's when ``with_prompt``, each token's ``text_offset`` counted, as vLLM's,
+        over the texts of the tokens before it."""
         entries: list[tuple[int, TokenLogprob | None]] = []
-        if self.echo and index not in self.echoed:
-            self.echoed.add(index)
-            prompt = out.prompt_logprobs or [None] * len(out.prompt_token_ids)
-            entries += zip(out.prompt_token_ids, prompt, strict=True)
+        if with_prompt:
+            assert out.prompt_logprobs is not None, "echo with logprobs asks the engine for the prompt's"
+            entries += zip(out.prompt_token_ids, out.prompt_logprobs, strict=True)
         if self.generated:
             entries += [(lp.token_id, lp) for lp in out.logprobs[self.sent[index] :]]
         self.sent[index] = len(out.logprobs)

@@ -92,21 +92,19 @@ async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, se
     meter = meter_for(server, rid, "/v1/completions", req.model, adapter, tenant)
     prompts = await tokenised(engine, req.prompts())
     request = await run(server, engine, prompts, params, req.n, meter, tenant, req.cache_salt)
-    logprobs = CompletionLogprobs(token_namer(engine, req.return_tokens_as_token_ids), echo=req.echo, generated=generated)
-    echoed: set[int] = set()
-
-    def text(index: int, new: str) -> str:
-        """``new`` generated text of choice ``index``, after its prompt when echoed (once)."""
-        head = ""
-        if req.echo and index not in echoed:
-            echoed.add(index)
-            prompt = req.prompts()[index // req.n]
-            head = prompt if isinstance(prompt, str) else engine.engine.tokenizer.decode(prompt)
-        return head + (new if generated else "")
+    logprobs = CompletionLogprobs(token_namer(engine, req.return_tokens_as_token_ids), generated=generated)
+    echoed: set[int] = set()  # the choices whose first chunk, the one with the prompt, has gone
 
     def choice(index: int, out: RequestOutput, new: str) -> dict[str, Any]:
-        lp = logprobs.of(index, out) if req.logprobs is not None else None
-        return {"index": index, "text": text(index, new), "finish_reason": finish_reason(out), "logprobs": lp}
+        """Choice ``index``'s chunk: its ``new`` text, after its prompt when echoed and first."""
+        first = req.echo and index not in echoed
+        echoed.add(index)
+        text = new if generated else ""
+        if first:
+            prompt = req.prompts()[index // req.n]
+            text = (prompt if isinstance(prompt, str) else engine.engine.tokenizer.decode(prompt)) + text
+        lp = logprobs.of(index, out, with_prompt=first) if req.logprobs is not None else None
+        return {"index": index, "text": text, "finish_reason": finish_reason(out), "logprobs": lp}
 
     base = {"id": rid, "object": "text_completion", "created": created, "model": req.model}
     if not req.stream:

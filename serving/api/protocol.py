@@ -10,6 +10,7 @@ single source of truth for the OpenAPI schema FastAPI publishes.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 import uuid
@@ -40,8 +41,14 @@ class _Strict(BaseModel):
         null is still refused (by its own type's message)."""
         if not isinstance(data, dict):
             return data
-        optional = {f.alias or k for k, f in cls.model_fields.items() if not f.is_required()}
+        optional = _optional_keys(cls)
         return {k: v for k, v in data.items() if v is not None or k not in optional}
+
+
+@functools.cache
+def _optional_keys(model: type[BaseModel]) -> frozenset[str]:
+    """The keys of a model's fields that have a default (read once per model, not per request)."""
+    return frozenset(f.alias or k for k, f in model.model_fields.items() if not f.is_required())
 
 
 class StreamOptions(_Strict):
