@@ -108,16 +108,19 @@ class LoraLinear(nn.Module):
         ]
         if not active:
             return y
-        # The adapter product runs in the slots' precision (float32 on the CPU): x is converted
-        # once for all slices, and a low-precision y receives one rounded sum instead of a
-        # round trip per slice.
+        # Every element of a low-precision y is rounded once. A prefill on the CPU hands x and y
+        # to the segment path as they are: it computes in x's precision and adds each segment's
+        # block straight into y (activation-sized float32 copies of x and y per call cost a
+        # bfloat16 prefill more than its adapter products). Other steps run in the slots'
+        # precision (float32 on the CPU), with x converted and y widened once for all slices.
         slot_dtype = active[0][1].dtype
-        xs = x if x.dtype == slot_dtype else x.to(slot_dtype)
-        acc = y if y.dtype == slot_dtype else torch.zeros(y.shape, dtype=slot_dtype, device=y.device)
+        cpu_prefill = lora.backend == "cpu" and lora.seg_starts is not None
+        xs = x if x.dtype == slot_dtype or cpu_prefill else x.to(slot_dtype)
+        acc = y if y.dtype == slot_dtype or cpu_prefill else y.to(slot_dtype)
         for offset, slots in active:
             ops.lora(acc, xs, slots, lora.row_slots, lora.seg_starts, lora.seg_slots, lora.max_seg_len, offset, lora.backend)
         if acc is not y:
-            y += acc.to(y.dtype)
+            y.copy_(acc)
         return y
 
 

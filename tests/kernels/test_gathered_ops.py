@@ -120,6 +120,30 @@ def test_fused_qkv_slices_with_different_widths(backend: str) -> None:
     check(out, ref, torch.float32)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", ["sgmv", "bgmv"])
+def test_half_precision_output_slices_leave_other_columns_alone(backend: str, op: str) -> None:
+    """A bfloat16 model's fused projection: each slice's adapter lands in its own columns of the
+    bfloat16 output, and columns no active slice owns (here the middle one) keep their bits."""
+    k, widths = 64, {"q": 48, "skipped": 16, "v": 16}
+    x, y = inputs(24, k, sum(widths.values()), torch.bfloat16)
+    seg_starts = torch.tensor([0, 10, 24], dtype=torch.int32)
+    seg_slots = torch.tensor([1, 0], dtype=torch.int32)
+    rows = segments_to_rows(seg_starts, seg_slots).to(torch.int32)
+    out, ref, offset = y.clone(), y.to(torch.float64), 0
+    for i, (name, w) in enumerate(widths.items()):
+        if name != "skipped":
+            slots = make_slots([8, 16], k, w, seed=i)
+            ref = reference_add_lora(ref, x, slots, rows, y_offset=offset)
+            if op == "sgmv":
+                add_lora(out, x, slots, seg_starts=seg_starts, seg_slots=seg_slots, y_offset=offset, backend=backend)  # type: ignore[arg-type]
+            else:
+                add_lora(out, x, slots, row_slots=rows, y_offset=offset, backend=backend)  # type: ignore[arg-type]
+        offset += w
+    check(out, ref, torch.bfloat16)
+    assert torch.equal(out[:, 48:64], y[:, 48:64])
+
+
 def test_in_place_add_returns_the_same_tensor() -> None:
     slots = make_slots([4], 32, 32)
     x, y = inputs(3, 32, 32, torch.float32)

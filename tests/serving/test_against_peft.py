@@ -1,7 +1,8 @@
 """Logits and greedy continuations of mixed-adapter batches against transformers + PEFT.
 
 Tolerances (fp32 on both sides; they differ only in summation order): the tiny model's logits
-agree to 1e-4 absolute, the embedded SmolLM2's (30 layers, logits of magnitude ~20) to 2e-3.
+agree to 1e-4 absolute, the embedded SmolLM2's (30 layers, logits of magnitude ~20) to 2e-3. A
+bfloat16 engine is held to bfloat16's error and to a fraction of what each adapter changes.
 """
 
 from __future__ import annotations
@@ -109,3 +110,41 @@ def test_prompt_log_probabilities_match_peft_chunked_and_beside_cached_prompts(
         assert entry is not None and entry.token_id == prompt[i]
         assert abs(entry.logprob - float(ref[i - 1, prompt[i]])) < 1e-4, f"position {i}"
         assert [t for t, _ in entry.top] == torch.topk(ref[i - 1], 3).indices.tolist()
+
+
+def test_bfloat16_engine_keeps_every_adapters_effect(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path: Path) -> None:
+    """A bfloat16 engine (the CPU default where bfloat16 is native): its adapter products run in
+    float32 on decode rows and in bfloat16 GEMMs on prefill segments, and a low-precision output
+    is rounded once. Scored against transformers + PEFT in float32 on the same tokens, the prompt
+    (prefill) and the answer (decode) each stay within bfloat16's error, far below what each
+    adapter changes: an adapter product lost or misplaced on either path would be as large."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from loraplane.serving.engine.sampling_params import SamplingParams
+
+    names = ["qv4", "all8", "mlp16", "ku2"]
+    prompts = _prompts(len(names), 320, seed=3)
+    prompts = [(p * 4)[:40] for p in prompts]  # 40 tokens: long segments, the prefill GEMM path
+    engine = tiny_engine(tiny_llama, tmp_path, tiny_adapters, dtype="bfloat16")
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=0, prompt_logprobs=0)
+    outs = engine.generate(prompts, params, list(names))  # one mixed batch
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32).eval()
+    for name, prompt, out in zip(names, prompts, outs, strict=True):
+        assert out.prompt_logprobs is not None
+        seq = prompt + list(out.token_ids)
+        adapted = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32).eval(), str(tiny_adapters[name])
+        ).eval()
+        with torch.no_grad():
+            ref = torch.log_softmax(adapted(torch.tensor([seq])).logits[0], -1)
+            bare = torch.log_softmax(base(torch.tensor([seq])).logits[0], -1)
+        targets = torch.tensor(seq[1:])
+        ref_lp = ref[:-1].gather(1, targets[:, None])[:, 0]
+        effect = (ref_lp - bare[:-1].gather(1, targets[:, None])[:, 0]).abs()
+        ours = torch.tensor([e.logprob for e in out.prompt_logprobs[1:] if e is not None] + [e.logprob for e in out.logprobs])
+        err = (ours - ref_lp).abs()
+        assert err.max() < 0.06, f"{name}: max log-probability error {err.max():.3f}"
+        for part, rows in (("prompt", slice(0, len(prompt) - 1)), ("answer", slice(len(prompt) - 1, None))):
+            mean_err = float(err[rows].mean())
+            assert mean_err < 0.3 * effect.mean(), f"{name} {part}: error {mean_err:.4f}, effect {effect.mean():.4f}"
