@@ -7,8 +7,9 @@ compiled loop reads each row's A and B rows in place, vectorises the dot product
 rows over cores, with no per-adapter dispatch; it is compiled once and cached on disk.
 
 The row kernels compute in float32 (the engine keeps CPU slots in float32) and convert other
-inputs per call; a low-precision output is widened only in the columns a call owns and rounded
-once. Long prefill segments go through BLAS in the activations' own precision instead.
+inputs per call; a low-precision output is widened only in the columns a call owns and receives
+its adapter sum with one rounding. Long prefill segments go through BLAS in the activations' own
+precision instead.
 """
 
 from __future__ import annotations
@@ -142,11 +143,11 @@ def add_lora_segments(
     """Per segment: ``y[rows, off:off+N] += scale * (x[rows] @ A[:r].T) @ B[:r]`` through BLAS.
 
     The products run in x's precision, the slot rows converted to it: BLAS accumulates in float32
-    either way and the rank-sized intermediate is rounded once, as PEFT's own half-precision path
-    rounds it. In bfloat16 no activation-sized float32 copy of x is made, and the expand (inner
-    size a rank) ran about three times faster than in float32 on a 2-core AVX-512 BF16 CPU (34
-    against 97 us for 128 tokens into 1536 outputs). ``add_`` with a half-precision y sums in
-    float32 and rounds each element once.
+    either way, and the rank-sized intermediate and the product are each rounded to x's precision,
+    as PEFT's own half-precision path rounds them. In bfloat16 no activation-sized float32 copy of
+    x is made, and the expand (inner size a rank) ran about three times faster than in float32 on
+    a 2-core AVX-512 BF16 CPU (34 against 97 us for 128 tokens into 1536 outputs). ``add_`` then
+    sums in float32 and rounds each element of a half-precision y once.
     """
     n_dim = lora_b.shape[2]
     ranks_host = ranks.tolist()

@@ -108,11 +108,11 @@ class LoraLinear(nn.Module):
         ]
         if not active:
             return y
-        # Every element of a low-precision y is rounded once. A prefill on the CPU hands x and y
-        # to the segment path as they are: it computes in x's precision and adds each segment's
-        # block straight into y (activation-sized float32 copies of x and y per call cost a
-        # bfloat16 prefill more than its adapter products). Other steps run in the slots'
-        # precision (float32 on the CPU), with x converted and y widened once for all slices.
+        # A prefill on the CPU hands x and y to the segment path as they are: it computes in x's
+        # precision and adds each segment's block straight into y (activation-sized float32
+        # copies of x and y per call cost a bfloat16 prefill more than its adapter products).
+        # Other steps run in the slots' precision (float32 on the CPU), with x converted and y
+        # widened once for all slices, so each element of a low-precision y is rounded once.
         slot_dtype = active[0][1].dtype
         cpu_prefill = lora.backend == "cpu" and lora.seg_starts is not None
         xs = x if x.dtype == slot_dtype or cpu_prefill else x.to(slot_dtype)

@@ -114,8 +114,8 @@ def test_prompt_log_probabilities_match_peft_chunked_and_beside_cached_prompts(
 
 def test_bfloat16_engine_keeps_every_adapters_effect(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path: Path) -> None:
     """A bfloat16 engine (the CPU default where bfloat16 is native): its adapter products run in
-    float32 on decode rows and in bfloat16 GEMMs on prefill segments, and a low-precision output
-    is rounded once. Scored against transformers + PEFT in float32 on the same tokens, the prompt
+    float32 on decode rows and in bfloat16 GEMMs on prefill segments, each added into a bfloat16
+    output. Scored against transformers + PEFT in float32 on the same tokens, the prompt
     (prefill) and the answer (decode) each stay within bfloat16's error, far below what each
     adapter changes: an adapter product lost or misplaced on either path would be as large."""
     from peft import PeftModel
