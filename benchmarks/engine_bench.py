@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from loraplane.adapter_format import LLAMA_TARGETS
+from loraplane.serving.bench.engine_replay import machine
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.builder import build_engine, resolve_dtype
 from loraplane.serving.engine.llm_engine import LLMEngine
@@ -125,7 +126,7 @@ def main() -> None:
     batch = prompts(args.requests, args.prompt_len, vocab)
     mixed = [f"a{i % args.adapters}" for i in range(args.requests)]
     print(
-        f"embedded {base.name}, {args.dtype}, torch threads {torch.get_num_threads()}, {args.requests} requests x "
+        f"embedded {base.name}, {machine(dtype)}, {args.requests} requests x "
         f"({args.prompt_len} prompt + {args.output_len} output) tokens, {args.adapters} adapters, median of {args.rounds} rounds"
     )
 

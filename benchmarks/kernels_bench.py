@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from loraplane.kernels import LoraSlots, add_lora, bgmv_expand, bgmv_shrink, sgmv_expand, sgmv_shrink
+from loraplane.serving.bench.engine_replay import machine
 
 
 def timed(fn: Callable[[], object], device: torch.device, repeat: int) -> float:
@@ -227,7 +228,8 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.float16 if device.type == "cuda" else torch.float32
-    print(f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else machine(dtype)
+    print(f"device {device}: {where}")
     seed_shape(device, dtype, args.repeat)
     model_shapes(device, dtype, args.repeat)
     if device.type == "cuda":

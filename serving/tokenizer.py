@@ -78,11 +78,16 @@ class Tokenizer:
         bytes shows as U+FFFD; ``token_bytes`` has its bytes."""
         return str(self.hf.decode([token_id], skip_special_tokens=False))
 
+    def token_piece(self, token_id: int) -> str:
+        """A token as the vocabulary spells it ("Ġworld"): what vLLM's ``/tokenize`` returns as
+        ``token_strs``."""
+        return str(self.hf.convert_ids_to_tokens(token_id))
+
     def token_bytes(self, token_id: int) -> list[int]:
         """A token's UTF-8 bytes (OpenAI's ``bytes``, which lets a client join the pieces of a
         character split across tokens): exact for a byte-level BPE vocabulary, else its text's."""
         if self._byte_of is not None:
-            piece = str(self.hf.convert_ids_to_tokens(token_id))
+            piece = self.token_piece(token_id)
             if all(c in self._byte_of for c in piece):
                 return [self._byte_of[c] for c in piece]
         return list(self.token_text(token_id).encode("utf-8"))

@@ -94,6 +94,8 @@ async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, se
     request = await run(server, engine, prompts, params, req.n, meter, tenant, req.cache_salt)
     logprobs = CompletionLogprobs(token_namer(engine, req.return_tokens_as_token_ids), generated=generated)
     echoed: set[int] = set()  # the choices whose first chunk, the one with the prompt, has gone
+    tok = engine.engine.tokenizer
+    prompt_texts = [p if isinstance(p, str) else tok.decode(p) for p in req.prompts()] if req.echo else []
 
     def choice(index: int, out: RequestOutput, new: str) -> dict[str, Any]:
         """Choice ``index``'s chunk: its ``new`` text, after its prompt when echoed and first."""
@@ -101,8 +103,7 @@ async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, se
         echoed.add(index)
         text = new if generated else ""
         if first:
-            prompt = req.prompts()[index // req.n]
-            text = (prompt if isinstance(prompt, str) else engine.engine.tokenizer.decode(prompt)) + text
+            text = prompt_texts[index // req.n] + text
         lp = logprobs.of(index, out, with_prompt=first) if req.logprobs is not None else None
         return {"index": index, "text": text, "finish_reason": finish_reason(out), "logprobs": lp}
 
@@ -126,14 +127,14 @@ async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, serve
     meter = meter_for(server, rid, "/v1/chat/completions", req.model, adapter, tenant)
     request = await run(server, engine, [prompt], params, req.n, meter, tenant, req.cache_salt)
 
+    tok, shown = engine.engine.tokenizer, token_namer(engine, req.return_tokens_as_token_ids)
+
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        return {"token": shown(token_id), "logprob": logprob, "bytes": tok.token_bytes(token_id)}
+
     def logprobs_of(out: RequestOutput, start: int = 0) -> dict[str, Any] | None:
         if not req.logprobs:
             return None
-        tok, shown = engine.engine.tokenizer, token_namer(engine, req.return_tokens_as_token_ids)
-
-        def entry(token_id: int, logprob: float) -> dict[str, Any]:
-            return {"token": shown(token_id), "logprob": logprob, "bytes": tok.token_bytes(token_id)}
-
         return {"content": [
             {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
             for lp in out.logprobs[start:]

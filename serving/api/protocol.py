@@ -120,6 +120,10 @@ class _Sampling(_Strict):
     def _stream_options_need_stream(self) -> _Sampling:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")  # as OpenAI and vLLM answer
+        return self
+
+    @model_validator(mode="after")
+    def _best_of_is_n(self) -> _Sampling:
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError(f"best_of: only best_of equal to n ({self.n}) is supported")
         return self

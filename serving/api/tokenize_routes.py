@@ -31,7 +31,7 @@ async def tokenize(req: TokenizeCompletionRequest | TokenizeChatRequest, engine:
         ids = await templated(engine, req)
     else:
         ids = await asyncio.to_thread(tok.encode, req.prompt, add_special_tokens=req.add_special_tokens)
-    strs = [tok.token_text(t) for t in ids] if req.return_token_strs else None
+    strs = [tok.token_piece(t) for t in ids] if req.return_token_strs else None  # as vLLM: vocabulary pieces
     return TokenizeResponse(count=len(ids), max_model_len=engine.engine.max_model_len, tokens=ids, token_strs=strs)
 
 
