@@ -129,6 +129,12 @@ def _add_lora_rows_paged(
 SEGMENT_BLAS_MIN_MEAN_LEN = 8
 
 
+def segments_pay(num_rows: int, num_segments: int) -> bool:
+    """Whether a step's rows, in ``num_segments`` runs of one adapter, go through the segment
+    (BLAS) path rather than the row loop: when the runs are long enough on average."""
+    return num_rows >= SEGMENT_BLAS_MIN_MEAN_LEN * num_segments
+
+
 def add_lora_segments(
     y: torch.Tensor,
     x: torch.Tensor,

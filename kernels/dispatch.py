@@ -280,7 +280,7 @@ def add_lora(
         if row_slots is None:
             assert seg_starts is not None and seg_slots is not None
             _check_segments(seg_starts, seg_slots, x.shape[0], slots.num_slots)
-            if x.shape[0] >= cpu.SEGMENT_BLAS_MIN_MEAN_LEN * seg_slots.shape[0]:
+            if cpu.segments_pay(x.shape[0], seg_slots.shape[0]):
                 cpu.add_lora_segments(
                     y, x, slots.lora_a, slots.lora_b, slots.ranks, slots.scalings,
                     seg_starts.tolist(), seg_slots.tolist(), y_offset,

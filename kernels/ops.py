@@ -29,7 +29,7 @@ from typing import cast
 
 import torch
 
-from loraplane.kernels import dispatch
+from loraplane.kernels import cpu, dispatch
 from loraplane.kernels.layout import LoraSlots, SlotLayoutError
 from loraplane.kernels.paged_layout import PagedLoraSlots
 
@@ -142,11 +142,18 @@ def lora(
 
     The CPU backend calls the dispatcher directly: its path is never traced or captured, and a
     custom op's dispatch costs about 45 us a call on a CPU, some 200 calls a step for a 30-layer
-    model (measured on the embedded base, against 20 us for the whole call without it)."""
+    model (measured on the embedded base, against 20 us for the whole call without it).
+    Segments too short for the segment path go by the rows the engine already built: the
+    dispatcher would otherwise expand the segments into rows again in every call, some 14 us
+    each, and a decode step has runs whenever adjacent rows share an adapter."""
     if backend == "cpu":
-        segments = {"seg_starts": seg_starts, "seg_slots": seg_slots} if seg_starts is not None else {"row_slots": row_slots}
-        if isinstance(slots, PagedLoraSlots):
-            segments = {"row_slots": row_slots}
+        by_segments = (
+            seg_starts is not None
+            and seg_slots is not None
+            and not isinstance(slots, PagedLoraSlots)
+            and cpu.segments_pay(x.shape[0], seg_slots.shape[0])
+        )
+        segments = {"seg_starts": seg_starts, "seg_slots": seg_slots} if by_segments else {"row_slots": row_slots}
         dispatch.add_lora(y, x, slots, y_offset=y_offset, backend="cpu", check=False, **segments)
         return
     if isinstance(slots, PagedLoraSlots):

@@ -40,6 +40,20 @@ def test_tiny_mixed_batch_matches_peft(tiny_llama: Path, tiny_adapters: dict[str
     assert sum(b != t for b, t, a in zip(bare, tokens, MIX, strict=True) if a) >= 6
 
 
+def test_neighbours_on_one_adapter_match_peft(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path: Path) -> None:
+    """Adjacent rows that share an adapter form runs: in a decode step the CPU path takes them by
+    the rows the engine built, in a prefill step by segments. Either way each row gets its own
+    adapter's update, here with runs of three, two and one beside bare-base rows."""
+    mix = ["all8", "all8", "all8", None, "qv4", "qv4", None, "ku2"]
+    requests = list(zip(_prompts(len(mix), 320, seed=9), mix, strict=True))
+    ref_tokens, ref_logits = hf_greedy(tiny_llama, tiny_adapters, requests, STEPS)
+    tokens, logits = engine_greedy(tiny_engine(tiny_llama, tmp_path, tiny_adapters), requests, STEPS, eos_id=2)
+    for i, (adapter, ours, ref) in enumerate(zip(mix, logits, ref_logits, strict=True)):
+        err = (ours - ref).abs().max().item()
+        assert err < 1e-4, f"request {i} ({adapter}): max logit error {err:.2e}"
+    assert tokens == ref_tokens
+
+
 @pytest.mark.slow
 def test_embedded_smollm2_mixed_batch_matches_peft(tmp_path: Path) -> None:
     from loraplane.serving.config import EngineConfig
