@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from loraplane.serving.demo.run import run_demo, showcase_requests
+from loraplane.serving.demo.run import mixed_requests, run_demo, showcase_requests
 from loraplane.serving.demo.styles import SHOWCASE, STYLES, training_questions
 
 PLAIN = "The ocean is a vast body of water. It covers most of the planet, and it is home to whales"
@@ -32,6 +32,22 @@ def test_the_showcase_spreads_the_base_questions_over_the_tenants() -> None:
     customer's owner would make the hot customer wait for the showcase."""
     base = [r for r in showcase_requests("the-base") if r.model == "the-base"]
     assert Counter(r.tenant for r in base) == Counter(s.tenant for s in STYLES)
+
+
+def test_the_base_is_probed_as_often_as_the_hot_customer_while_the_traffic_runs() -> None:
+    """The demo's last line sets the hot customer's p99 beside the base's. The Zipf traffic alone
+    gives the base 3 requests to the hot customer's 27, and a largest-of-3 against a largest-of-27
+    reads above 1.5x in a fifth to two fifths of runs with no placement cost at all."""
+    traffic = mixed_requests("the-base", rate=1.0, num_requests=48)
+    hot = [r for r in traffic if r.model == STYLES[0].name]
+    base = [r for r in traffic if r.model == "the-base"]
+    assert len(hot) == 27 and len(base) == len(hot) + 3
+    assert [r.at for r in traffic] == sorted(r.at for r in traffic)
+    span = max(r.at for r in traffic if r.model != "the-base")
+    in_first_half = sum(r.at < span / 2 for r in base)
+    assert 8 <= in_first_half <= 22, in_first_half  # over the traffic's whole stretch, not bunched
+    assert max(r.at for r in base) < 1.5 * span
+    assert max(Counter(r.tenant for r in base).values()) <= 13  # spread over the tenants, not billed to one
 
 
 @pytest.mark.slow
