@@ -9,7 +9,7 @@ rows over cores, with no per-adapter dispatch; it is compiled once and cached on
 The row kernels compute in float32 (the engine keeps CPU slots in float32) and convert other
 inputs per call; a low-precision output is widened only in the columns a call owns and receives
 its adapter sum with one rounding. Long prefill segments go through BLAS in the activations' own
-precision instead.
+precision instead (``add_lora_segments``).
 """
 
 from __future__ import annotations
@@ -122,17 +122,25 @@ def _add_lora_rows_paged(
                 out[n] += c * brow[n]
 
 
-# Segments at least this long (on average) go through BLAS per segment instead of the row loop:
-# a prefill segment is a [len, in] x [in, r] matmul that BLAS runs near peak, while the row loop
-# recomputes each row's dot products without register blocking. Measured on 2 cores (SmolLM2
-# shapes, rank 8-16): rows win below ~4 tokens a segment, BLAS wins clearly from ~16.
-SEGMENT_BLAS_MIN_MEAN_LEN = 8
+# A segment at least this long goes through BLAS (one [len, in] x [in, r] and one [len, r] x
+# [r, out] matmul); shorter ones, the decode rows beside a prefill included, through the row
+# kernel in one call. Inside an engine step BLAS pays tens of microseconds a segment before any
+# work (the slot rows converted, two calls, the add), and its expand has an inner size of a rank,
+# which the row kernel's fused loop matches; so rows win up to a few dozen tokens in bfloat16 and
+# about a hundred in float32. Measured on engine steps (``benchmarks/cpu_segment_threshold.py``,
+# docs/benchmarks.md) on a 2-core AMD EPYC with AVX-512 BF16: two 20-token prompts beside five
+# decodes took 87 ms with BLAS from 48 tokens against 129 ms from 16 in bfloat16, 173 ms from
+# 128 against 231 ms from 8 in float32; a 400-token prompt was as fast either way. Before, a mean
+# segment length of 8 sent every segment of such a step through BLAS, decodes included.
+SEGMENT_BLAS_MIN_LEN = {torch.float32: 128}
+SEGMENT_BLAS_MIN_LEN_HALF = 48  # bfloat16 and float16
 
 
-def segments_pay(num_rows: int, num_segments: int) -> bool:
-    """Whether a step's rows, in ``num_segments`` runs of one adapter, go through the segment
-    (BLAS) path rather than the row loop: when the runs are long enough on average."""
-    return num_rows >= SEGMENT_BLAS_MIN_MEAN_LEN * num_segments
+def segments_pay(max_seg_len: int, dtype: torch.dtype) -> bool:
+    """Whether a step whose longest segment is ``max_seg_len`` tokens, with activations in
+    ``dtype``, takes the segment path (``add_lora_segments``: BLAS for its long segments) rather
+    than the row kernel for every row."""
+    return max_seg_len >= SEGMENT_BLAS_MIN_LEN.get(dtype, SEGMENT_BLAS_MIN_LEN_HALF)
 
 
 def add_lora_segments(
@@ -146,25 +154,43 @@ def add_lora_segments(
     seg_slots: list[int],
     y_offset: int,
 ) -> None:
-    """Per segment: ``y[rows, off:off+N] += scale * (x[rows] @ A[:r].T) @ B[:r]`` through BLAS.
+    """Per long segment: ``y[rows, off:off+N] += scale * (x[rows] @ A[:r].T) @ B[:r]`` through
+    BLAS; the rows of the short segments (``segments_pay``'s length) through the row kernel, in
+    one call on those rows alone.
 
     The products run in x's precision, the slot rows converted to it: BLAS accumulates in float32
     either way, and the rank-sized intermediate and the product are each rounded to x's precision,
     as PEFT's own half-precision path rounds them. In bfloat16 no activation-sized float32 copy of
     x is made, and the expand (inner size a rank) ran about three times faster than in float32 on
     a 2-core AVX-512 BF16 CPU (a one-off timing of the matmul alone, [128, 16] @ [16, 1536]: 34
-    against 97 us). ``add_`` then
-    sums in float32 and rounds each element of a half-precision y once.
+    against 97 us). ``add_`` then sums in float32 and rounds each element of a half-precision y
+    once. The short segments' rows are widened to float32, computed as a decode step's are, and
+    written back rounded once.
     """
     n_dim = lora_b.shape[2]
     ranks_host = ranks.tolist()
     scales_host = scalings.tolist()
+    min_len = SEGMENT_BLAS_MIN_LEN.get(x.dtype, SEGMENT_BLAS_MIN_LEN_HALF)
+    short_rows: list[int] = []
+    short_slots: list[int] = []
     for g, slot in enumerate(seg_slots):
         if slot < 0 or not ranks_host[slot]:
             continue
         lo, hi, r = seg_starts[g], seg_starts[g + 1], ranks_host[slot]
+        if hi - lo < min_len:
+            short_rows.extend(range(lo, hi))
+            short_slots.extend([slot] * (hi - lo))
+            continue
         update = (x[lo:hi] @ lora_a[slot, :r].to(x.dtype).T) @ lora_b[slot, :r].to(x.dtype)
         y[lo:hi, y_offset : y_offset + n_dim].add_(update, alpha=scales_host[slot])
+    if short_rows:
+        rows = torch.tensor(short_rows)
+        cols = slice(y_offset, y_offset + n_dim)
+        acc = y[rows, cols].to(torch.float32)
+        args = (_f32(x[rows]), _f32(lora_a), _f32(lora_b), _i32(torch.tensor(short_slots, dtype=torch.int32)))
+        kernel = _add_lora_rows if len(short_rows) >= PARALLEL_MIN_ROWS else _add_lora_rows_serial
+        kernel(*args, _i32(ranks), _f32(scalings), acc.numpy(), 0)
+        y[rows, cols] = acc.to(y.dtype)
 
 
 # Below this many rows (a decode batch) the kernels run single-threaded: a parallel region costs

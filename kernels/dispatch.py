@@ -280,10 +280,11 @@ def add_lora(
         if row_slots is None:
             assert seg_starts is not None and seg_slots is not None
             _check_segments(seg_starts, seg_slots, x.shape[0], slots.num_slots)
-            if cpu.segments_pay(x.shape[0], seg_slots.shape[0]):
+            starts = seg_starts.tolist()
+            longest = max_seg_len if max_seg_len is not None else max((b - a for a, b in itertools.pairwise(starts)), default=0)
+            if cpu.segments_pay(longest, x.dtype):
                 cpu.add_lora_segments(
-                    y, x, slots.lora_a, slots.lora_b, slots.ranks, slots.scalings,
-                    seg_starts.tolist(), seg_slots.tolist(), y_offset,
+                    y, x, slots.lora_a, slots.lora_b, slots.ranks, slots.scalings, starts, seg_slots.tolist(), y_offset
                 )  # fmt: skip
                 return y
             row_slots = segments_to_rows(seg_starts, seg_slots)

@@ -143,18 +143,24 @@ def lora(
     The CPU backend calls the dispatcher directly: its path is never traced or captured, and a
     custom op's dispatch costs about 45 us a call on a CPU, some 200 calls a step for a 30-layer
     model (measured on the embedded base, against 20 us for the whole call without it).
-    Segments too short for the segment path go by the rows the engine already built: the
-    dispatcher would otherwise expand the segments into rows again in every call, some 14 us
-    each, and a decode step has runs whenever adjacent rows share an adapter."""
+    A step with no segment long enough for BLAS (``cpu.segments_pay``) goes by the rows the
+    engine already built: the dispatcher would otherwise expand the segments into rows again in
+    every call, some 14 us each, and a decode step has runs whenever adjacent rows share an
+    adapter."""
     if backend == "cpu":
         by_segments = (
             seg_starts is not None
             and seg_slots is not None
             and not isinstance(slots, PagedLoraSlots)
-            and cpu.segments_pay(x.shape[0], seg_slots.shape[0])
+            and cpu.segments_pay(max_seg_len, x.dtype)
         )
-        segments = {"seg_starts": seg_starts, "seg_slots": seg_slots} if by_segments else {"row_slots": row_slots}
-        dispatch.add_lora(y, x, slots, y_offset=y_offset, backend="cpu", check=False, **segments)
+        if by_segments:
+            dispatch.add_lora(
+                y, x, slots, seg_starts=seg_starts, seg_slots=seg_slots, y_offset=y_offset, backend="cpu", check=False,
+                max_seg_len=max_seg_len,
+            )  # fmt: skip
+        else:
+            dispatch.add_lora(y, x, slots, row_slots=row_slots, y_offset=y_offset, backend="cpu", check=False)
         return
     if isinstance(slots, PagedLoraSlots):
         torch.ops.loraplane.add_lora_paged(

@@ -11,7 +11,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loraplane.kernels import LoraSlots, SlotLayoutError, add_lora, bgmv_shrink, reference_add_lora, segments_to_rows, sgmv_shrink
+from loraplane.kernels import (
+    LoraSlots,
+    SlotLayoutError,
+    add_lora,
+    bgmv_shrink,
+    cpu,
+    reference_add_lora,
+    segments_to_rows,
+    sgmv_shrink,
+)
 
 TOL = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 BACKENDS = ["cpu", "triton"]
@@ -142,6 +151,28 @@ def test_half_precision_output_slices_leave_other_columns_alone(backend: str, op
         offset += w
     check(out, ref, torch.bfloat16)
     assert torch.equal(out[:, 48:64], y[:, 48:64])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prefill_beside_decodes_on_the_cpu(dtype: torch.dtype) -> None:
+    """The segments long enough for BLAS go through it and the short ones (decodes, a short
+    prompt) through the row kernel in one call: every row gets its own adapter, rows without one
+    keep their base output, and the fused output's other columns keep their bits."""
+    long = cpu.SEGMENT_BLAS_MIN_LEN.get(dtype, cpu.SEGMENT_BLAS_MIN_LEN_HALF)
+    lengths, seg_ids = [long + 3, 1, 2, 1, long, 5, 1], [0, 1, 0, -1, 2, 1, 0]
+    assert cpu.segments_pay(max(lengths), dtype) and not cpu.segments_pay(long - 1, dtype)
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + n)
+    slots = make_slots([8, 16, 4], 64, 48, dtype=torch.float32)  # CPU slots stay float32
+    x, y = inputs(starts[-1], 64, 80, dtype)  # the slice owns columns 16:64 of a fused output
+    seg_starts, seg_slots = torch.tensor(starts, dtype=torch.int32), torch.tensor(seg_ids, dtype=torch.int32)
+    ref = reference_add_lora(y, x, slots, segments_to_rows(seg_starts, seg_slots), y_offset=16)
+    out = add_lora(y.clone(), x, slots, seg_starts=seg_starts, seg_slots=seg_slots, y_offset=16, backend="cpu")
+    check(out[:, 16:64], ref[:, 16:64], dtype)
+    assert torch.equal(out[:, :16], y[:, :16]) and torch.equal(out[:, 64:], y[:, 64:])
+    base_only = slice(starts[3], starts[4])
+    assert torch.equal(out[base_only], y[base_only])
 
 
 def test_in_place_add_returns_the_same_tensor() -> None:
