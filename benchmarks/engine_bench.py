@@ -8,7 +8,9 @@ Side by side in one run:
 2. multi-LoRA overhead: the same batch with every request on an adapter against every request
    on the bare base;
 3. scaling: throughput as the number of distinct adapters in a batch grows 1 -> 16 -> 64;
-4. the FP8 base: base weight memory and throughput against the fp32 base.
+4. the FP8 base: base weight memory and throughput against the fp32 base;
+5. a live server's decode step: 8 running requests (40-token prompts) bare, on 2 adapters whose
+   requests sit side by side in runs of 4 (as a hot adapter's do), and on 8 adapters.
 Greedy decoding with EOS ignored on both sides, so every request produces exactly its tokens.
 """
 
@@ -65,6 +67,22 @@ def engine_run(engine: LLMEngine, batch: list[list[int]], adapters: list[str | N
         assert all(len(o.token_ids) == out_len for o in outs)
 
     return run, len(batch) * out_len
+
+
+def decode_step_ms(engine: LLMEngine, batch: list[list[int]], adapters: list[str | None], steps: int = 20) -> float:
+    """The median time of ``steps`` decode steps with ``batch`` running (their prompts done first)."""
+    params = SamplingParams(max_tokens=steps + 4, temperature=0, ignore_eos=True)
+    ids = [engine.add_request(p, params, adapter=a) for p, a in zip(batch, adapters, strict=True)]
+    while any(not engine.requests[i].output_token_ids for i in ids):
+        engine.step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+    while engine.has_unfinished():
+        engine.step()
+    return 1e3 * statistics.median(times)
 
 
 def peft_run(
@@ -156,6 +174,23 @@ def main() -> None:
         for distinct in (1, 16, 64):
             rate = srates[str(distinct)]
             print(f"  {distinct:3d} adapters {rate:8.1f} tok/s   {rate / srates['bare']:.2f}x of bare base")
+
+    print("\n5. a live server's decode step: 8 running requests, 40-token prompts (ms per step, median)")
+    small = prompts(8, 40, vocab, seed=2)
+    shapes: dict[str, list[str | None]] = {
+        "bare": [None] * 8,
+        "2 adapters, runs of 4": [f"a{i // 4}" for i in range(8)],
+        "8 adapters": [f"a{i}" for i in range(8)],
+    }
+    decode_step_ms(engine, small[:2], ["a0", "a1"], steps=2)  # warm-up
+    step_ms: dict[str, list[float]] = {name: [] for name in shapes}
+    for _ in range(args.rounds):
+        for name, adapters in shapes.items():
+            step_ms[name].append(decode_step_ms(engine, small, adapters))
+    bare_ms = statistics.median(step_ms["bare"])
+    for name in shapes:
+        ms = statistics.median(step_ms[name])
+        print(f"  {name:<22} {ms:6.1f} ms" + ("" if name == "bare" else f"   adapters add {ms - bare_ms:5.1f} ms"))
 
     if not args.skip_fp8:
         print("\n4. FP8 base (float8_e4m3fn weights, per-channel scales; adapters stay float32)")
