@@ -58,9 +58,9 @@ def base_probes(base_name: str, zipf: list[BenchRequest], seed: int = 12) -> lis
     """Requests to the bare base, as many as the hot adapter has in ``zipf``, Poisson over the
     same time at its rate, one tenant after another: the reference the demo's last line sets the
     hot customer's tail beside. The Zipf share alone gives the base 3 of 48 requests, and the
-    largest of 3 against the largest of 27 drawn from one distribution exceeds 1.5x in a fifth to
-    two fifths of runs (resampling the time to first token of traced demo runs;
-    docs/benchmarks.md, "The demo"): the line measured the sample sizes, not the placement.
+    largest of 3 against the largest of 27 drawn from one distribution exceeded 1.5x in 37 to 68%
+    of draws (``benchmarks/demo_tail_noise.py`` on five demo runs; docs/benchmarks.md, "The
+    demo"): the line measured the sample sizes, not the placement.
     Spread over the tenants, not billed to one, so fair admission neither favours the probes nor
     serves them last; the hot customer's owner carries a third of them, which can only slow it."""
     hot = [r for r in zipf if r.model == STYLES[0].name]
