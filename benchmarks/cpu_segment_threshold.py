@@ -82,7 +82,7 @@ def main() -> None:
     args = parser.parse_args()
     dtype = resolve_dtype(args.dtype)
     candidates = CANDIDATES["float32" if dtype == torch.float32 else "half"]
-    default = cpu.SEGMENT_BLAS_MIN_LEN.get(dtype, cpu.SEGMENT_BLAS_MIN_LEN_HALF)
+    default = cpu.blas_min_len(dtype)
     with tempfile.TemporaryDirectory() as tmp:
         config = EngineConfig(dtype=args.dtype, max_loras=3, max_lora_rank=16, max_num_seqs=32)
         engine = build_engine(config)

@@ -136,11 +136,16 @@ SEGMENT_BLAS_MIN_LEN = {torch.float32: 128}
 SEGMENT_BLAS_MIN_LEN_HALF = 48  # bfloat16 and float16
 
 
+def blas_min_len(dtype: torch.dtype) -> int:
+    """The shortest segment that goes through BLAS with activations in ``dtype``."""
+    return SEGMENT_BLAS_MIN_LEN.get(dtype, SEGMENT_BLAS_MIN_LEN_HALF)
+
+
 def segments_pay(max_seg_len: int, dtype: torch.dtype) -> bool:
     """Whether a step whose longest segment is ``max_seg_len`` tokens, with activations in
     ``dtype``, takes the segment path (``add_lora_segments``: BLAS for its long segments) rather
     than the row kernel for every row."""
-    return max_seg_len >= SEGMENT_BLAS_MIN_LEN.get(dtype, SEGMENT_BLAS_MIN_LEN_HALF)
+    return max_seg_len >= blas_min_len(dtype)
 
 
 def add_lora_segments(
@@ -170,7 +175,7 @@ def add_lora_segments(
     n_dim = lora_b.shape[2]
     ranks_host = ranks.tolist()
     scales_host = scalings.tolist()
-    min_len = SEGMENT_BLAS_MIN_LEN.get(x.dtype, SEGMENT_BLAS_MIN_LEN_HALF)
+    min_len = blas_min_len(x.dtype)
     short_rows: list[int] = []
     short_slots: list[int] = []
     for g, slot in enumerate(seg_slots):
@@ -183,13 +188,10 @@ def add_lora_segments(
             continue
         update = (x[lo:hi] @ lora_a[slot, :r].to(x.dtype).T) @ lora_b[slot, :r].to(x.dtype)
         y[lo:hi, y_offset : y_offset + n_dim].add_(update, alpha=scales_host[slot])
-    if short_rows:
-        rows = torch.tensor(short_rows)
-        cols = slice(y_offset, y_offset + n_dim)
+    if short_rows:  # gathered (a contiguous float32 copy), added to by the row path, scattered back
+        rows, cols = torch.tensor(short_rows), slice(y_offset, y_offset + n_dim)
         acc = y[rows, cols].to(torch.float32)
-        args = (_f32(x[rows]), _f32(lora_a), _f32(lora_b), _i32(torch.tensor(short_slots, dtype=torch.int32)))
-        kernel = _add_lora_rows if len(short_rows) >= PARALLEL_MIN_ROWS else _add_lora_rows_serial
-        kernel(*args, _i32(ranks), _f32(scalings), acc.numpy(), 0)
+        add_lora(acc, x[rows], lora_a, lora_b, ranks, scalings, torch.tensor(short_slots, dtype=torch.int32), 0)
         y[rows, cols] = acc.to(y.dtype)
 
 

@@ -158,7 +158,7 @@ def test_a_prefill_beside_decodes_on_the_cpu(dtype: torch.dtype) -> None:
     """The segments long enough for BLAS go through it and the short ones (decodes, a short
     prompt) through the row kernel in one call: every row gets its own adapter, rows without one
     keep their base output, and the fused output's other columns keep their bits."""
-    long = cpu.SEGMENT_BLAS_MIN_LEN.get(dtype, cpu.SEGMENT_BLAS_MIN_LEN_HALF)
+    long = cpu.blas_min_len(dtype)
     lengths, seg_ids = [long + 3, 1, 2, 1, long, 5, 1], [0, 1, 0, -1, 2, 1, 0]
     assert cpu.segments_pay(max(lengths), dtype) and not cpu.segments_pay(long - 1, dtype)
     starts = [0]
