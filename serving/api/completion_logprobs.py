@@ -15,10 +15,12 @@ from loraplane.serving.engine.sequence import TokenLogprob
 
 
 class CompletionLogprobs:
-    def __init__(self, name: Callable[[int], str], *, generated: bool) -> None:
-        """``name``: how a token is shown (its text, or ``token_id:{id}``); ``generated`` False
-        leaves the generated tokens out (echo with ``max_tokens: 0``)."""
-        self.name, self.generated = name, generated
+    def __init__(self, name: Callable[[int], str], k: int, *, generated: bool) -> None:
+        """``name``: how a token is shown (its text, or ``token_id:{id}``); ``k``: the request's
+        ``logprobs``, the alternatives shown per token (the prompt's entries may hold more, when
+        vLLM's ``prompt_logprobs`` asked for more); ``generated`` False leaves the generated
+        tokens out (echo with ``max_tokens: 0``)."""
+        self.name, self.k, self.generated = name, k, generated
         self.sent: dict[int, int] = defaultdict(int)  # generated tokens' entries sent, per choice
         self.offset: dict[int, int] = defaultdict(int)  # where the next entry's text starts, per choice
 
@@ -44,7 +46,7 @@ class CompletionLogprobs:
             "token_logprobs": [None if lp is None else lp.logprob for _, lp in entries],
             # As vLLM: the chosen token is among its step's entries too, so logprobs=0 gives it alone.
             "top_logprobs": [
-                None if lp is None else {**{self.name(t): v for t, v in lp.top}, text: lp.logprob}
+                None if lp is None else {**{self.name(t): v for t, v in lp.top[: self.k]}, text: lp.logprob}
                 for (_, lp), text in zip(entries, tokens, strict=True)
             ],
         }

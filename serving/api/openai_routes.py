@@ -19,6 +19,7 @@ from loraplane.serving.api.deps import Caller, Engine, Server
 from loraplane.serving.api.disconnect import cancel_on_disconnect
 from loraplane.serving.api.errors import APIError
 from loraplane.serving.api.generation import final, meter_for, run, sampling, templated, tokenised
+from loraplane.serving.api.prompt_logprobs import prompt_logprobs_body
 from loraplane.serving.api.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, new_id, now
 from loraplane.serving.api.streaming import finish_reason, streamed, usage
 from loraplane.serving.api.tenants import TenantConfig, Tenants
@@ -59,6 +60,13 @@ def resolve_model(engine: AsyncEngine, model: str, tenant: TenantConfig | None) 
     raise _missing(model)
 
 
+def prompt_logprobs_field(engine: AsyncEngine, out: RequestOutput, k: int) -> list[Any]:
+    """vLLM's ``prompt_logprobs`` field of an output, ``k`` alternatives per token, each token
+    decoded to its text (whatever ``return_tokens_as_token_ids`` says, as vLLM's)."""
+    assert out.prompt_logprobs is not None, "prompt_logprobs asks the engine for the prompt's entries"
+    return prompt_logprobs_body(out.prompt_logprobs, k, engine.engine.tokenizer.token_text)
+
+
 def token_namer(engine: AsyncEngine, as_ids: bool) -> Callable[[int], str]:
     """How log-probabilities name a token: its text, or with vLLM's ``return_tokens_as_token_ids``
     ``token_id:{id}``, which tells apart tokens whose text is the same (pieces of characters)."""
@@ -87,12 +95,16 @@ async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, se
     # token is generated, as vLLM does, and left out of the answer.
     generated = not (req.echo and req.max_tokens == 0)
     max_tokens = (req.max_tokens or DEFAULT_COMPLETION_TOKENS) if generated else 1
-    params = await sampling(engine, req, max_tokens, req.logprobs, prompt_logprobs=req.logprobs if req.echo else None)
+    # The prompt's entries serve echo with logprobs and vLLM's prompt_logprobs: the engine keeps
+    # as many alternatives as the larger asks, and each shows its own.
+    asked = [k for k in (req.prompt_logprobs, req.logprobs if req.echo else None) if k is not None]
+    params = await sampling(engine, req, max_tokens, req.logprobs, prompt_logprobs=max(asked, default=None))
     rid, created = new_id("cmpl"), now()
     meter = meter_for(server, rid, "/v1/completions", req.model, adapter, tenant)
     prompts = await tokenised(engine, req.prompts())
     request = await run(server, engine, prompts, params, req.n, meter, tenant, req.cache_salt)
-    logprobs = CompletionLogprobs(token_namer(engine, req.return_tokens_as_token_ids), generated=generated)
+    shown = token_namer(engine, req.return_tokens_as_token_ids)
+    logprobs = CompletionLogprobs(shown, req.logprobs or 0, generated=generated)
     echoed: set[int] = set()  # the choices whose first chunk, the one with the prompt, has gone
     tok = engine.engine.tokenizer
     prompt_texts = [p if isinstance(p, str) else tok.decode(p) for p in req.prompts()] if req.echo else []
@@ -105,7 +117,10 @@ async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, se
         if first:
             text = prompt_texts[index // req.n] + text
         lp = logprobs.of(index, out, with_prompt=first) if req.logprobs is not None else None
-        return {"index": index, "text": text, "finish_reason": finish_reason(out), "logprobs": lp}
+        body = {"index": index, "text": text, "finish_reason": finish_reason(out), "logprobs": lp}
+        if req.prompt_logprobs is not None:  # never streamed (see protocol)
+            body["prompt_logprobs"] = prompt_logprobs_field(engine, out, req.prompt_logprobs)
+        return body
 
     base = {"id": rid, "object": "text_completion", "created": created, "model": req.model}
     if not req.stream:
@@ -122,7 +137,8 @@ async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, serve
     adapter = resolve_model(engine, req.model, tenant)
     prompt = await templated(engine, req, limit=engine.engine.max_model_len)
     limit = req.max_completion_tokens or req.max_tokens or max(1, engine.engine.max_model_len - len(prompt))
-    params = await sampling(engine, req, limit, (req.top_logprobs or 0) if req.logprobs else None)
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    params = await sampling(engine, req, limit, logprobs, prompt_logprobs=req.prompt_logprobs)
     rid, created = new_id("chatcmpl"), now()
     meter = meter_for(server, rid, "/v1/chat/completions", req.model, adapter, tenant)
     request = await run(server, engine, [prompt], params, req.n, meter, tenant, req.cache_salt)
@@ -148,6 +164,8 @@ async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, serve
              "finish_reason": finish_reason(out), "logprobs": logprobs_of(out)}
             for c, out in zip(request.choices, outs, strict=True)
         ]}  # fmt: skip
+        if req.prompt_logprobs is not None:  # vLLM's: once per response, the choices share the prompt
+            body["prompt_logprobs"] = prompt_logprobs_field(engine, outs[0], req.prompt_logprobs)
         return JSONResponse(body)
 
     sent: dict[int, int] = {}  # log-probabilities sent per choice; a choice's first chunk carries its role

@@ -105,6 +105,10 @@ class _Sampling(_Strict):
     return_tokens_as_token_ids: bool = Field(
         default=False, description="vLLM extension: log-probabilities name tokens as 'token_id:{id}'"
     )
+    prompt_logprobs: int | None = Field(
+        default=None, ge=0, le=20,
+        description="vLLM extension: each prompt token's log-probability, rank and this many alternatives",
+    )  # fmt: skip
     response_format: ResponseFormat | None = None
     cache_salt: str | None = Field(
         default=None, min_length=1, max_length=256,
@@ -120,6 +124,12 @@ class _Sampling(_Strict):
     def _stream_options_need_stream(self) -> _Sampling:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")  # as OpenAI and vLLM answer
+        return self
+
+    @model_validator(mode="after")
+    def _prompt_logprobs_not_streamed(self) -> _Sampling:
+        if self.prompt_logprobs is not None and self.stream:  # vLLM refuses it too: they go in no chunk
+            raise ValueError("prompt_logprobs: not available when stream is true")
         return self
 
     @model_validator(mode="after")

@@ -6,7 +6,8 @@ forward pass computes every prompt position's hidden state anyway; the row at po
 predicts token ``i + 1``, so a sequence that asks keeps the log-softmax of its chunk's rows. Only
 positions computed in a step have rows: a sequence that asks is never given cached prefix blocks
 (``BlockManager``), and a chunked prompt fills its entries chunk by chunk. The model's raw
-distribution, before any sampling setting, as vLLM's.
+distribution, before any sampling setting, as vLLM's; each entry also carries the token's rank in
+it, which vLLM's own ``prompt_logprobs`` response field shows.
 """
 
 from __future__ import annotations
@@ -42,11 +43,13 @@ def record(items: list[tuple[Sequence, int]], hidden: torch.Tensor, logits: Call
 def _slice(seq: Sequence, a: int, b: int, logits: torch.Tensor, k: int) -> None:
     lp = torch.log_softmax(logits.float(), dim=-1)
     targets = seq.prompt_token_ids[a + 1 : b + 1]
-    chosen = lp.gather(1, torch.tensor(targets, device=lp.device).unsqueeze(1)).squeeze(1)
+    chosen = lp.gather(1, torch.tensor(targets, device=lp.device).unsqueeze(1))
+    ranks = transfers.to_host((lp > chosen).sum(dim=1) + 1).tolist()
     top = torch.topk(lp, k) if k else None
-    values = transfers.to_host(chosen).tolist()
+    values = transfers.to_host(chosen.squeeze(1)).tolist()
     alts_ids = transfers.to_host(top.indices).tolist() if top is not None else [[] for _ in targets]
     alts_vals = transfers.to_host(top.values).tolist() if top is not None else [[] for _ in targets]
     assert seq.prompt_logprobs is not None
     for j, token in enumerate(targets):
-        seq.prompt_logprobs[a + 1 + j] = TokenLogprob(token, values[j], tuple(zip(alts_ids[j], alts_vals[j], strict=True)))
+        alts = tuple(zip(alts_ids[j], alts_vals[j], strict=True))
+        seq.prompt_logprobs[a + 1 + j] = TokenLogprob(token, values[j], alts, rank=ranks[j])

@@ -36,7 +36,8 @@ class FinishReason(enum.StrEnum):
 class TokenLogprob:
     token_id: int
     logprob: float
-    top: tuple[tuple[int, float], ...] = ()
+    top: tuple[tuple[int, float], ...] = ()  # the most likely tokens, most likely first
+    rank: int | None = None  # 1 + how many tokens are more likely (vLLM's ``Logprob.rank``); prompt entries
 
 
 @dataclass(eq=False)

@@ -126,7 +126,8 @@ def test_penalties_and_bias_are_applied(client: openai.OpenAI) -> None:
     [("frequency_penalty", 2.5), ("presence_penalty", -2.5), ("logit_bias", {"77": 101}), ("logit_bias", {"x": 1}),
      ("logit_bias", {"999999": 1}), ("n", 17), ("repetition_penalty", 0), ("min_tokens", -1), ("prompt", []),
      ("prompt", ["ok", ""]), ("response_format", {"type": "json_schema"}), ("suffix", "x"), ("best_of", 2),
-     ("logit_bias", {"²": 1}), ("logit_bias", {"01": 60, "1": 60}), ("repetition_penalty", 1e-40)],
+     ("logit_bias", {"²": 1}), ("logit_bias", {"01": 60, "1": 60}), ("repetition_penalty", 1e-40),
+     ("prompt_logprobs", 21), ("prompt_logprobs", -1)],
 )  # fmt: skip
 def test_bad_values_are_a_400_naming_the_field(server, field: str, value: object) -> None:
     body = {"model": "qv4", "prompt": "hi", "max_tokens": 2, field: value}
@@ -388,3 +389,44 @@ def test_echo_returns_the_prompt_and_its_log_probabilities_as_harnesses_score_th
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model="qv4", prompt=PROMPTS[0], max_tokens=0)
     assert "max_tokens" in err.value.message
+
+
+def test_vllms_prompt_logprobs_score_each_prompt_token_with_its_rank(server, client: openai.OpenAI, tiny_llama: Path) -> None:
+    """vLLM's ``prompt_logprobs``: per completion choice (once per chat response), a map per prompt
+    token from token id to its log-probability, rank and text, the prompt's token first and then
+    the k most likely, the first token null. A greedy answer sent back as part of a prompt scores
+    rank 1 at each of its tokens, with the log-probabilities it was generated with."""
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama))
+    plain = client.completions.create(model="qv4", prompt=PROMPTS[1], max_tokens=5, temperature=0, logprobs=0,
+                                      extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})  # fmt: skip
+    prompt_ids = httpx.post(f"{server[0]}/tokenize", json={"model": "qv4", "prompt": PROMPTS[1]}).json()["tokens"]
+    answer_ids = [int(t.removeprefix("token_id:")) for t in plain.choices[0].logprobs.tokens]
+    ids = prompt_ids + answer_ids
+    body = {"model": "qv4", "prompt": ids, "max_tokens": 1, "n": 2, "prompt_logprobs": 2, "echo": True, "logprobs": 1}
+    r = httpx.post(f"{server[0]}/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    first, second = (c["prompt_logprobs"] for c in r.json()["choices"])
+    assert first == second and len(first) == len(ids) and first[0] is None
+    for token, entry in zip(ids[1:], first[1:], strict=True):
+        keys = list(entry)
+        assert keys[0] == str(token) and len(entry) in (2, 3)  # the prompt's token, then the top 2
+        ranked = sorted((v["rank"], v["logprob"]) for k, v in entry.items() if k != str(token) or v["rank"] <= 2)
+        assert [rank for rank, _ in ranked] == [1, 2] and ranked[0][1] >= ranked[1][1]
+        assert entry[str(token)]["rank"] >= 1 and entry[str(token)]["decoded_token"] == tok.decode([token])
+    echo = r.json()["choices"][0]["logprobs"]  # echo's own entries keep logprobs=1's one alternative
+    assert all(t is None or len(t) <= 2 for t in echo["top_logprobs"])
+    assert [e[str(t)]["logprob"] for t, e in zip(ids[1:], first[1:], strict=True)] == echo["token_logprobs"][1 : len(ids)]
+    answer = first[len(prompt_ids) :]
+    assert [e[str(t)]["rank"] for t, e in zip(answer_ids, answer, strict=True)] == [1] * len(answer_ids)
+    assert [e[str(t)]["logprob"] for t, e in zip(answer_ids, answer, strict=True)] == pytest.approx(
+        plain.choices[0].logprobs.token_logprobs, abs=1e-4
+    )
+    chat = httpx.post(f"{server[0]}/v1/chat/completions", json={"model": "qv4", "max_tokens": 2, "prompt_logprobs": 0,
+                                                                 "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    assert chat.status_code == 200, chat.text
+    scored = chat.json()["prompt_logprobs"]
+    assert len(scored) == chat.json()["usage"]["prompt_tokens"] and scored[0] is None
+    assert all(len(e) == 1 and next(iter(e.values()))["rank"] >= 1 for e in scored[1:])
+    streamed = {**body, "n": 1, "stream": True}
+    refused = httpx.post(f"{server[0]}/v1/completions", json=streamed)
+    assert refused.status_code == 400 and "prompt_logprobs" in refused.json()["error"]["message"]

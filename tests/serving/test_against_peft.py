@@ -124,6 +124,11 @@ def test_prompt_log_probabilities_match_peft_chunked_and_beside_cached_prompts(
         assert entry is not None and entry.token_id == prompt[i]
         assert abs(entry.logprob - float(ref[i - 1, prompt[i]])) < 1e-4, f"position {i}"
         assert [t for t, _ in entry.top] == torch.topk(ref[i - 1], 3).indices.tolist()
+        # vLLM's rank: 1 + the tokens more likely than the prompt's (tokens within the float error
+        # of it may count either way).
+        chosen = ref[i - 1, prompt[i]]
+        assert entry.rank is not None
+        assert int((ref[i - 1] > chosen + 1e-4).sum()) + 1 <= entry.rank <= int((ref[i - 1] > chosen - 1e-4).sum()) + 1
 
 
 def test_bfloat16_engine_keeps_every_adapters_effect(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path: Path) -> None:
