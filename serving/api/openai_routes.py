@@ -106,6 +106,7 @@ async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, se
     shown = token_namer(engine, req.return_tokens_as_token_ids)
     logprobs = CompletionLogprobs(shown, req.logprobs or 0, generated=generated)
     echoed: set[int] = set()  # the choices whose first chunk, the one with the prompt, has gone
+    ids_sent: dict[int, int] = {}  # generated token ids sent per choice, with return_token_ids
     tok = engine.engine.tokenizer
     prompt_texts = [p if isinstance(p, str) else tok.decode(p) for p in req.prompts()] if req.echo else []
 
@@ -118,6 +119,11 @@ async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, se
             text = prompt_texts[index // req.n] + text
         lp = logprobs.of(index, out, with_prompt=first) if req.logprobs is not None else None
         body = {"index": index, "text": text, "finish_reason": finish_reason(out), "logprobs": lp}
+        if req.return_token_ids:  # vLLM's: the prompt's ids in a choice's first chunk, each chunk its new ids
+            if index not in ids_sent:
+                body["prompt_token_ids"] = out.prompt_token_ids
+            start, ids_sent[index] = ids_sent.get(index, 0), len(out.token_ids)
+            body["token_ids"] = out.token_ids[start:] if generated else []
         if req.prompt_logprobs is not None:  # never streamed (see protocol)
             body["prompt_logprobs"] = prompt_logprobs_field(engine, out, req.prompt_logprobs)
         return body
@@ -156,25 +162,36 @@ async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, serve
             for lp in out.logprobs[start:]
         ]}  # fmt: skip
 
+    def token_ids(out: RequestOutput, start: int = 0) -> dict[str, Any]:
+        return {"token_ids": out.token_ids[start:]} if req.return_token_ids else {}
+
+    def prompt_ids(out: RequestOutput) -> dict[str, Any]:
+        return {"prompt_token_ids": out.prompt_token_ids} if req.return_token_ids else {}
+
     base = {"id": rid, "object": "chat.completion", "created": created, "model": req.model}
     if not req.stream:
         outs = await final(request)
         body = {**base, "usage": usage(meter), "choices": [
             {"index": c.index, "message": {"role": "assistant", "content": out.text},
-             "finish_reason": finish_reason(out), "logprobs": logprobs_of(out)}
+             "finish_reason": finish_reason(out), "logprobs": logprobs_of(out), **token_ids(out)}
             for c, out in zip(request.choices, outs, strict=True)
         ]}  # fmt: skip
-        if req.prompt_logprobs is not None:  # vLLM's: once per response, the choices share the prompt
+        # vLLM's: once per response, as the choices share the prompt.
+        body.update(prompt_ids(outs[0]))
+        if req.prompt_logprobs is not None:
             body["prompt_logprobs"] = prompt_logprobs_field(engine, outs[0], req.prompt_logprobs)
         return JSONResponse(body)
 
     sent: dict[int, int] = {}  # log-probabilities sent per choice; a choice's first chunk carries its role
+    ids_sent: dict[int, int] = {}  # and its generated token ids, with return_token_ids
 
     def event(index: int, out: RequestOutput, delta: str) -> dict[str, Any]:
         message: dict[str, str] = {"content": delta} if delta else {}
         if index not in sent:
             message = {"role": "assistant", "content": delta}
         start, sent[index] = sent.get(index, 0), len(out.logprobs)
-        return {"index": index, "delta": message, "finish_reason": finish_reason(out), "logprobs": logprobs_of(out, start)}
+        ids_start, ids_sent[index] = ids_sent.get(index, 0), len(out.token_ids)
+        return {"index": index, "delta": message, "finish_reason": finish_reason(out), "logprobs": logprobs_of(out, start),
+                **token_ids(out, ids_start)}  # fmt: skip
 
-    return streamed(req, {**base, "object": "chat.completion.chunk"}, request, event)
+    return streamed(req, {**base, "object": "chat.completion.chunk"}, request, event, first=prompt_ids)

@@ -105,6 +105,9 @@ class _Sampling(_Strict):
     return_tokens_as_token_ids: bool = Field(
         default=False, description="vLLM extension: log-probabilities name tokens as 'token_id:{id}'"
     )
+    return_token_ids: bool = Field(
+        default=False, description="vLLM extension: choices carry token_ids, and the prompt's prompt_token_ids"
+    )
     prompt_logprobs: int | None = Field(
         default=None, ge=0, le=20,
         description="vLLM extension: each prompt token's log-probability, rank and this many alternatives",

@@ -51,17 +51,27 @@ async def sse(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
     yield b"data: [DONE]\n\n"
 
 
-def streamed(req: Request, base: dict[str, Any], request: Choices, choice_event: ChoiceEvent) -> StreamingResponse:
+def streamed(
+    req: Request,
+    base: dict[str, Any],
+    request: Choices,
+    choice_event: ChoiceEvent,
+    first: Callable[[RequestOutput], dict[str, Any]] | None = None,
+) -> StreamingResponse:
     """The SSE response of a streamed request: one event per choice's delta, the stream's last
-    event carrying the error a choice failed with, and the usage chunk when asked for."""
+    event carrying the error a choice failed with, and the usage chunk when asked for. ``first``
+    gives fields of the stream's first chunk only (chat's ``prompt_token_ids``, as vLLM's)."""
 
     async def events() -> AsyncIterator[dict[str, Any]]:
+        head = first
         async for c, out, delta in request.deltas():
             if (err := failure(out)) is not None:
                 request.close()  # the other choices end here too
                 yield error_body(err.message, err.type, err.code)
                 return
-            yield with_running_usage(req, {**base, "choices": [choice_event(c.index, out, delta)]}, request.meter)
+            event = {**base, **(head(out) if head is not None else {}), "choices": [choice_event(c.index, out, delta)]}
+            head = None
+            yield with_running_usage(req, event, request.meter)
         if req.stream_options and req.stream_options.include_usage:
             yield {**base, "choices": [], "usage": usage(request.meter)}
 

@@ -430,3 +430,40 @@ def test_vllms_prompt_logprobs_score_each_prompt_token_with_its_rank(server, cli
     streamed = {**body, "n": 1, "stream": True}
     refused = httpx.post(f"{server[0]}/v1/completions", json=streamed)
     assert refused.status_code == 400 and "prompt_logprobs" in refused.json()["error"]["message"]
+
+
+def test_vllms_return_token_ids_give_the_prompt_and_answer_as_ids(server, client: openai.OpenAI, tiny_llama: Path) -> None:
+    """vLLM's ``return_token_ids``: each choice's generated ids (which decode to its text) and the
+    prompt's ids (what ``/tokenize`` gives), on completions in each choice and on chat once per
+    response; streamed, the prompt's ids come in the first chunk and each chunk carries its new ids,
+    which add up to the plain answer's."""
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama))
+    url = server[0]
+    ids = httpx.post(f"{url}/tokenize", json={"model": "qv4", "prompt": PROMPTS[2]}).json()["tokens"]
+    body = {"model": "qv4", "prompt": PROMPTS[2], "max_tokens": 6, "n": 2, "seed": 5, "return_token_ids": True,
+            "ignore_eos": True}  # fmt: skip
+    plain = httpx.post(f"{url}/v1/completions", json=body).json()["choices"]
+    assert [c["prompt_token_ids"] for c in plain] == [ids, ids]
+    assert all(len(c["token_ids"]) == 6 and tok.decode(c["token_ids"]) == c["text"] for c in plain)
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    got: dict[int, list[int]] = defaultdict(list)
+    for chunk in chunks:
+        (c,) = chunk["choices"]
+        assert c.get("prompt_token_ids", ids) == ids and ("prompt_token_ids" in c) == (c["index"] not in got)
+        got[c["index"]] += c["token_ids"]
+    assert [got[0], got[1]] == [c["token_ids"] for c in plain]
+
+    chat = {"model": "qv4", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "ignore_eos": True,
+            "temperature": 0, "return_token_ids": True}  # fmt: skip
+    answer = httpx.post(f"{url}/v1/chat/completions", json=chat).json()
+    templated = httpx.post(f"{url}/tokenize", json={"model": "qv4", "messages": chat["messages"]}).json()["tokens"]
+    assert answer["prompt_token_ids"] == templated and len(templated) == answer["usage"]["prompt_tokens"]
+    (choice,) = answer["choices"]
+    assert tok.decode(choice["token_ids"]) == choice["message"]["content"] and len(choice["token_ids"]) == 4
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json={**chat, "stream": True}) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert chunks[0]["prompt_token_ids"] == templated and all("prompt_token_ids" not in c for c in chunks[1:])
+    assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == choice["token_ids"]
+    without = httpx.post(f"{url}/v1/chat/completions", json={**chat, "return_token_ids": False}).json()
+    assert "prompt_token_ids" not in without and "token_ids" not in without["choices"][0]
