@@ -172,7 +172,7 @@ async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, serve
     if not req.stream:
         outs = await final(request)
         body = {**base, "usage": usage(meter), "choices": [
-            {"index": c.index, "message": {"role": "assistant", "content": out.text},
+            {"index": c.index, "message": {"role": "assistant", "content": req.echoed() + out.text},
              "finish_reason": finish_reason(out), "logprobs": logprobs_of(out), **token_ids(out)}
             for c, out in zip(request.choices, outs, strict=True)
         ]}  # fmt: skip
@@ -188,7 +188,7 @@ async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, serve
     def event(index: int, out: RequestOutput, delta: str) -> dict[str, Any]:
         message: dict[str, str] = {"content": delta} if delta else {}
         if index not in sent:
-            message = {"role": "assistant", "content": delta}
+            message = {"role": "assistant", "content": req.echoed() + delta}
         start, sent[index] = sent.get(index, 0), len(out.logprobs)
         ids_start, ids_sent[index] = ids_sent.get(index, 0), len(out.token_ids)
         return {"index": index, "delta": message, "finish_reason": finish_reason(out), "logprobs": logprobs_of(out, start),

@@ -299,6 +299,9 @@ class ChatCompletionRequest(_Sampling, ChatTemplating):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
+    echo: bool = Field(
+        default=False, description="vLLM extension: the answer after the last turn's text, when that turn is the assistant's"
+    )
     # Tools are not served: what a framework with no tools registered sends is accepted; a tool
     # offered, or a call demanded, is a 400 naming the field.
     tools: list[Any] | None = Field(default=None, description="only an empty list: tools are not served")
@@ -311,6 +314,12 @@ class ChatCompletionRequest(_Sampling, ChatTemplating):
         if v:
             raise ValueError("tool calling is not served here; send no tools (or an empty list)")
         return v
+
+    def echoed(self) -> str:
+        """The text ``echo`` puts before the answer: the last turn's, when it is the assistant's (the
+        answer's own role), as vLLM's; nothing otherwise."""
+        last = self.messages[-1]
+        return last.text() if self.echo and last.role == "assistant" else ""
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:

@@ -467,3 +467,22 @@ def test_vllms_return_token_ids_give_the_prompt_and_answer_as_ids(server, client
     assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == choice["token_ids"]
     without = httpx.post(f"{url}/v1/chat/completions", json={**chat, "return_token_ids": False}).json()
     assert "prompt_token_ids" not in without and "token_ids" not in without["choices"][0]
+
+
+def test_vllms_chat_echo_puts_the_assistants_last_turn_before_its_answer(client: openai.OpenAI) -> None:
+    """vLLM's chat ``echo``: going on from an assistant turn, the answer starts with that turn's
+    text, streamed or not; after a user turn there is nothing to echo."""
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the quick"}]
+    kwargs = {"model": "qv4", "messages": turns, "max_tokens": 4, "temperature": 0}
+    going_on = {"ignore_eos": True, "add_generation_prompt": False, "continue_final_message": True}
+    answer = client.chat.completions.create(**kwargs, extra_body=going_on).choices[0].message.content
+    echoed = client.chat.completions.create(**kwargs, extra_body={**going_on, "echo": True}).choices[0].message.content
+    assert answer and echoed == "the quick" + answer
+    stream = client.chat.completions.create(**kwargs, stream=True, extra_body={**going_on, "echo": True})
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == echoed
+    after_user = {**kwargs, "messages": turns[:1]}
+    plain = client.chat.completions.create(**after_user, extra_body={"ignore_eos": True}).choices[0].message.content
+    assert (
+        client.chat.completions.create(**after_user, extra_body={"ignore_eos": True, "echo": True}).choices[0].message.content
+        == plain
+    )
