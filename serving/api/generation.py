@@ -63,26 +63,24 @@ async def sampling(
 
 
 async def guide_for(engine: AsyncEngine, req: Request) -> Guide | None:
-    """The structured-output guide for ``response_format`` (None for plain text), compiled on the
-    grammar compiler's own threads, so a flood of heavy schemas never delays another request's
-    tokenisation; a schema the grammar library cannot compile, or not within
-    ``COMPILE_DEADLINE_SECONDS``, is a 400 with the reason."""
-    fmt = req.response_format
-    if fmt is None or fmt.type == "text":
+    """The structured-output guide for ``response_format`` or vLLM's ``structured_outputs`` (None
+    for plain text), compiled on the grammar compiler's own threads, so a flood of heavy grammars
+    never delays another request's tokenisation; one the grammar library cannot compile, or not
+    within ``COMPILE_DEADLINE_SECONDS``, is a 400 naming the field, with the reason."""
+    constraint = req.output_constraint()
+    if constraint is None:
         return None
-    schema = fmt.json_schema.schema_ if fmt.type == "json_schema" and fmt.json_schema is not None else None
+    param, kind, spec = constraint
     grammars = engine.engine.grammars
-    work = asyncio.get_running_loop().run_in_executor(grammars.pool, grammars.compile, schema)
+    work = asyncio.get_running_loop().run_in_executor(grammars.pool, grammars.compile, spec, kind)
     try:  # asyncio.timeout, not wait_for: wait_for may swallow a cancel that lands as the compile ends
         async with asyncio.timeout(COMPILE_DEADLINE_SECONDS):
             return await work
     except GrammarError as err:
-        raise APIError(400, f"response_format: {err}", param="response_format") from None
+        raise APIError(400, f"{param}: {err}", param=param) from None
     except TimeoutError:  # a compile already running finishes within llguidance's own fuel bounds
         raise APIError(
-            400,
-            f"response_format: the schema did not compile within {COMPILE_DEADLINE_SECONDS:g} s; simplify it",
-            param="response_format",
+            400, f"{param}: it did not compile within {COMPILE_DEADLINE_SECONDS:g} s; simplify it", param=param
         ) from None
 
 

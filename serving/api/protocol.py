@@ -11,6 +11,7 @@ single source of truth for the OpenAPI schema FastAPI publishes.
 from __future__ import annotations
 
 import functools
+import json
 import re
 import time
 import uuid
@@ -76,6 +77,52 @@ class ResponseFormat(_Strict):
         return self
 
 
+class StructuredOutputs(_Strict):
+    """vLLM's ``structured_outputs``: exactly one constraint on the output's text, a JSON schema
+    (an object, or its text), a regular expression, one of a list of strings, a grammar (Lark or
+    llama.cpp's GBNF, as vLLM's guidance backend takes it) or any JSON object."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = Field(default=None, min_length=1)
+    choice: list[str] | None = Field(default=None, min_length=1, max_length=1024)
+    grammar: str | None = Field(default=None, min_length=1)
+    json_object: bool | None = None
+    # vLLM's options that change nothing here: JSON is written without free whitespace already,
+    # and there is one grammar backend to fall back from.
+    disable_any_whitespace: bool = False
+    disable_fallback: bool = False
+
+    @field_validator("json_", mode="after")
+    @classmethod
+    def _schema_text(cls, v: dict[str, Any] | str | None) -> dict[str, Any] | None:
+        if not isinstance(v, str):
+            return v
+        try:
+            schema = json.loads(v)
+        except ValueError:
+            raise ValueError("not a JSON schema: the text is not JSON") from None
+        if not isinstance(schema, dict):
+            raise ValueError("not a JSON schema: an object is expected")
+        return schema
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> StructuredOutputs:
+        given = [self.json_, self.regex, self.choice, self.grammar, self.json_object or None]
+        if sum(v is not None for v in given) != 1:
+            raise ValueError("structured_outputs: exactly one of json, regex, choice, grammar or json_object")
+        return self
+
+    def constraint(self) -> tuple[str, Any]:
+        """The grammar compiler's kind and spec (see ``structured.Grammars.compile``)."""
+        given: list[tuple[str, Any]] = [
+            ("json", self.json_), ("regex", self.regex), ("choice", self.choice), ("grammar", self.grammar)
+        ]  # fmt: skip
+        for kind, spec in given:
+            if spec is not None:
+                return kind, spec
+        return "json", None  # json_object: any JSON object
+
+
 class _Sampling(_Strict):
     model: str
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
@@ -113,6 +160,7 @@ class _Sampling(_Strict):
         description="vLLM extension: each prompt token's log-probability, rank and this many alternatives",
     )  # fmt: skip
     response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = Field(default=None, description="vLLM extension")
     cache_salt: str | None = Field(
         default=None, min_length=1, max_length=256,
         description="vLLM extension: only requests of the same tenant with the same salt share cached prompt blocks",
@@ -128,6 +176,23 @@ class _Sampling(_Strict):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")  # as OpenAI and vLLM answer
         return self
+
+    @model_validator(mode="after")
+    def _one_output_format(self) -> _Sampling:
+        if self.structured_outputs is not None and self.response_format is not None and self.response_format.type != "text":
+            raise ValueError("structured_outputs: not together with a response_format other than text")
+        return self
+
+    def output_constraint(self) -> tuple[str, str, Any] | None:
+        """What the output is constrained to, if anything: the field that asked, and the grammar
+        compiler's kind and spec."""
+        if self.structured_outputs is not None:
+            return ("structured_outputs", *self.structured_outputs.constraint())
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        schema = fmt.json_schema.schema_ if fmt.type == "json_schema" and fmt.json_schema is not None else None
+        return "response_format", "json", schema
 
     @model_validator(mode="after")
     def _prompt_logprobs_not_streamed(self) -> _Sampling:

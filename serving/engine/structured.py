@@ -1,11 +1,12 @@
-"""Structured output: JSON (any object, or one matching a schema) enforced token by token.
+"""Structured output: JSON (any object, or one matching a schema), a regular expression, a choice
+among strings or a grammar, enforced token by token.
 
 The grammar work is llguidance's (Microsoft's Rust library behind vLLM's and SGLang's
-``guidance`` backend): it compiles a JSON schema against the tokenizer's vocabulary and, for each
-sequence's state, computes the bitmask of tokens that keep the output inside the grammar. The
-engine keeps one matcher per sequence, fills the masks of every guided row of a step in one
-parallel call, and applies them to the batch's logits at once, so guided and unguided requests
-(on any adapters) share a batch. A request's guide is compiled before it is queued, so a schema
+``guidance`` backend): it compiles a JSON schema (or a regular expression, or a grammar) against
+the tokenizer's vocabulary and, for each sequence's state, computes the bitmask of tokens that
+keep the output inside the grammar. The engine keeps one matcher per sequence, fills the masks of
+every guided row of a step in one parallel call, and applies them to the batch's logits at once,
+so guided and unguided requests (on any adapters) share a batch. A request's guide is compiled before it is queued, so a schema
 the library refuses is the caller's 400, never a failure inside a step.
 
 The mask is filled through ``llguidance.numpy`` and unpacked with three torch operations rather
@@ -17,6 +18,7 @@ CPU tests.
 
 from __future__ import annotations
 
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -33,16 +35,23 @@ class GrammarError(ValueError):
     """A response format the grammar library cannot compile."""
 
 
+# What a request may constrain its output to, as vLLM's ``structured_outputs`` names them: a JSON
+# schema, a regular expression, one of a list of strings, or a grammar (Lark or llama.cpp's GBNF,
+# as vLLM's guidance backend takes it).
+_WHAT: dict[str, str] = {"json": "the JSON schema", "regex": "the regular expression", "choice": "the choices",
+                         "grammar": "the grammar"}  # fmt: skip
+
+
 class Guide:
     """One compiled grammar: what a request's ``SamplingParams.guide`` holds. Its first matcher
     is built when the request is compiled (off the event loop and the engine thread); each
     sequence gets a copy of it, which costs a copy of the parser's state, not a grammar build."""
 
-    def __init__(self, grammars: Grammars, grammar: str) -> None:
+    def __init__(self, grammars: Grammars, grammar: str, what: str = _WHAT["json"]) -> None:
         self.grammars, self.grammar = grammars, grammar
         self.template = llguidance.LLMatcher(grammars.tokenizer, grammar, log_level=0)
         if self.template.is_error():
-            raise GrammarError(f"the JSON schema cannot be compiled: {self.template.get_error()}")
+            raise GrammarError(f"{what} cannot be compiled: {self.template.get_error()}")
 
     def matcher(self) -> llguidance.LLMatcher:
         return self.template.deep_copy()
@@ -70,19 +79,29 @@ class Grammars:
                 self._tokenizer = llguidance.hf.from_tokenizer(self.hf, n_vocab=self.vocab_size, eos_token=eos)
             return self._tokenizer
 
-    def compile(self, schema: dict[str, Any] | None) -> Guide:
-        """A guide for documents matching ``schema`` (None: any JSON object, OpenAI's ``json_object``)."""
+    def compile(self, spec: Any = None, kind: str = "json") -> Guide:
+        """A guide for output of ``kind``: documents matching the JSON schema ``spec`` (None: any
+        JSON object, OpenAI's ``json_object``), text matching the regular expression ``spec``, one
+        of the strings in ``spec``, or text of the grammar ``spec``."""
+        what = _WHAT[kind]
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                schema if schema is not None else {"type": "object"}, defaults={"whitespace_flexible": False}
-            )
+            if kind == "json":
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                    spec if spec is not None else {"type": "object"}, defaults={"whitespace_flexible": False}
+                )
+            elif kind == "regex":
+                grammar = llguidance.LLMatcher.grammar_from_regex(spec)
+            elif kind == "choice":
+                grammar = llguidance.grammar_from("choice", json.dumps(spec))
+            else:  # Lark, or GBNF turned into Lark
+                grammar = llguidance.grammar_from("grammar", spec)
             tokenizer = self.tokenizer
-        except (ValueError, TypeError) as err:  # a bad schema, or a tokenizer llguidance cannot wrap
-            raise GrammarError(f"the JSON schema cannot be compiled: {err}") from None
+        except (ValueError, TypeError) as err:  # a bad spec, or a tokenizer llguidance cannot wrap
+            raise GrammarError(f"{what} cannot be compiled: {err}") from None
         problem = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
         if problem:
-            raise GrammarError(f"the JSON schema cannot be compiled: {problem}")
-        return Guide(self, grammar)
+            raise GrammarError(f"{what} cannot be compiled: {problem}")
+        return Guide(self, grammar, what)
 
 
 def mask_guided(logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, str]:

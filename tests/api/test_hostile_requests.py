@@ -147,10 +147,10 @@ def test_a_schema_that_compiles_too_long_is_a_400_and_delays_nobody(server: str,
 
     real, release, started = Grammars.compile, threading.Event(), threading.Semaphore(0)
 
-    def stuck(self: Grammars, schema: object) -> object:
+    def stuck(self: Grammars, spec: object, kind: str = "json") -> object:
         started.release()
         release.wait(60)
-        return real(self, schema)  # type: ignore[arg-type]
+        return real(self, spec, kind)
 
     monkeypatch.setattr(Grammars, "compile", stuck)
     monkeypatch.setattr(generation, "COMPILE_DEADLINE_SECONDS", 0.5)

@@ -6,6 +6,7 @@ routes."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -486,3 +487,39 @@ def test_vllms_chat_echo_puts_the_assistants_last_turn_before_its_answer(client:
         client.chat.completions.create(**after_user, extra_body={"ignore_eos": True, "echo": True}).choices[0].message.content
         == plain
     )
+
+
+def test_vllms_structured_outputs_hold_the_text_to_a_regex_a_choice_or_a_grammar(server, client: openai.OpenAI) -> None:
+    """vLLM's ``structured_outputs``: the sampled text (at temperature 1, so not the model's own
+    habit) matches the regular expression, is one of the choices, is a sentence of the grammar
+    (GBNF or Lark) or a document of the JSON schema given as text; each ends with ``stop``."""
+    url = server[0]
+    kwargs = {"model": "qv4", "prompt": PROMPTS[0], "max_tokens": 48, "temperature": 1.0, "seed": 3, "n": 3}
+    gbnf = 'root ::= ("yes" | "no") " " [0-9] [0-9]?'
+    lark = 'start: WORD "," WORD\nWORD: /[a-c]{2}/'
+    cases = [
+        ({"regex": "[0-9]{3}-[a-z]{2}"}, lambda t: re.fullmatch(r"[0-9]{3}-[a-z]{2}", t)),
+        ({"choice": ["calm", "loud", "very loud"]}, lambda t: t in ("calm", "loud", "very loud")),
+        ({"grammar": gbnf}, lambda t: re.fullmatch(r"(yes|no) [0-9][0-9]?", t)),
+        ({"grammar": lark}, lambda t: re.fullmatch(r"[a-c]{2},[a-c]{2}", t)),
+        ({"json": json.dumps(CHOICE_SCHEMA)}, lambda t: jsonschema.validate(json.loads(t), CHOICE_SCHEMA) is None),
+    ]
+    for constraint, holds in cases:
+        r = client.completions.create(**kwargs, extra_body={"structured_outputs": constraint})
+        for choice in r.choices:
+            assert choice.finish_reason == "stop" and holds(choice.text), (constraint, choice.text)
+    chat = client.chat.completions.create(model="qv4", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+                                          extra_body={"structured_outputs": {"choice": ["up", "down"]}})  # fmt: skip
+    assert chat.choices[0].message.content in ("up", "down")
+    for bad, words in [
+        ({"regex": "(", "choice": ["a"]}, "exactly one"),
+        ({"regex": "("}, "regular expression"),
+        ({"grammar": "root ::= nothing"}, "grammar"),
+        ({"json": "{not json"}, "JSON"),
+        ({"structural_tag": "x"}, "structural_tag"),
+    ]:
+        r = httpx.post(f"{url}/v1/completions", json={**kwargs, "structured_outputs": bad})
+        assert r.status_code == 400 and words in r.json()["error"]["message"], (bad, r.text)
+        assert (r.json()["error"]["param"] or "").startswith("structured_outputs"), r.text
+    both = {**kwargs, "structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}}
+    assert httpx.post(f"{url}/v1/completions", json=both).status_code == 400
