@@ -100,6 +100,7 @@ class Tokenizer:
         continue_final_message: bool = False,
         variables: dict[str, Any] | None = None,
         limit: int | None = None,
+        add_special_tokens: bool = False,
     ) -> list[int]:
         """The conversation through the model's chat template, as token ids. ``variables`` are
         extra names the template may read (vLLM's ``chat_template_kwargs``); none may be
@@ -122,6 +123,7 @@ class Tokenizer:
             )  # fmt: skip
         except (TemplateError, TypeError) as err:  # TypeError: a variable that shadows one of the template's functions
             raise ValueError(f"the chat template refused the conversation: {err}") from None
+        # The template writes the BOS itself; vLLM's add_special_tokens adds the tokenizer's too.
         if limit is not None:
-            return self.encode_within(out, limit, add_special_tokens=False)
-        return list(self.hf.encode(out, add_special_tokens=False))
+            return self.encode_within(out, limit, add_special_tokens=add_special_tokens)
+        return self.encode(out, add_special_tokens=add_special_tokens)

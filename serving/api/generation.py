@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from loraplane.serving.api.async_engine import AsyncEngine
 from loraplane.serving.api.choices import Choice, Choices
@@ -84,32 +84,56 @@ async def guide_for(engine: AsyncEngine, req: Request) -> Guide | None:
         ) from None
 
 
-async def tokenised(engine: AsyncEngine, prompts: list[str | list[int]]) -> list[str | list[int]]:
-    """Each prompt as token ids, encoded off the event loop and the engine thread; one longer
-    than the context is a 400 before most of it is encoded."""
-    tokenizer, limit = engine.engine.tokenizer, engine.engine.max_model_len
+def kept_tokens(truncate: int | None, limit: int) -> int | None:
+    """How many of a prompt's last tokens vLLM's ``truncate_prompt_tokens`` keeps (-1: the
+    context); more than the context is a 400, as vLLM answers."""
+    if truncate is None:
+        return None
+    if truncate > limit:
+        raise APIError(
+            400, f"truncate_prompt_tokens: {truncate} is more than max_model_len ({limit})", param="truncate_prompt_tokens"
+        )
+    return limit if truncate == -1 else truncate
 
-    def encode() -> list[str | list[int]]:
-        return [tokenizer.encode_within(p, limit) if isinstance(p, str) else p for p in prompts]
+
+async def tokenised(
+    engine: AsyncEngine, prompts: list[str | list[int]], *, add_special_tokens: bool = True, truncate: int | None = None
+) -> list[list[int]]:
+    """Each prompt as token ids, encoded off the event loop and the engine thread; one longer
+    than the context is a 400 before most of it is encoded, unless ``truncate`` keeps its last
+    tokens (then it is encoded whole, which the body's size bounds)."""
+    tokenizer, limit = engine.engine.tokenizer, engine.engine.max_model_len
+    keep = kept_tokens(truncate, limit)
+
+    def encode(p: str | list[int]) -> list[int]:
+        if isinstance(p, str) and keep is None:
+            return tokenizer.encode_within(p, limit, add_special_tokens=add_special_tokens)
+        ids = tokenizer.encode(p, add_special_tokens=add_special_tokens) if isinstance(p, str) else p
+        return ids[-keep:] if keep is not None else ids
 
     try:
-        return await asyncio.to_thread(encode)
+        return await asyncio.to_thread(lambda: [encode(p) for p in prompts])
     except PromptTooLong as err:
         raise APIError(400, str(err), param="prompt", code="context_length_exceeded") from None
 
 
-async def templated(engine: AsyncEngine, req: ChatTemplating, *, limit: int | None = None) -> list[int]:
+async def templated(
+    engine: AsyncEngine, req: ChatTemplating, *, limit: int | None = None, truncate: int | None = None
+) -> list[int]:
     """The conversation through the chat template, as token ids, templated and encoded off the
-    event loop and the engine thread; one beyond ``limit`` tokens, a template variable that is
-    not one, or a conversation the template refuses is a 400."""
+    event loop and the engine thread; one beyond ``limit`` tokens (unless ``truncate`` keeps its
+    last ones), a template variable that is not one, or a conversation the template refuses is a
+    400."""
+    keep = kept_tokens(truncate, engine.engine.max_model_len)
     try:
-        return await asyncio.to_thread(engine.engine.tokenizer.chat, **req.template_input(), limit=limit)
+        ids = await asyncio.to_thread(engine.engine.tokenizer.chat, **req.template_input(), limit=None if keep else limit)
     except PromptTooLong as err:
         raise APIError(400, str(err), param="messages", code="context_length_exceeded") from None
     except TemplateVariableError as err:
         raise APIError(400, str(err), param="chat_template_kwargs") from None
     except ValueError as err:  # no chat template, or one that refuses these turns
         raise APIError(400, str(err), param="messages") from None
+    return ids[-keep:] if keep else ids
 
 
 def meter_for(
@@ -147,7 +171,7 @@ def failure(out: RequestOutput) -> APIError | None:
 
 
 async def admit(
-    server: ServerState, prompts: list[str | list[int]], params: SamplingParams, n: int, meter: RequestMeter,
+    server: ServerState, prompts: Sequence[str | list[int]], params: SamplingParams, n: int, meter: RequestMeter,
     tenant: TenantConfig | None,
 ) -> Choices:  # fmt: skip
     """Admit the request: the server's bound on pending requests, then the tenant's and the
@@ -197,7 +221,7 @@ def cache_scope(tenant: str | None, cache_salt: str | None) -> str | None:
 
 
 async def run(
-    server: ServerState, engine: AsyncEngine, prompts: list[str | list[int]], params: SamplingParams, n: int,
+    server: ServerState, engine: AsyncEngine, prompts: Sequence[str | list[int]], params: SamplingParams, n: int,
     meter: RequestMeter, tenant: TenantConfig | None, cache_salt: str | None = None,
 ) -> Choices:  # fmt: skip
     """Admit the request and start one engine sequence per choice. A choice refused at its start

@@ -101,14 +101,20 @@ async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, se
     params = await sampling(engine, req, max_tokens, req.logprobs, prompt_logprobs=max(asked, default=None))
     rid, created = new_id("cmpl"), now()
     meter = meter_for(server, rid, "/v1/completions", req.model, adapter, tenant)
-    prompts = await tokenised(engine, req.prompts())
+    prompts = await tokenised(
+        engine, req.prompts(), add_special_tokens=req.add_special_tokens, truncate=req.truncate_prompt_tokens
+    )
     request = await run(server, engine, prompts, params, req.n, meter, tenant, req.cache_salt)
     shown = token_namer(engine, req.return_tokens_as_token_ids)
     logprobs = CompletionLogprobs(shown, req.logprobs or 0, generated=generated)
     echoed: set[int] = set()  # the choices whose first chunk, the one with the prompt, has gone
     ids_sent: dict[int, int] = {}  # generated token ids sent per choice, with return_token_ids
     tok = engine.engine.tokenizer
-    prompt_texts = [p if isinstance(p, str) else tok.decode(p) for p in req.prompts()] if req.echo else []
+    # What is echoed is what the model was given: a token-id or truncated prompt, decoded.
+    given = zip(req.prompts(), prompts, strict=True)
+    prompt_texts = [
+        p if isinstance(p, str) and req.truncate_prompt_tokens is None else tok.decode(ids) for p, ids in given if req.echo
+    ]
 
     def choice(index: int, out: RequestOutput, new: str) -> dict[str, Any]:
         """Choice ``index``'s chunk: its ``new`` text, after its prompt when echoed and first."""
@@ -141,7 +147,7 @@ async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, se
 @cancel_on_disconnect
 async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, server: Server, raw_request: Request) -> Any:
     adapter = resolve_model(engine, req.model, tenant)
-    prompt = await templated(engine, req, limit=engine.engine.max_model_len)
+    prompt = await templated(engine, req, limit=engine.engine.max_model_len, truncate=req.truncate_prompt_tokens)
     limit = req.max_completion_tokens or req.max_tokens or max(1, engine.engine.max_model_len - len(prompt))
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = await sampling(engine, req, limit, logprobs, prompt_logprobs=req.prompt_logprobs)

@@ -155,6 +155,9 @@ class _Sampling(_Strict):
     return_token_ids: bool = Field(
         default=False, description="vLLM extension: choices carry token_ids, and the prompt's prompt_token_ids"
     )
+    truncate_prompt_tokens: int | None = Field(
+        default=None, ge=-1, description="vLLM extension: keep the prompt's last k tokens (-1: max_model_len)"
+    )
     prompt_logprobs: int | None = Field(
         default=None, ge=0, le=20,
         description="vLLM extension: each prompt token's log-probability, rank and this many alternatives",
@@ -176,6 +179,13 @@ class _Sampling(_Strict):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")  # as OpenAI and vLLM answer
         return self
+
+    @field_validator("truncate_prompt_tokens")
+    @classmethod
+    def _keeps_a_token(cls, v: int | None) -> int | None:
+        if v == 0:
+            raise ValueError("must be -1 (the model's context) or at least 1")
+        return v
 
     @model_validator(mode="after")
     def _one_output_format(self) -> _Sampling:
@@ -234,6 +244,7 @@ class CompletionRequest(_Sampling):
     max_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS_LIMIT, description="0 only with echo: the prompt alone")
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = Field(default=False, description="the prompt before the completion (and with logprobs, its tokens' entries)")
+    add_special_tokens: bool = Field(default=True, description="vLLM extension: the tokenizer's BOS (and such) on text prompts")
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -343,6 +354,9 @@ class ChatTemplating(_Strict):
     chat_template_kwargs: dict[str, Any] | None = Field(
         default=None, description="extra variables for the chat template (for example enable_thinking)"
     )
+    add_special_tokens: bool = Field(
+        default=False, description="vLLM extension: the tokenizer's BOS (and such) on top of what the template writes"
+    )
 
     @model_validator(mode="after")
     def _continuation(self) -> ChatTemplating:
@@ -357,6 +371,7 @@ class ChatTemplating(_Strict):
             "add_generation_prompt": self.add_generation_prompt,
             "continue_final_message": self.continue_final_message,
             "variables": self.chat_template_kwargs or {},
+            "add_special_tokens": self.add_special_tokens,
         }
 
 

@@ -523,3 +523,32 @@ def test_vllms_structured_outputs_hold_the_text_to_a_regex_a_choice_or_a_grammar
         assert (r.json()["error"]["param"] or "").startswith("structured_outputs"), r.text
     both = {**kwargs, "structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}}
     assert httpx.post(f"{url}/v1/completions", json=both).status_code == 400
+
+
+def test_vllms_truncate_prompt_tokens_keeps_the_prompts_last_tokens(server) -> None:
+    """vLLM's ``truncate_prompt_tokens``: a prompt longer than the context is answered from its last
+    k tokens (the ids the model was given, echoed and counted), where without it the request is a
+    400; chat truncates the templated conversation; -1 keeps the context; more than the context
+    is a 400 naming the field."""
+    url = server[0]
+    long = " ".join(PROMPTS * 60)  # far beyond the fixture's 256-token context
+    whole = httpx.post(f"{url}/tokenize", json={"model": "qv4", "prompt": long}).json()["tokens"]
+    assert len(whole) > 256
+    body = {"model": "qv4", "prompt": long, "max_tokens": 2, "return_token_ids": True, "echo": True}
+    refused = httpx.post(f"{url}/v1/completions", json=body)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
+    r = httpx.post(f"{url}/v1/completions", json={**body, "truncate_prompt_tokens": 9}).json()
+    assert r["choices"][0]["prompt_token_ids"] == whole[-9:] and r["usage"]["prompt_tokens"] == 9
+    kept = httpx.post(f"{url}/detokenize", json={"model": "qv4", "tokens": whole[-9:]}).json()["prompt"]
+    assert r["choices"][0]["text"].startswith(kept)
+    ids = httpx.post(f"{url}/v1/completions", json={**body, "prompt": whole[:40], "truncate_prompt_tokens": 5}).json()
+    assert ids["choices"][0]["prompt_token_ids"] == whole[35:40]
+    context = httpx.post(f"{url}/v1/completions", json={**body, "max_tokens": 1, "truncate_prompt_tokens": -1})
+    assert context.status_code == 400 and context.json()["error"]["code"] == "context_length_exceeded"  # 256 + 1
+    messages = [{"role": "user", "content": long}]
+    templated = httpx.post(f"{url}/tokenize", json={"model": "qv4", "messages": messages}).json()["tokens"]
+    chat = {"model": "qv4", "messages": messages, "max_tokens": 2, "return_token_ids": True, "truncate_prompt_tokens": 7}
+    assert httpx.post(f"{url}/v1/chat/completions", json=chat).json()["prompt_token_ids"] == templated[-7:]
+    for bad in (0, 257, -2):
+        r = httpx.post(f"{url}/v1/completions", json={**body, "truncate_prompt_tokens": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens", r.text

@@ -34,3 +34,18 @@ def test_a_template_that_refuses_the_turns_is_a_value_error(tokenizer: Tokenizer
         tokenizer.chat(TURNS)
     with pytest.raises(ValueError, match="refused"):  # a variable shadowing the template's own function
         tokenizer.chat(TURNS, variables={"raise_exception": 1})
+
+
+def test_the_tokenizers_own_bos_only_when_asked(tokenizer: Tokenizer) -> None:
+    """vLLM's chat ``add_special_tokens``: the template writes the BOS itself, so a templated
+    conversation gets the tokenizer's (here a post-processor that prepends ``<s>``, as Llama's
+    tokenizers do) only when asked; a plain prompt gets it by default."""
+    from tokenizers.processors import TemplateProcessing
+
+    bos = tokenizer.hf.convert_tokens_to_ids("<s>")
+    tokenizer.hf._tokenizer.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    tokenizer.hf.chat_template = "{{ messages[0]['content'] }}"
+    plain = tokenizer.chat(TURNS, add_generation_prompt=False)
+    assert bos not in plain and tokenizer.encode("hi") == [bos, *plain]
+    assert tokenizer.chat(TURNS, add_generation_prompt=False, add_special_tokens=True) == [bos, *plain]
+    assert tokenizer.chat(TURNS, add_generation_prompt=False, add_special_tokens=True, limit=8) == [bos, *plain]
