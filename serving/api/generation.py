@@ -54,6 +54,7 @@ async def sampling(
             repetition_penalty=req.repetition_penalty,
             min_tokens=req.min_tokens,
             logit_bias=req.bias_list(),
+            allowed_token_ids=tuple(req.allowed_token_ids or ()),
             skip_special_tokens=req.skip_special_tokens,
             include_stop_str_in_output=req.include_stop_str_in_output,
             guide=guide,

@@ -144,6 +144,9 @@ class _Sampling(_Strict):
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
         default=None, max_length=MAX_STOPS, description="vLLM extension"
     )
+    allowed_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, min_length=1, max_length=4096, description="vLLM extension: the only tokens that may be drawn"
+    )
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
         default=None, max_length=300, description="token id (as a string) -> bias added to its logit"
     )
@@ -168,6 +171,9 @@ class _Sampling(_Strict):
         default=None, min_length=1, max_length=256,
         description="vLLM extension: only requests of the same tenant with the same salt share cached prompt blocks",
     )  # fmt: skip
+    priority: int = Field(
+        default=0, description="vLLM extension: only 0 here; requests are scheduled by their tenants' fair shares"
+    )
     # OpenAI fields that change nothing a model computes here: accepted, as OpenAI's own server does.
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -179,6 +185,13 @@ class _Sampling(_Strict):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")  # as OpenAI and vLLM answer
         return self
+
+    @field_validator("priority")
+    @classmethod
+    def _no_priorities(cls, v: int) -> int:
+        if v != 0:  # as vLLM answers where priority scheduling is off
+            raise ValueError("only 0: this server schedules requests by their tenants' fair shares, not by priority")
+        return v
 
     @field_validator("truncate_prompt_tokens")
     @classmethod

@@ -9,13 +9,14 @@ small ones per sequence:
 - ``repetition_penalty`` (vLLM, from the CTRL paper): a token seen in the prompt or the output
   has its logit divided by the penalty when positive, multiplied when negative.
 - ``logit_bias`` (OpenAI): added to the named tokens' logits.
+- ``allowed_token_ids`` (vLLM): every other token is impossible.
 - ``min_tokens`` (vLLM): end-of-sequence (unless ``ignore_eos``) and the request's stop tokens are
   impossible until that many tokens are generated.
 
 Repetition comes before frequency and presence, as in vLLM, so a request combining them gets
 vLLM's numbers.
 
-Token ids in biases are checked against the vocabulary when the request is added, so nothing
+Token ids in biases and allowed lists are checked against the vocabulary when the request is added, so nothing
 here depends on one request's input being valid.
 """
 
@@ -67,6 +68,13 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence], eos_ids: Iterabl
     if biased:
         r, t, b = zip(*biased, strict=True)
         x.index_put_((torch.tensor(r), torch.tensor(t)), torch.tensor(b, dtype=torch.float32), accumulate=True)
+    limited = [(r, t) for r, p in enumerate(params) for t in p.allowed_token_ids]
+    if limited:
+        r, t = zip(*limited, strict=True)
+        allowed = torch.ones_like(x, dtype=torch.bool)  # rows without a list keep every token
+        allowed[sorted(set(r))] = False
+        allowed[torch.tensor(r), torch.tensor(t)] = True
+        x = x.masked_fill(~allowed, float("-inf"))
     eos = tuple(eos_ids)
     banned = [
         (r, t)

@@ -26,6 +26,8 @@ MAX_REPETITION_PENALTY = 2.0
 MIN_REPETITION_PENALTY = 0.01  # below it a positive logit divided by it overflows float32 to inf
 MAX_LOGIT_BIAS = 100.0
 MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit on the number of biased tokens
+# vLLM sets no bound; the mask is built at every step of a batch others share, so it is bounded.
+MAX_ALLOWED_TOKEN_IDS = 4096
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     min_tokens: int = 0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), as OpenAI's map
+    allowed_token_ids: tuple[int, ...] = ()  # vLLM's: when given, the only tokens that may be drawn
     skip_special_tokens: bool = True  # vLLM's: special tokens are left out of the text
     include_stop_str_in_output: bool = False  # vLLM's: the text ends after the stop string, not before it
     # A structured-output constraint: a factory of per-sequence matchers (see structured.py).
@@ -80,6 +83,8 @@ class SamplingParams:
         for token, bias in self.logit_bias:
             if token < 0 or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
                 raise SamplingError(f"logit_bias: token {token} must be a token id with a bias in [-100, 100], got {bias}")
+        if len(self.allowed_token_ids) > MAX_ALLOWED_TOKEN_IDS or any(t < 0 for t in self.allowed_token_ids):
+            raise SamplingError(f"allowed_token_ids: at most {MAX_ALLOWED_TOKEN_IDS} token ids, none negative")
         if any(not s for s in self.stop):
             raise SamplingError("stop strings must not be empty")
         if self.seed is not None and not 0 <= self.seed < SEED_RANGE:
@@ -91,7 +96,7 @@ class SamplingParams:
         """Whether the sampler has work to do on this request's row before drawing."""
         return bool(
             self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0 or self.logit_bias
-            or self.min_tokens
+            or self.min_tokens or self.allowed_token_ids
         )  # fmt: skip
 
     @property

@@ -128,7 +128,8 @@ def test_penalties_and_bias_are_applied(client: openai.OpenAI) -> None:
      ("logit_bias", {"999999": 1}), ("n", 17), ("repetition_penalty", 0), ("min_tokens", -1), ("prompt", []),
      ("prompt", ["ok", ""]), ("response_format", {"type": "json_schema"}), ("suffix", "x"), ("best_of", 2),
      ("logit_bias", {"²": 1}), ("logit_bias", {"01": 60, "1": 60}), ("repetition_penalty", 1e-40),
-     ("prompt_logprobs", 21), ("prompt_logprobs", -1)],
+     ("prompt_logprobs", 21), ("prompt_logprobs", -1), ("allowed_token_ids", []), ("allowed_token_ids", [999999]),
+     ("priority", 1)],
 )  # fmt: skip
 def test_bad_values_are_a_400_naming_the_field(server, field: str, value: object) -> None:
     body = {"model": "qv4", "prompt": "hi", "max_tokens": 2, field: value}
@@ -145,7 +146,7 @@ def test_bad_values_are_a_400_naming_the_field(server, field: str, value: object
 def test_documented_openai_fields_that_change_nothing_are_accepted(client: openai.OpenAI) -> None:
     out = client.chat.completions.create(
         model=_base(client), messages=[{"role": "user", "content": "hi"}], max_completion_tokens=2,
-        user="u-1", metadata={"team": "search"}, store=False, service_tier="auto",
+        user="u-1", metadata={"team": "search"}, store=False, service_tier="auto", extra_body={"priority": 0},
     )  # fmt: skip
     assert out.choices[0].message.content is not None
 

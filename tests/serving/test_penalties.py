@@ -9,6 +9,7 @@ import torch
 from engine_helpers import tiny_engine
 from transformers import RepetitionPenaltyLogitsProcessor
 
+from loraplane.serving.engine.llm_engine import RequestError
 from loraplane.serving.engine.penalties import apply_penalties
 from loraplane.serving.engine.sampling_params import SamplingError, SamplingParams
 from loraplane.serving.engine.sequence import FinishReason, Sequence
@@ -77,9 +78,26 @@ def test_penalties_change_only_the_rows_that_ask(engine) -> None:
     assert repeats(batch[0].token_ids) == 0  # presence 2 on a random model: every token once
 
 
+def test_allowed_token_ids_hold_their_rows_alone(engine) -> None:
+    """vLLM's ``allowed_token_ids``: sampled at temperature 1, a row draws only from its list, while
+    a row without one in the same batch answers exactly as it does alone."""
+    plain = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    alone = engine.generate([PROMPT], plain)[0].token_ids
+    limited = [
+        SamplingParams(max_tokens=10, temperature=1.0, seed=s, ignore_eos=True, allowed_token_ids=(40, 41, 90)) for s in range(3)
+    ]
+    batch = engine.generate([PROMPT] * 4, [*limited, plain], [None, "qv4", None, None])
+    assert all(set(out.token_ids) <= {40, 41, 90} for out in batch[:3])
+    assert len({t for out in batch[:3] for t in out.token_ids}) > 1  # sampled among them, not one forced token
+    assert batch[3].token_ids == alone
+    with pytest.raises(RequestError, match="allowed_token_ids"):
+        engine.generate([PROMPT], SamplingParams(max_tokens=2, allowed_token_ids=(10**6,)))
+
+
 def test_out_of_range_values_are_refused() -> None:
     for bad in ({"frequency_penalty": 2.5}, {"presence_penalty": -3}, {"repetition_penalty": 0}, {"min_tokens": 65},
-                {"logit_bias": ((3, 101.0),)}, {"logit_bias": ((-1, 1.0),)}):  # fmt: skip
+                {"logit_bias": ((3, 101.0),)}, {"logit_bias": ((-1, 1.0),)}, {"allowed_token_ids": (-1,)},
+                {"allowed_token_ids": tuple(range(4097))}):  # fmt: skip
         with pytest.raises(SamplingError):
             SamplingParams(max_tokens=64, **bad)  # type: ignore[arg-type]
 
