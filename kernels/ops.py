@@ -29,7 +29,7 @@ from typing import cast
 
 import torch
 
-from loraplane.kernels import cpu, dispatch
+from loraplane.kernels import dispatch
 from loraplane.kernels.layout import LoraSlots, SlotLayoutError
 from loraplane.kernels.paged_layout import PagedLoraSlots
 
@@ -143,18 +143,12 @@ def lora(
     The CPU backend calls the dispatcher directly: its path is never traced or captured, and a
     custom op's dispatch costs about 45 us a call on a CPU, some 200 calls a step for a 30-layer
     model (measured on the embedded base, against 20 us for the whole call without it).
-    A step with no segment long enough for BLAS (``cpu.segments_pay``) goes by the rows the
-    engine already built: the dispatcher would otherwise expand the segments into rows again in
-    every call, some 14 us each, and a decode step has runs whenever adjacent rows share an
-    adapter."""
+    Segments given are taken as paying (the engine's runner passes them on the CPU only when a
+    segment is long enough for BLAS, ``cpu.segments_pay``); without them the call goes by the rows
+    the engine already built, which the dispatcher would otherwise rebuild from segments in every
+    call, some 14 us each."""
     if backend == "cpu":
-        by_segments = (
-            seg_starts is not None
-            and seg_slots is not None
-            and not isinstance(slots, PagedLoraSlots)
-            and cpu.segments_pay(max_seg_len, x.dtype)
-        )
-        if by_segments:
+        if seg_starts is not None and seg_slots is not None and not isinstance(slots, PagedLoraSlots):
             dispatch.add_lora(
                 y, x, slots, seg_starts=seg_starts, seg_slots=seg_slots, y_offset=y_offset, backend="cpu", check=False,
                 max_seg_len=max_seg_len,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from loraplane.kernels import cpu
 from loraplane.serving.engine import prompt_logprobs, transfers
 from loraplane.serving.engine.decode_graphs import DecodeGraphs
 from loraplane.serving.engine.sampler import SampleFailure, Sampler
@@ -104,7 +105,14 @@ class ModelRunner:
         bs, num_rows = self.block_size, len(r.ids)
         used = set(r.row_slots) - {-1}
         starts, seg_slots = _segments(r.row_slots) if used else ([0], [])
-        long_runs = bool(used) and len(seg_slots) < num_rows
+        max_seg_len = max((b - a for a, b in itertools.pairwise(starts)), default=0)
+        # The adapter kernels get segments where they pay: the Triton segment kernel whenever
+        # runs are longer than one row; the CPU path only for a segment long enough for BLAS
+        # (cpu.segments_pay), the rows built here otherwise. Decided once per step, here, so
+        # neither the layers nor the ops choose again per projection.
+        by_segments = bool(used) and len(seg_slots) < num_rows
+        if self.backend == "cpu":
+            by_segments = by_segments and cpu.segments_pay(max_seg_len, self.model.embed_tokens.weight.dtype)
         width = max(len(t) for t in r.tables)
         # Padding repeats the sequence's own first block: the CPU path's padded gather reads it
         # (masked), and under unified paging block 0 may hold an adapter's float32 rows, whose
@@ -133,10 +141,10 @@ class ModelRunner:
             self.slots.wait_for_writes(used)  # adapter copies on their own stream, before the first layer reads them
             lora = LoraBatch(
                 row_slots=row_slots,
-                seg_starts=seg_starts if long_runs else None,
-                seg_slots=seg_slot_ids if long_runs else None,
+                seg_starts=seg_starts if by_segments else None,
+                seg_slots=seg_slot_ids if by_segments else None,
                 active_modules=self.slots.active_modules(used),
-                max_seg_len=max(b - a for a, b in itertools.pairwise(starts)),
+                max_seg_len=max_seg_len,
                 backend=self.backend,
             )
         if self.backend == "triton":

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from loraplane.kernels import LoraSlots, PagedLoraSlots, cpu, ops
+from loraplane.kernels import LoraSlots, PagedLoraSlots, ops
 from loraplane.serving.model.context import LoraBatch
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn value
@@ -108,14 +108,15 @@ class LoraLinear(nn.Module):
         ]
         if not active:
             return y
-        # A prefill on the CPU hands x and y to the segment path as they are: it computes in x's
-        # precision and adds each long segment's block straight into y (activation-sized float32
-        # copies of x and y per call cost a bfloat16 prefill more than its adapter products).
-        # Other steps, short prompts among decodes included, run in the slots' precision (float32
-        # on the CPU), with x converted and y widened once for all slices, so each element of a
-        # low-precision y is rounded once.
+        # A CPU step given segments (the runner gives them only when one is long enough for BLAS)
+        # hands x and y to the segment path as they are: it computes in x's precision and adds
+        # each long segment's block straight into y (activation-sized float32 copies of x and y
+        # per call cost a bfloat16 prefill more than its adapter products). Other steps, short
+        # prompts among decodes included, run in the slots' precision (float32 on the CPU), with
+        # x converted and y widened once for all slices, so each element of a low-precision y is
+        # rounded once.
         slot_dtype = active[0][1].dtype
-        cpu_prefill = lora.backend == "cpu" and lora.seg_starts is not None and cpu.segments_pay(lora.max_seg_len, x.dtype)
+        cpu_prefill = lora.backend == "cpu" and lora.seg_starts is not None
         xs = x if x.dtype == slot_dtype or cpu_prefill else x.to(slot_dtype)
         acc = y if y.dtype == slot_dtype or cpu_prefill else y.to(slot_dtype)
         for offset, slots in active:
