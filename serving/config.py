@@ -94,6 +94,12 @@ class EngineConfig(EngineSizing):
     )
     golden_max_mean_kl: float = Field(default=0.1, ge=0, description="and stay this close to its recorded log-probabilities")
     metrics_max_adapter_labels: int = Field(default=256, ge=1, description="adapters with their own metric label")
+    step_trace: Path | None = Field(
+        default=None,
+        description="write one JSON line per forward pass (what it carried, how long it took, the first tokens it gave) "
+        "and per request queued, to read where requests' time goes (benchmarks/step_trace_report.py); the file is "
+        "started anew",
+    )
     cache_dir: Path = Field(default_factory=default_cache_dir)
 
     @model_validator(mode="after")

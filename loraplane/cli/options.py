@@ -20,12 +20,14 @@ from pydantic.fields import FieldInfo
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _param_type(field: FieldInfo) -> click.Choice[str] | click.IntRange | click.FloatRange:
+def _param_type(field: FieldInfo) -> click.Choice[str] | click.IntRange | click.FloatRange | click.Path:
     ann = field.annotation
     if get_origin(ann) in (Union, types.UnionType):
         ann = next(a for a in get_args(ann) if a is not type(None))
     if get_origin(ann) is Literal:
         return click.Choice([str(a) for a in get_args(ann)])
+    if ann is Path:
+        return click.Path(dir_okay=False, path_type=Path)
     if ann not in (int, float):
         raise TypeError(f"no flag type for {ann!r}")  # a new kind of knob needs a line here
     low: Any = None

@@ -38,7 +38,7 @@ from loraplane.cli.usage import make_metering, usage_options
 @engine_flags(
     "device", "gpu_memory_utilization", "enforce_eager", "max_loras", "max_lora_rank", "max_cpu_loras", "max_num_seqs",
     "max_num_batched_tokens", "max_model_len", "dtype", "quantization", "lora_memory", "eviction_policy",
-    "require_adapter_digest", "fair_scheduling", "fair_prefill_chunk", "fair_interjection",
+    "require_adapter_digest", "fair_scheduling", "fair_prefill_chunk", "fair_interjection", "step_trace",
 )  # fmt: skip
 @admin_token_option("Bearer token the admin calls require.")
 @click.option(

@@ -125,7 +125,8 @@ def run_demo(
     adapters_dir: Path | None = None,
 ) -> tuple[BenchReport, list[Outcome]]:
     """``rate`` None offers the mixed traffic at half the capacity the showcase measured."""
-    config = EngineConfig(model=model, max_loras=2, max_lora_rank=16, max_num_seqs=16)
+    trace = out_dir.resolve() / "steps.jsonl"  # where the server's time went (benchmarks/step_trace_report.py)
+    config = EngineConfig(model=model, max_loras=2, max_lora_rank=16, max_num_seqs=16, step_trace=trace)
     click.echo("preparing the base model (the first run converts and caches it)...")
     base_name = resolve_base(model, config.cache_dir).shape.name
     click.echo("demo adapters (trained with PEFT on the first run, about a minute each; cached afterwards)...")
@@ -183,5 +184,5 @@ def run_demo(
         for i, o in enumerate(outcomes)
     ]
     (out_dir / "report.json").write_text(json.dumps({"report": report.model_dump(), "answers": answers}, indent=2))
-    click.echo(f"\nwrote {out_dir / 'demo.png'} and {out_dir / 'report.json'}")
+    click.echo(f"\nwrote {out_dir / 'demo.png'}, {out_dir / 'report.json'} and the server's step trace {out_dir / 'steps.jsonl'}")
     return report, outcomes

@@ -30,6 +30,7 @@ from loraplane.serving.engine.sampler import SampleFailure, Sampler
 from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.engine.scheduler import Scheduler
 from loraplane.serving.engine.sequence import FinishReason, Sequence, TokenLogprob
+from loraplane.serving.engine.step_trace import StepTrace
 from loraplane.serving.engine.structured import Grammars
 from loraplane.serving.engine.structured import advance as advance_grammar
 from loraplane.serving.lora.entries import AdapterBusy, AdapterInfo, AdapterSpec
@@ -95,6 +96,7 @@ class LLMEngine:
         self.between_layers: Callable[[], None] | None = None
         self.ran = False  # whether the last step ran a batch (an idle one lets its caller sleep)
         self._ids = itertools.count()
+        self.trace = StepTrace(self.config.step_trace) if self.config.step_trace is not None else None
 
     # adapters (vLLM's add_lora / pin_lora / remove_lora family) ------------------------------
     def register_lora(self, spec: AdapterSpec) -> None:
@@ -192,6 +194,8 @@ class LLMEngine:
         self.metrics.observe_request(adapter, seq.tenant, len(ids), seq.arrival_tier)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
+        if self.trace is not None:
+            self.trace.arrival(seq)
         return request_id
 
     def abort(self, request_id: str) -> None:
@@ -276,12 +280,19 @@ class LLMEngine:
         if not batch.items:
             return []
         self.num_interjections += 1
-        return self._run(batch.items, [], None)
+        return self._run(batch.items, [], None, interjection=True)
 
     def _run(
-        self, items: list[tuple[Sequence, int]], outputs: list[RequestOutput], between_layers: Callable[[], None] | None
+        self,
+        items: list[tuple[Sequence, int]],
+        outputs: list[RequestOutput],
+        between_layers: Callable[[], None] | None,
+        *,
+        interjection: bool = False,
     ) -> list[RequestOutput]:
         """One forward pass over ``items`` and what it advanced, added to ``outputs``."""
+        start = time.monotonic()
+        fresh = [s for s, _ in items if not s.output_token_ids] if self.trace is not None else []
         try:
             results = self.runner.run(items) if between_layers is None else self.runner.run(items, between_layers)
         except Exception as err:  # the shared forward pass: only the batch it ran fails, the queue goes on
@@ -302,6 +313,9 @@ class LLMEngine:
                 log.exception("request %s failed after sampling", seq.request_id)
                 self._fail(seq, f"{type(err).__name__}: {err}", "engine_error")
             outputs.append(output_of(seq))
+        if self.trace is not None:
+            firsts = [s.request_id for s in fresh if s.output_token_ids]
+            self.trace.step(start, items, firsts, interjection=interjection)
         return self._forget_finished(outputs)
 
     def _advance(self, seq: Sequence, result: tuple[int, TokenLogprob | None] | SampleFailure) -> None:
