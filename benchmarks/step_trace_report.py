@@ -11,7 +11,10 @@ Prints, for the requests chosen (all, or the ``--last`` N queued, such as the de
    step that gave it): their times, how many steps began after a request arrived without giving
    it its first token (0: it was served in the first step after the one in flight), and the two
    parts of its wait, the rest of the step in flight and its own step;
-3. the same times per adapter.
+3. the same times per adapter;
+4. what an arrival costs the step it lands in: decode-only steps with a request joining the
+   engine's queue during them (the server takes requests between a step's layers on a CPU)
+   against those without, compared at equal numbers of decodes.
 An interjection runs between another step's layers: its length is taken out of that step's for
 the fit, and it counts as the step that served the requests it admitted.
 """
@@ -115,6 +118,29 @@ def first_tokens(arrivals: dict[str, dict[str, Any]], steps: list[dict[str, Any]
         print(f"   {name:<16} {len(values):4d} requests  {summary(values)}")
 
 
+def arrival_cost(arrivals: dict[str, dict[str, Any]], steps: list[dict[str, Any]]) -> None:
+    times = sorted(a["t"] for a in arrivals.values())
+    by_decodes: dict[int, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    outer = [s for s in steps if not s["interjection"]]
+    for s, length in zip(outer, own_lengths(steps), strict=True):  # an interjection's prompt is not the step's
+        if s["prompts"]:
+            continue
+        end = s["t"] + s["ms"] / 1e3
+        landed = any(s["t"] < t < end for t in times)
+        by_decodes[s["decodes"]][landed].append(length)
+    pairs = [(d, quiet, busy) for d, (quiet, busy) in sorted(by_decodes.items()) if quiet and busy]
+    print("\n4. decode-only steps with an arrival inside against those without (median ms):")
+    if not pairs:
+        print("   none to compare")
+        return
+    for d, quiet, busy in pairs:
+        print(f"   {d:3d} decodes: {statistics.median(busy):6.1f} ({len(busy):3d} steps) against "
+              f"{statistics.median(quiet):6.1f} ({len(quiet):3d} steps)")  # fmt: skip
+    weight = sum(len(b) for _, _, b in pairs)
+    cost = sum(len(b) * (statistics.median(b) - statistics.median(q)) for _, q, b in pairs) / weight
+    print(f"   an arrival adds {cost:+.1f} ms to the step it lands in (weighted by the steps with one)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("trace", type=Path)
@@ -129,6 +155,7 @@ def main() -> None:
     print(f"{args.trace}: {len(chosen)} requests, {len(steps)} forward passes\n")
     fit(steps)
     first_tokens(arrivals, steps, set(chosen))
+    arrival_cost({r: arrivals[r] for r in chosen}, steps)
 
 
 if __name__ == "__main__":
