@@ -47,7 +47,7 @@ def load(path: Path) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
         event = json.loads(line)
         if event["event"] == "arrival":
             arrivals[event["request"]] = event
-        elif event["event"] == "step":
+        elif event["event"] == "step" and not event.get("failed"):  # a failed pass gave nothing to time
             steps.append(event)
     return arrivals, steps
 

@@ -143,10 +143,11 @@ def lora(
     The CPU backend calls the dispatcher directly: its path is never traced or captured, and a
     custom op's dispatch costs about 45 us a call on a CPU, some 200 calls a step for a 30-layer
     model (measured on the embedded base, against 20 us for the whole call without it).
-    Segments given are taken as paying (the engine's runner passes them on the CPU only when a
-    segment is long enough for BLAS, ``cpu.segments_pay``); without them the call goes by the rows
-    the engine already built, which the dispatcher would otherwise rebuild from segments in every
-    call, some 14 us each."""
+    Segments given go to the dispatcher's segment path (the engine's runner passes them on the
+    CPU only when a segment is long enough for BLAS, ``cpu.segments_pay``, which the dispatcher
+    checks again for its direct callers); without them the call goes by the rows the engine
+    already built, which the dispatcher would otherwise rebuild from segments in every call, some
+    14 us each."""
     if backend == "cpu":
         if seg_starts is not None and seg_slots is not None and not isinstance(slots, PagedLoraSlots):
             dispatch.add_lora(

@@ -10,6 +10,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from loraplane.serving.api.json_logprob import finite
 from loraplane.serving.engine.outputs import RequestOutput
 from loraplane.serving.engine.sequence import TokenLogprob
 
@@ -43,10 +44,10 @@ class CompletionLogprobs:
         return {
             "text_offset": offsets,
             "tokens": tokens,
-            "token_logprobs": [None if lp is None else lp.logprob for _, lp in entries],
+            "token_logprobs": [None if lp is None else finite(lp.logprob) for _, lp in entries],
             # As vLLM: the chosen token is among its step's entries too, so logprobs=0 gives it alone.
             "top_logprobs": [
-                None if lp is None else {**{self.name(t): v for t, v in lp.top[: self.k]}, text: lp.logprob}
+                None if lp is None else {**{self.name(t): finite(v) for t, v in lp.top[: self.k]}, text: finite(lp.logprob)}
                 for (_, lp), text in zip(entries, tokens, strict=True)
             ],
         }

@@ -107,10 +107,11 @@ async def tokenised(
     keep = kept_tokens(truncate, limit)
 
     def encode(p: str | list[int]) -> list[int]:
-        if isinstance(p, str) and keep is None:
-            return tokenizer.encode_within(p, limit, add_special_tokens=add_special_tokens)
-        ids = tokenizer.encode(p, add_special_tokens=add_special_tokens) if isinstance(p, str) else p
-        return ids[-keep:] if keep is not None else ids
+        if isinstance(p, list):
+            return p[-keep:] if keep is not None else p
+        if keep is not None:
+            return tokenizer.encode_last(p, keep, add_special_tokens=add_special_tokens)
+        return tokenizer.encode_within(p, limit, add_special_tokens=add_special_tokens)
 
     try:
         return await asyncio.to_thread(lambda: [encode(p) for p in prompts])
@@ -162,11 +163,14 @@ async def first_output(stream: AsyncIterator[RequestOutput]) -> RequestOutput | 
 
 
 def failure(out: RequestOutput) -> APIError | None:
-    """The OpenAI error a request that failed in the engine ends in: 503 when its adapter
-    could not load (retrying elsewhere may help), 500 otherwise."""
+    """The OpenAI error a request that failed in the engine ends in: 400 when its own settings
+    left no token to draw, 503 when its adapter could not load (retrying elsewhere may help), 500
+    otherwise."""
     if out.finish_reason is not FinishReason.ERROR:
         return None
     code = out.error_code or "engine_error"
+    if code == "no_token_allowed":
+        return APIError(400, out.error or "no token is allowed", code=code)
     return APIError(503 if code == "adapter_load_failed" else 500, out.error or "the request failed",
                     type_="server_error", code=code)  # fmt: skip
 

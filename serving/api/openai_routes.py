@@ -19,6 +19,7 @@ from loraplane.serving.api.deps import Caller, Engine, Server
 from loraplane.serving.api.disconnect import cancel_on_disconnect
 from loraplane.serving.api.errors import APIError
 from loraplane.serving.api.generation import final, meter_for, run, sampling, templated, tokenised
+from loraplane.serving.api.json_logprob import finite
 from loraplane.serving.api.prompt_logprobs import prompt_logprobs_body
 from loraplane.serving.api.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, new_id, now
 from loraplane.serving.api.streaming import finish_reason, streamed, usage
@@ -158,7 +159,7 @@ async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, serve
     tok, shown = engine.engine.tokenizer, token_namer(engine, req.return_tokens_as_token_ids)
 
     def entry(token_id: int, logprob: float) -> dict[str, Any]:
-        return {"token": shown(token_id), "logprob": logprob, "bytes": tok.token_bytes(token_id)}
+        return {"token": shown(token_id), "logprob": finite(logprob), "bytes": tok.token_bytes(token_id)}
 
     def logprobs_of(out: RequestOutput, start: int = 0) -> dict[str, Any] | None:
         if not req.logprobs:

@@ -8,18 +8,11 @@ read it in this shape: per choice on ``/v1/completions``, once per response on
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
+from loraplane.serving.api.json_logprob import finite
 from loraplane.serving.engine.sequence import TokenLogprob
-
-# JSON has no -inf: vLLM sends a token the model rules out as this.
-LOWEST_LOGPROB = -9999.0
-
-
-def _finite(logprob: float) -> float:
-    return max(logprob, LOWEST_LOGPROB) if not math.isnan(logprob) else LOWEST_LOGPROB
 
 
 def prompt_logprobs_body(
@@ -29,7 +22,7 @@ def prompt_logprobs_body(
     than ``k`` when ``echo`` asked for more); ``text`` decodes one token."""
 
     def one(token: int, logprob: float, rank: int | None) -> tuple[str, dict[str, Any]]:
-        return str(token), {"logprob": _finite(logprob), "rank": rank, "decoded_token": text(token)}
+        return str(token), {"logprob": finite(logprob), "rank": rank, "decoded_token": text(token)}
 
     body: list[dict[str, dict[str, Any]] | None] = []
     for lp in entries:

@@ -105,22 +105,25 @@ class StructuredOutputs(_Strict):
             raise ValueError("not a JSON schema: an object is expected")
         return schema
 
+    def _given(self) -> list[tuple[str, Any]]:
+        """The constraints set, as the grammar compiler's kind and spec (json_object: a JSON
+        schema of None, any JSON object)."""
+        kinds: list[tuple[str, Any]] = [
+            ("json", self.json_), ("regex", self.regex), ("choice", self.choice), ("grammar", self.grammar)
+        ]  # fmt: skip
+        given = [(kind, spec) for kind, spec in kinds if spec is not None]
+        return [*given, ("json", None)] if self.json_object else given
+
     @model_validator(mode="after")
     def _one_constraint(self) -> StructuredOutputs:
-        given = [self.json_, self.regex, self.choice, self.grammar, self.json_object or None]
-        if sum(v is not None for v in given) != 1:
+        if len(self._given()) != 1:
             raise ValueError("structured_outputs: exactly one of json, regex, choice, grammar or json_object")
         return self
 
     def constraint(self) -> tuple[str, Any]:
         """The grammar compiler's kind and spec (see ``structured.Grammars.compile``)."""
-        given: list[tuple[str, Any]] = [
-            ("json", self.json_), ("regex", self.regex), ("choice", self.choice), ("grammar", self.grammar)
-        ]  # fmt: skip
-        for kind, spec in given:
-            if spec is not None:
-                return kind, spec
-        return "json", None  # json_object: any JSON object
+        (given,) = self._given()
+        return given
 
 
 class _Sampling(_Strict):
@@ -145,7 +148,7 @@ class _Sampling(_Strict):
         default=None, max_length=MAX_STOPS, description="vLLM extension"
     )
     allowed_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
-        default=None, min_length=1, max_length=4096, description="vLLM extension: the only tokens that may be drawn"
+        default=None, min_length=1, description="vLLM extension: the only tokens that may be drawn (bounded by the engine)"
     )
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
         default=None, max_length=300, description="token id (as a string) -> bias added to its logit"

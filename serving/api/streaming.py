@@ -60,17 +60,19 @@ def streamed(
 ) -> StreamingResponse:
     """The SSE response of a streamed request: one event per choice's delta, the stream's last
     event carrying the error a choice failed with, and the usage chunk when asked for. ``first``
-    gives fields of the stream's first chunk only (chat's ``prompt_token_ids``, as vLLM's)."""
+    gives fields of each choice's first chunk beside its choice (chat's ``prompt_token_ids``, as
+    vLLM's)."""
 
     async def events() -> AsyncIterator[dict[str, Any]]:
-        head = first
+        started: set[int] = set()
         async for c, out, delta in request.deltas():
             if (err := failure(out)) is not None:
                 request.close()  # the other choices end here too
                 yield error_body(err.message, err.type, err.code)
                 return
-            event = {**base, **(head(out) if head is not None else {}), "choices": [choice_event(c.index, out, delta)]}
-            head = None
+            head = first(out) if first is not None and c.index not in started else {}
+            started.add(c.index)
+            event = {**base, **head, "choices": [choice_event(c.index, out, delta)]}
             yield with_running_usage(req, event, request.meter)
         if req.stream_options and req.stream_options.include_usage:
             yield {**base, "choices": [], "usage": usage(request.meter)}

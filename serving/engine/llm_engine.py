@@ -291,12 +291,15 @@ class LLMEngine:
         interjection: bool = False,
     ) -> list[RequestOutput]:
         """One forward pass over ``items`` and what it advanced, added to ``outputs``."""
-        start = time.monotonic()
-        fresh = [s for s, _ in items if not s.output_token_ids] if self.trace is not None else []
+        start, trace = time.monotonic(), self.trace
+        fresh = [s for s, _ in items if not s.output_token_ids] if trace is not None else []
+        prompts = trace.prompt_chunks(items) if trace is not None else []
         try:
             results = self.runner.run(items) if between_layers is None else self.runner.run(items, between_layers)
         except Exception as err:  # the shared forward pass: only the batch it ran fails, the queue goes on
             log.exception("forward pass failed for %d sequences", len(items))
+            if trace is not None:
+                trace.step(start, items, prompts, [], interjection=interjection, failed=True)
             for seq, _ in items:
                 self._fail(seq, f"the forward pass failed: {type(err).__name__}: {err}", "engine_error")
                 outputs.append(output_of(seq))
@@ -313,16 +316,16 @@ class LLMEngine:
                 log.exception("request %s failed after sampling", seq.request_id)
                 self._fail(seq, f"{type(err).__name__}: {err}", "engine_error")
             outputs.append(output_of(seq))
-        if self.trace is not None:
+        if trace is not None:
             firsts = [s.request_id for s in fresh if s.output_token_ids]
-            self.trace.step(start, items, firsts, interjection=interjection)
+            trace.step(start, items, prompts, firsts, interjection=interjection)
         return self._forget_finished(outputs)
 
     def _advance(self, seq: Sequence, result: tuple[int, TokenLogprob | None] | SampleFailure) -> None:
         """Append the sampled token and finish the sequence if it is done; a sampling failure
         finishes it with its error."""
         if isinstance(result, SampleFailure):
-            self._fail(seq, result.message, "sampling_failed")
+            self._fail(seq, result.message, result.code)
             return
         token, logprob = result
         seq.output_token_ids.append(token)

@@ -108,8 +108,9 @@ class ModelRunner:
         max_seg_len = max((b - a for a, b in itertools.pairwise(starts)), default=0)
         # The adapter kernels get segments where they pay: the Triton segment kernel whenever
         # runs are longer than one row; the CPU path only for a segment long enough for BLAS
-        # (cpu.segments_pay), the rows built here otherwise. Decided once per step, here, so
-        # neither the layers nor the ops choose again per projection.
+        # (cpu.segments_pay), the rows built here otherwise. Decided once per step, here: the
+        # layers and ops.lora take what they are given (the dispatcher's own check, there for
+        # its direct callers, agrees with this one).
         by_segments = bool(used) and len(seg_slots) < num_rows
         if self.backend == "cpu":
             by_segments = by_segments and cpu.segments_pay(max_seg_len, self.model.embed_tokens.weight.dtype)

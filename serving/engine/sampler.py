@@ -24,6 +24,11 @@ class SampleFailure:
     """What a sequence gets instead of a token when its row could not be sampled."""
 
     message: str
+    code: str = "sampling_failed"
+
+
+class NoTokenAllowed(ValueError):
+    """The request's own settings rule out every token: the client's error, not the engine's."""
 
 
 class Sampler:
@@ -67,6 +72,8 @@ class Sampler:
                 continue
             try:
                 out.append(self._sample_row(row, seq))
+            except NoTokenAllowed as err:
+                out.append(SampleFailure(str(err), code="no_token_allowed"))
             except Exception as err:
                 out.append(SampleFailure(f"sampling failed: {type(err).__name__}: {err}"))
         return out
@@ -99,6 +106,10 @@ class Sampler:
         vocab = row.numel()
         for proc in p.logits_processors:
             row = proc(list(seq.output_token_ids), row)
+        if not bool((row > float("-inf")).any()):  # argmax would answer token 0, silently
+            raise NoTokenAllowed(
+                "every token is ruled out: allowed_token_ids, logit_bias, min_tokens and the output format leave none"
+            )
         token = int(torch.argmax(row)) if p.greedy else self._draw(row, seq)
         if not 0 <= token < vocab:  # a processor that reshaped the row would feed the next step a bad id
             raise ValueError(f"token {token} is outside the vocabulary of {vocab}")

@@ -9,8 +9,8 @@ carried, how many steps a new request waited for its first, and its time to firs
 engine saw it. ``make demo`` writes one beside its report.
 
 Times are ``time.monotonic()`` seconds, the clock of ``Sequence.arrival_time``. Lines are written
-as they happen (line-buffered) from the engine thread, so a trace costs one small write per step;
-it is off unless asked for.
+as they happen (line-buffered, so nothing waits for a close) from the engine thread, so a trace
+costs one small write per step; it is off unless asked for.
 """
 
 from __future__ import annotations
@@ -37,16 +37,30 @@ class StepTrace:
             "tenant": seq.tenant, "prompt_tokens": len(seq.prompt_token_ids),
         })  # fmt: skip
 
-    def step(self, start: float, items: list[tuple[Sequence, int]], first_tokens: list[str], *, interjection: bool) -> None:
-        """A forward pass that began at ``start`` over ``items`` (sequence, tokens computed) and
-        gave ``first_tokens`` (their request ids). An interjection runs inside the step whose
-        layers it ran between, so that step's length includes it."""
-        prompts = [n for _, n in items if n > 1]
+    @staticmethod
+    def prompt_chunks(items: list[tuple[Sequence, int]]) -> list[int]:
+        """The tokens of each prompt chunk among ``items``, read before the pass computes them: a
+        row is a decode only when its sequence's prompt is already computed and it computes one
+        token (a one-token prompt, or a cached prompt's last token, is a prompt chunk)."""
+        return [n for s, n in items if n > 1 or s.num_computed_tokens < len(s.prompt_token_ids)]
+
+    def step(
+        self,
+        start: float,
+        items: list[tuple[Sequence, int]],
+        prompts: list[int],
+        first_tokens: list[str],
+        *,
+        interjection: bool,
+        failed: bool = False,
+    ) -> None:
+        """A forward pass that began at ``start`` over ``items`` (sequence, tokens computed),
+        ``prompts`` its prompt chunks (``prompt_chunks``), that gave ``first_tokens`` (their
+        request ids) or ``failed``. An interjection runs inside the step whose layers it ran
+        between, so that step's length includes it."""
         self._write({
             "event": "step", "t": start, "ms": round(1e3 * (time.monotonic() - start), 3), "interjection": interjection,
             "decodes": len(items) - len(prompts), "prompts": len(prompts), "prompt_tokens": sum(prompts),
             "adapters": sorted({s.adapter for s, _ in items if s.adapter is not None}), "first_tokens": first_tokens,
+            "failed": failed,
         })  # fmt: skip
-
-    def close(self) -> None:
-        self._out.close()

@@ -423,6 +423,10 @@ def test_vllms_prompt_logprobs_score_each_prompt_token_with_its_rank(server, cli
     assert [e[str(t)]["logprob"] for t, e in zip(answer_ids, answer, strict=True)] == pytest.approx(
         plain.choices[0].logprobs.token_logprobs, abs=1e-4
     )
+    several = {"model": "qv4", "prompt": [ids, ids[:3]], "max_tokens": 1, "prompt_logprobs": 0}
+    per_prompt = httpx.post(f"{server[0]}/v1/completions", json=several).json()["choices"]
+    assert [len(c["prompt_logprobs"]) for c in per_prompt] == [len(ids), 3]
+    assert per_prompt[1]["prompt_logprobs"][1:] == [{str(t): first[i][str(t)]} for i, t in enumerate(ids[1:3], start=1)]
     chat = httpx.post(f"{server[0]}/v1/chat/completions", json={"model": "qv4", "max_tokens": 2, "prompt_logprobs": 0,
                                                                  "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
     assert chat.status_code == 200, chat.text
@@ -467,6 +471,10 @@ def test_vllms_return_token_ids_give_the_prompt_and_answer_as_ids(server, client
         chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     assert chunks[0]["prompt_token_ids"] == templated and all("prompt_token_ids" not in c for c in chunks[1:])
     assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == choice["token_ids"]
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json={**chat, "stream": True, "n": 2, "seed": 1}) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    heads = [c["choices"][0]["index"] for c in chunks if "prompt_token_ids" in c]
+    assert sorted(heads) == [0, 1] and all(c["prompt_token_ids"] == templated for c in chunks if "prompt_token_ids" in c)
     without = httpx.post(f"{url}/v1/chat/completions", json={**chat, "return_token_ids": False}).json()
     assert "prompt_token_ids" not in without and "token_ids" not in without["choices"][0]
 
@@ -504,11 +512,16 @@ def test_vllms_structured_outputs_hold_the_text_to_a_regex_a_choice_or_a_grammar
         ({"grammar": gbnf}, lambda t: re.fullmatch(r"(yes|no) [0-9][0-9]?", t)),
         ({"grammar": lark}, lambda t: re.fullmatch(r"[a-c]{2},[a-c]{2}", t)),
         ({"json": json.dumps(CHOICE_SCHEMA)}, lambda t: jsonschema.validate(json.loads(t), CHOICE_SCHEMA) is None),
+        ({"json": CHOICE_SCHEMA}, lambda t: jsonschema.validate(json.loads(t), CHOICE_SCHEMA) is None),
     ]
     for constraint, holds in cases:
         r = client.completions.create(**kwargs, extra_body={"structured_outputs": constraint})
         for choice in r.choices:
             assert choice.finish_reason == "stop" and holds(choice.text), (constraint, choice.text)
+    # Any object: the random model's keys may run past max_tokens; what it wrote is then an object's start.
+    anything = client.completions.create(**kwargs, extra_body={"structured_outputs": {"json_object": True}})
+    for choice in anything.choices:
+        assert isinstance(json.loads(choice.text), dict) if choice.finish_reason == "stop" else choice.text.startswith("{")
     chat = client.chat.completions.create(model="qv4", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
                                           extra_body={"structured_outputs": {"choice": ["up", "down"]}})  # fmt: skip
     assert chat.choices[0].message.content in ("up", "down")
@@ -523,7 +536,8 @@ def test_vllms_structured_outputs_hold_the_text_to_a_regex_a_choice_or_a_grammar
         assert r.status_code == 400 and words in r.json()["error"]["message"], (bad, r.text)
         assert (r.json()["error"]["param"] or "").startswith("structured_outputs"), r.text
     both = {**kwargs, "structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}}
-    assert httpx.post(f"{url}/v1/completions", json=both).status_code == 400
+    r = httpx.post(f"{url}/v1/completions", json=both)
+    assert r.status_code == 400 and "structured_outputs" in r.json()["error"]["message"]
 
 
 def test_vllms_truncate_prompt_tokens_keeps_the_prompts_last_tokens(server) -> None:
@@ -553,3 +567,36 @@ def test_vllms_truncate_prompt_tokens_keeps_the_prompts_last_tokens(server) -> N
     for bad in (0, 257, -2):
         r = httpx.post(f"{url}/v1/completions", json={**body, "truncate_prompt_tokens": bad})
         assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens", r.text
+
+
+def test_allowed_token_ids_hold_the_answer_and_ruled_out_tokens_show_as_vllm_shows_them(server, tiny_llama: Path) -> None:
+    """vLLM's ``allowed_token_ids`` through the API: a sampled answer draws only from the list;
+    the alternatives its log-probabilities show beyond the list are -9999.0 (JSON has no -inf;
+    vLLM's value), streamed or not, on completions and chat. Settings that leave no token at all
+    (end-of-sequence alone before min_tokens) are the caller's 400, not token 0."""
+    url, allowed = server[0], [40, 41, 90]
+    body = {"model": "qv4", "prompt": PROMPTS[0], "max_tokens": 6, "temperature": 1.0, "seed": 4, "logprobs": 5,
+            "allowed_token_ids": allowed, "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+    r = httpx.post(f"{url}/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    (choice,) = r.json()["choices"]
+    assert set(choice["token_ids"]) <= set(allowed)
+    shown = [v for top in choice["logprobs"]["top_logprobs"] for v in top.values()]
+    assert -9999.0 in shown and all(v >= -9999.0 for v in shown)
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}) as s:
+        lines = [line for line in s.iter_lines() if line.startswith("data: {")]
+    assert lines and not any("Infinity" in line for line in lines)
+    streamed = [t for line in lines for t in json.loads(line[6:])["choices"][0]["token_ids"]]
+    assert streamed == choice["token_ids"]
+    chat = {"model": "qv4", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "logprobs": True,
+            "top_logprobs": 5, "allowed_token_ids": allowed, "ignore_eos": True}  # fmt: skip
+    answer = httpx.post(f"{url}/v1/chat/completions", json=chat)
+    assert answer.status_code == 200, answer.text
+    entries = answer.json()["choices"][0]["logprobs"]["content"]
+    assert all(e["logprob"] > -9999.0 and min(t["logprob"] for t in e["top_logprobs"]) == -9999.0 for e in entries)
+    eos = AutoTokenizer.from_pretrained(str(tiny_llama)).eos_token_id
+    none_left = httpx.post(
+        f"{url}/v1/completions", json={**body, "allowed_token_ids": [eos], "min_tokens": 2, "ignore_eos": False}
+    )
+    assert none_left.status_code == 400 and none_left.json()["error"]["code"] == "no_token_allowed", none_left.text
+    assert "allowed_token_ids" in none_left.json()["error"]["message"]

@@ -49,3 +49,19 @@ def test_the_tokenizers_own_bos_only_when_asked(tokenizer: Tokenizer) -> None:
     assert bos not in plain and tokenizer.encode("hi") == [bos, *plain]
     assert tokenizer.chat(TURNS, add_generation_prompt=False, add_special_tokens=True) == [bos, *plain]
     assert tokenizer.chat(TURNS, add_generation_prompt=False, add_special_tokens=True, limit=8) == [bos, *plain]
+
+
+def test_truncation_keeps_the_bos_as_vllms_does(tokenizer: Tokenizer) -> None:
+    """vLLM's ``truncate_prompt_tokens`` (Hugging Face's truncation from the left): the last k
+    tokens counting the tokenizer's BOS, which stays first; without special tokens, the plain last
+    k; a prompt shorter than k whole."""
+    from tokenizers.processors import TemplateProcessing
+
+    bos = tokenizer.hf.convert_tokens_to_ids("<s>")
+    tokenizer.hf._tokenizer.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    text = "the quick brown fox jumps over the lazy dog"
+    plain = tokenizer.encode(text, add_special_tokens=False)
+    assert len(plain) > 6
+    assert tokenizer.encode_last(text, 5) == [bos, *plain[-4:]]
+    assert tokenizer.encode_last(text, 5, add_special_tokens=False) == plain[-5:]
+    assert tokenizer.encode_last(text, 100) == tokenizer.encode(text) == [bos, *plain]
