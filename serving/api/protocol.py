@@ -179,6 +179,8 @@ class _Sampling(_Strict):
     )
     # OpenAI fields that change nothing a model computes here: accepted, as OpenAI's own server does.
     user: str | None = None
+    safety_identifier: str | None = Field(default=None, description="OpenAI's successor to user")
+    prompt_cache_key: str | None = Field(default=None, description="OpenAI's cache hint; here caching is by tenant and salt")
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
@@ -403,6 +405,7 @@ class ChatCompletionRequest(_Sampling, ChatTemplating):
     tools: list[Any] | None = Field(default=None, description="only an empty list: tools are not served")
     tool_choice: Literal["none", "auto"] | None = None
     parallel_tool_calls: bool | None = None
+    modalities: list[Literal["text"]] | None = Field(default=None, description="only text is served")
 
     @field_validator("tools")
     @classmethod

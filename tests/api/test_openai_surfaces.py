@@ -146,7 +146,8 @@ def test_bad_values_are_a_400_naming_the_field(server, field: str, value: object
 def test_documented_openai_fields_that_change_nothing_are_accepted(client: openai.OpenAI) -> None:
     out = client.chat.completions.create(
         model=_base(client), messages=[{"role": "user", "content": "hi"}], max_completion_tokens=2,
-        user="u-1", metadata={"team": "search"}, store=False, service_tier="auto", extra_body={"priority": 0},
+        user="u-1", metadata={"team": "search"}, store=False, service_tier="auto", modalities=["text"],
+        safety_identifier="hashed-u-1", prompt_cache_key="support-bot", extra_body={"priority": 0},
     )  # fmt: skip
     assert out.choices[0].message.content is not None
 
