@@ -160,6 +160,12 @@ def test_json_schema_output_validates_and_mixes_with_plain_requests(client: open
     for choice in out.choices:
         jsonschema.validate(json.loads(choice.message.content), CHOICE_SCHEMA)
         assert choice.finish_reason == "stop"
+    # Where the schema allows fewer tokens than top_logprobs asks, the others show as -9999.0 (JSON has
+    # no -inf; this was a 500 before).
+    scored = client.chat.completions.create(model="qv4", messages=messages, max_tokens=40, temperature=0, logprobs=True,
+                                            top_logprobs=5, response_format=fmt)  # fmt: skip
+    jsonschema.validate(json.loads(scored.choices[0].message.content), CHOICE_SCHEMA)
+    assert -9999.0 in [t.logprob for e in scored.choices[0].logprobs.content for t in e.top_logprobs]
     anything = client.completions.create(model=_base(client), prompt="{", max_tokens=60, temperature=0,
                                          extra_body={"response_format": {"type": "json_object"}})  # fmt: skip
     text = anything.choices[0].text
