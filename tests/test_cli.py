@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from loraplane.cli import main
@@ -112,3 +113,41 @@ def test_serve_flags_reach_the_engine_config_and_absent_ones_leave_its_defaults(
     ]  # fmt: skip
     code, output = run("serve", "--fair-prefill-chunk", "0")
     assert code == 2 and "--fair-prefill-chunk" in output
+
+
+def test_serve_takes_vllms_command_line(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A vLLM command line runs as it is: ``--enable-lora``, ``--lora-modules`` in vLLM's JSON form
+    beside NAME=SOURCE, and ``--api-key``, one key that every API call (and, with no admin token
+    of their own, the admin calls) must send."""
+    import uvicorn
+
+    from loraplane.serving.api import app
+    from loraplane.serving.api.errors import APIError
+    from loraplane.serving.engine import builder
+
+    monkeypatch.delenv("LORAPLANE_ADMIN_TOKEN", raising=False)
+    monkeypatch.delenv("LORAPLANE_API_KEY", raising=False)
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    made: list[tuple[object, dict]] = []
+    monkeypatch.setattr(builder, "build_engine", lambda config: config)
+    monkeypatch.setattr(app, "create_app", lambda factory, **kw: made.append((factory(), kw)))
+    monkeypatch.setattr(uvicorn, "run", lambda *_a, **_kw: None)
+    module = '{"name": "sql", "path": "/adapters/sql", "base_model_name": "base"}'
+    code, output = run("serve", "--enable-lora", "--lora-modules", module, "--lora-modules", "chat=/adapters/chat",
+                       "--api-key", "secret")  # fmt: skip
+    assert code == 0, output
+    config, kw = made[-1]
+    assert config.lora_modules == {"sql": "/adapters/sql", "chat": "/adapters/chat"}  # type: ignore[attr-defined]
+    tenants = kw["tenants"]
+    assert tenants.authenticate("Bearer secret") is not None and kw["admin_token"] == "secret"
+    with pytest.raises(APIError, match="Incorrect API key"):
+        tenants.authenticate("Bearer wrong")
+    assert run("serve", "--api-key", "secret", "--admin-token", "admin")[0] == 0 and made[-1][1]["admin_token"] == "admin"
+    assert run("serve")[0] == 0 and made[-1][1]["tenants"].open  # no key: open, as vLLM without --api-key
+    tenants_file = tmp_path / "tenants.yaml"
+    tenants_file.write_text("tenants: [{name: acme, api_keys: [k]}]\n")
+    code, output = run("serve", "--api-key", "secret", "--tenants", str(tenants_file), "--admin-token", "a")
+    assert code == 2 and "--api-key and --tenants" in output
+    for bad in ('{"name": "x"}', '{"name": "x", "path": "/p", "rank": 8}', "{not json", "no-equals-sign"):
+        code, output = run("serve", "--lora-modules", bad)
+        assert code == 2 and "--lora-modules" in output, bad

@@ -34,7 +34,17 @@ from loraplane.cli.usage import make_metering, usage_options
     "base_model_name_or_path [default: the embedded model's id, the .gguf's or the folder's name].",
 )
 @click.option("--base-revision", help="The base's revision; adapters that declare another are refused.")
-@click.option("--lora-modules", multiple=True, metavar="NAME=SOURCE", help="Adapter to load at start (folder, file:// or s3://).")
+@click.option(
+    "--lora-modules", multiple=True, metavar="NAME=SOURCE",
+    help="Adapter to load at start (folder, file:// or s3://); or vLLM's JSON form, "
+    '\'{"name": ..., "path": ..., "base_model_name": ...}\'.',
+)  # fmt: skip
+@click.option("--enable-lora", is_flag=True, help="vLLM's flag, accepted: adapters are always served here.")
+@click.option(
+    "--api-key", envvar=["LORAPLANE_API_KEY", "VLLM_API_KEY"],
+    help="vLLM's single key: every API call must send it as a bearer token, and so must the admin calls unless "
+    "--admin-token gives them their own. For several tenants and their quotas, --tenants instead.",
+)  # fmt: skip
 @engine_flags(
     "device", "gpu_memory_utilization", "enforce_eager", "max_loras", "max_lora_rank", "max_cpu_loras", "max_num_seqs",
     "max_num_batched_tokens", "max_model_len", "dtype", "quantization", "lora_memory", "eviction_policy",
@@ -59,6 +69,8 @@ def serve(
     port: int,
     config_path: Path | None,
     lora_modules: tuple[str, ...],
+    enable_lora: bool,
+    api_key: str | None,
     admin_token: str | None,
     stats_token: str | None,
     admin_hosts: frozenset[str],
@@ -73,10 +85,17 @@ def serve(
     from pydantic import ValidationError
 
     from loraplane.serving.api.app import create_app
-    from loraplane.serving.api.tenants import Tenants, load_tenants
+    from loraplane.serving.api.tenants import TenantConfig, Tenants, load_tenants
     from loraplane.serving.config import EngineConfig
     from loraplane.serving.engine.builder import build_engine
 
+    if api_key is not None and tenants_path is not None:
+        raise click.UsageError("--api-key and --tenants: give one (--api-key is one key for everything)")
+    if api_key is not None and not api_key:
+        raise click.UsageError("--api-key: an empty key would let every caller in")
+    if api_key:
+        # vLLM's --api-key guards every route, its adapter loading included: one key for both here too.
+        admin_token = admin_token or api_key
     if tenants_path is not None and not admin_token:
         # With tenants the API is closed to callers without a key; an open admin API would let
         # any of them register, pin or unload every tenant's adapters.
@@ -89,9 +108,7 @@ def serve(
     settings.update({k: v for k, v in flags.items() if v is not None})
     modules = dict(settings.get("lora_modules") or {})  # type: ignore[call-overload]
     for item in lora_modules:
-        name, sep, source = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"{item!r} is not NAME=SOURCE", param_hint="--lora-modules")
+        name, source = _lora_module(item)
         modules[name] = source
     settings["lora_modules"] = modules
     try:
@@ -99,7 +116,8 @@ def serve(
     except ValidationError as err:
         raise click.ClickException(str(err)) from None
     try:
-        tenants = Tenants(load_tenants(tenants_path) if tenants_path else None)
+        keyed = [TenantConfig(name=API_KEY_TENANT, api_keys=[api_key])] if api_key else None
+        tenants = Tenants(load_tenants(tenants_path) if tenants_path else keyed)
     except (ValidationError, yaml.YAMLError) as err:
         raise click.ClickException(f"{tenants_path}: {err}") from None
     app = create_app(
@@ -112,3 +130,29 @@ def serve(
 
         serve_metrics(app.state.metrics, host, metrics_port)
     uvicorn.run(app, host=host, port=port, log_level="info")
+
+
+API_KEY_TENANT = "api-key"  # who the callers of --api-key are, in usage records and metrics
+
+
+def _lora_module(item: str) -> tuple[str, str]:
+    """``NAME=SOURCE``, or vLLM's JSON form of an entry (``base_model_name`` is what vLLM shows as
+    the adapter's parent; here the parent is the served base, and adapters are checked against
+    it on load)."""
+    import json
+
+    if not item.lstrip().startswith("{"):
+        name, sep, source = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not NAME=SOURCE", param_hint="--lora-modules")
+        return name, source
+    try:
+        entry = json.loads(item)
+    except ValueError as err:
+        raise click.BadParameter(f"{item!r} is not JSON: {err}", param_hint="--lora-modules") from None
+    unknown = set(entry) - {"name", "path", "base_model_name"} if isinstance(entry, dict) else set()
+    if not isinstance(entry, dict) or unknown or not isinstance(entry.get("name"), str) or not isinstance(entry.get("path"), str):
+        raise click.BadParameter(
+            f'{item!r}: vLLM\'s form is {{"name": ..., "path": ..., "base_model_name": ...}}', param_hint="--lora-modules"
+        )
+    return entry["name"], entry["path"]
