@@ -33,7 +33,9 @@ TOKEN_ID_KEY = re.compile(r"[0-9]{1,9}")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # As OpenAI's API: a field of the wrong JSON type (a number sent as a string, a boolean as 1)
+    # is a 400 naming it, not coerced; an integer where a number is expected is a number.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     @model_validator(mode="before")
     @classmethod

@@ -54,7 +54,7 @@ def _body(raw: bytes, path: str) -> tuple[dict[str, Any], CompletionRequest | Ch
         request_model = BODIES[path].model_validate(payload)
     except ValidationError as err:
         raise invalid_request(err.errors()) from None
-    payload["stream"] = request_model.stream  # what the replica will do, e.g. for "stream": 1
+    payload["stream"] = request_model.stream  # what the replica will do (false when left out)
     return payload, request_model
 
 

@@ -129,7 +129,7 @@ def test_penalties_and_bias_are_applied(client: openai.OpenAI) -> None:
      ("prompt", ["ok", ""]), ("response_format", {"type": "json_schema"}), ("suffix", "x"), ("best_of", 2),
      ("logit_bias", {"²": 1}), ("logit_bias", {"01": 60, "1": 60}), ("repetition_penalty", 1e-40),
      ("prompt_logprobs", 21), ("prompt_logprobs", -1), ("allowed_token_ids", []), ("allowed_token_ids", [999999]),
-     ("priority", 1)],
+     ("priority", 1), ("max_tokens", "2"), ("temperature", "0.5"), ("echo", 1), ("n", True), ("stream", "false")],
 )  # fmt: skip
 def test_bad_values_are_a_400_naming_the_field(server, field: str, value: object) -> None:
     body = {"model": "qv4", "prompt": "hi", "max_tokens": 2, field: value}

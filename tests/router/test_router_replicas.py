@@ -172,9 +172,13 @@ def test_the_edge_validates_like_a_replica_and_hides_other_tenants_adapters_befo
     limited = [t.model_copy(update={"tokens_per_minute": 30}) if t.name == "acme" else t for t in tenants]
     with router_for(fleet, Tenants(limited)) as url:
         acme, globex = fleet.keys["acme"], fleet.keys["globex"]
-        # "stream": 1 is a stream to the replica; the edge must count its tokens as one.
+        # "stream": 1 is a 400 naming the field at the edge, as at a replica (OpenAI's types, not
+        # coerced), and counts nothing; a stream's tokens count as a plain answer's.
         body = {"model": "qv4", "prompt": "count me", "max_tokens": 30, "ignore_eos": True, "stream": 1}
         r = httpx.post(f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {acme}"}, timeout=120)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "stream", r.text
+        r = httpx.post(f"{url}/v1/completions", json={**body, "stream": True}, headers={"Authorization": f"Bearer {acme}"},
+                       timeout=120)  # fmt: skip
         assert r.status_code == 200 and r.text.startswith("data: ")
         assert complete(url, acme, "qv4").status_code == 429  # its 30+ tokens were counted
         bad = httpx.post(f"{url}/v1/completions", json={"model": "ku2", "prompt": "x", "temperature": 9},
