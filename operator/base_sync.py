@@ -179,13 +179,15 @@ def _entries(stats: ReplicaAdapters, served: str) -> list[AdapterState]:
 async def _apply_pins(
     pins: set[str], ready: dict[str, AdapterView], stats: ReplicaAdapters, clients: dict[str, AdminClient]
 ) -> None:
+    """Pin ``pins`` and unpin the rest on every replica; each answer replaces the adapter's entry
+    in ``stats``, so what this sync writes afterwards is the state the pins left."""
     for replica, known in stats.items():
         for served in ready:
             entry = known.get(served)
             if entry is None or entry.pinned == (served in pins):
                 continue
             try:
-                await clients[replica].action(served, "pin" if served in pins else "unpin")
+                known[served] = await clients[replica].action(served, "pin" if served in pins else "unpin")
             except ReplicaError:
                 continue
 
@@ -199,6 +201,12 @@ async def _write_metrics(
     now = time.monotonic()
     for served, view in ready.items():
         entries = _entries(stats, served)
+        if not entries:
+            # No replica listed it when the stats were read, before the adapters were listed: it
+            # was staged since, and its status (pinned, say) is newer than anything known here.
+            # Writing from nothing flipped a new pinned adapter's `pinned` to false. (With no replica
+            # answering at all, the last figures written stand.)
+            continue
         current = decisions.sample(now, entries)
         previous = memory.samples.get(served)
         new = decisions.metrics(previous, current, now_rfc3339())
@@ -208,7 +216,7 @@ async def _write_metrics(
         placements = [{"replica": r, "tier": s[served].tier.value} for r, s in sorted(stats.items()) if served in s]
         # What the replicas report, not what was asked: a replica refuses a pin that would take
         # its last unpinned slot (the adapter's Pinned condition says so).
-        pinned = bool(entries) and all(e.pinned for e in entries)
+        pinned = all(e.pinned for e in entries)
         cached_on = (nodes_cached or {}).get(served)
         stale = nodes_cached is None and view.status.nodes_cached is not None
         placement_changed = (
