@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from loraplane.serving.api.json_logprob import finite
+from loraplane.serving.api.streaming import Sent
 from loraplane.serving.engine.outputs import RequestOutput
 from loraplane.serving.engine.sequence import TokenLogprob
 
@@ -22,20 +23,18 @@ class CompletionLogprobs:
         vLLM's ``prompt_logprobs`` asked for more); ``generated`` False leaves the generated
         tokens out (echo with ``max_tokens: 0``)."""
         self.name, self.k, self.generated = name, k, generated
-        self.sent: dict[int, int] = defaultdict(int)  # generated tokens' entries sent, per choice
         self.offset: dict[int, int] = defaultdict(int)  # where the next entry's text starts, per choice
 
-    def of(self, index: int, out: RequestOutput, *, with_prompt: bool) -> dict[str, Any]:
-        """The entries of choice ``index`` not sent yet (a streamed chunk carries its new ones),
-        after the prompt's when ``with_prompt``, each token's ``text_offset`` counted, as vLLM's,
-        over the texts of the tokens before it."""
+    def of(self, index: int, out: RequestOutput, sent: Sent, *, with_prompt: bool) -> dict[str, Any]:
+        """The entries of choice ``index`` its earlier chunks did not carry (``sent``), after the
+        prompt's when ``with_prompt``, each token's ``text_offset`` counted, as vLLM's, over the
+        texts of the tokens before it."""
         entries: list[tuple[int, TokenLogprob | None]] = []
         if with_prompt:
             assert out.prompt_logprobs is not None, "echo with logprobs asks the engine for the prompt's"
             entries += zip(out.prompt_token_ids, out.prompt_logprobs, strict=True)
         if self.generated:
-            entries += [(lp.token_id, lp) for lp in out.logprobs[self.sent[index] :]]
-        self.sent[index] = len(out.logprobs)
+            entries += [(lp.token_id, lp) for lp in out.logprobs[sent.logprobs :]]
         tokens = [self.name(t) for t, _ in entries]
         offsets = []
         for text in tokens:

@@ -22,7 +22,7 @@ from loraplane.serving.api.generation import final, meter_for, run, sampling, te
 from loraplane.serving.api.json_logprob import finite
 from loraplane.serving.api.prompt_logprobs import prompt_logprobs_body
 from loraplane.serving.api.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, new_id, now
-from loraplane.serving.api.streaming import finish_reason, streamed, usage
+from loraplane.serving.api.streaming import NOTHING_SENT, Sent, finish_reason, streamed, usage
 from loraplane.serving.api.tenants import TenantConfig, Tenants
 from loraplane.serving.engine.outputs import RequestOutput
 
@@ -108,8 +108,6 @@ async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, se
     request = await run(server, engine, prompts, params, req.n, meter, tenant, req.cache_salt)
     shown = token_namer(engine, req.return_tokens_as_token_ids)
     logprobs = CompletionLogprobs(shown, req.logprobs or 0, generated=generated)
-    echoed: set[int] = set()  # the choices whose first chunk, the one with the prompt, has gone
-    ids_sent: dict[int, int] = {}  # generated token ids sent per choice, with return_token_ids
     tok = engine.engine.tokenizer
     # What is echoed is what the model was given: a token-id or truncated prompt, decoded.
     given = zip(req.prompts(), prompts, strict=True)
@@ -117,20 +115,18 @@ async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, se
         p if isinstance(p, str) and req.truncate_prompt_tokens is None else tok.decode(ids) for p, ids in given if req.echo
     ]
 
-    def choice(index: int, out: RequestOutput, new: str) -> dict[str, Any]:
+    def choice(index: int, out: RequestOutput, new: str, sent: Sent) -> dict[str, Any]:
         """Choice ``index``'s chunk: its ``new`` text, after its prompt when echoed and first."""
-        first = req.echo and index not in echoed
-        echoed.add(index)
+        echoed = req.echo and sent.first
         text = new if generated else ""
-        if first:
+        if echoed:
             text = prompt_texts[index // req.n] + text
-        lp = logprobs.of(index, out, with_prompt=first) if req.logprobs is not None else None
+        lp = logprobs.of(index, out, sent, with_prompt=echoed) if req.logprobs is not None else None
         body = {"index": index, "text": text, "finish_reason": finish_reason(out), "logprobs": lp}
         if req.return_token_ids:  # vLLM's: the prompt's ids in a choice's first chunk, each chunk its new ids
-            if index not in ids_sent:
+            if sent.first:
                 body["prompt_token_ids"] = out.prompt_token_ids
-            start, ids_sent[index] = ids_sent.get(index, 0), len(out.token_ids)
-            body["token_ids"] = out.token_ids[start:] if generated else []
+            body["token_ids"] = out.token_ids[sent.tokens :] if generated else []
         if req.prompt_logprobs is not None:  # never streamed (see protocol)
             body["prompt_logprobs"] = prompt_logprobs_field(engine, out, req.prompt_logprobs)
         return body
@@ -138,7 +134,7 @@ async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, se
     base = {"id": rid, "object": "text_completion", "created": created, "model": req.model}
     if not req.stream:
         outs = await final(request)
-        choices = [choice(c.index, out, out.text) for c, out in zip(request.choices, outs, strict=True)]
+        choices = [choice(c.index, out, out.text, NOTHING_SENT) for c, out in zip(request.choices, outs, strict=True)]
         return JSONResponse({**base, "usage": usage(meter), "choices": choices})
 
     return streamed(req, base, request, choice)
@@ -189,16 +185,12 @@ async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, serve
             body["prompt_logprobs"] = prompt_logprobs_field(engine, outs[0], req.prompt_logprobs)
         return JSONResponse(body)
 
-    sent: dict[int, int] = {}  # log-probabilities sent per choice; a choice's first chunk carries its role
-    ids_sent: dict[int, int] = {}  # and its generated token ids, with return_token_ids
-
-    def event(index: int, out: RequestOutput, delta: str) -> dict[str, Any]:
+    def event(index: int, out: RequestOutput, delta: str, sent: Sent) -> dict[str, Any]:
+        """Choice ``index``'s chunk; its first carries its role (and what ``echo`` puts first)."""
         message: dict[str, str] = {"content": delta} if delta else {}
-        if index not in sent:
+        if sent.first:
             message = {"role": "assistant", "content": req.echoed() + delta}
-        start, sent[index] = sent.get(index, 0), len(out.logprobs)
-        ids_start, ids_sent[index] = ids_sent.get(index, 0), len(out.token_ids)
-        return {"index": index, "delta": message, "finish_reason": finish_reason(out), "logprobs": logprobs_of(out, start),
-                **token_ids(out, ids_start)}  # fmt: skip
+        return {"index": index, "delta": message, "finish_reason": finish_reason(out),
+                "logprobs": logprobs_of(out, sent.logprobs), **token_ids(out, sent.tokens)}  # fmt: skip
 
     return streamed(req, {**base, "object": "chat.completion.chunk"}, request, event, first=prompt_ids)

@@ -226,7 +226,9 @@ class _Sampling(_Strict):
 
     @model_validator(mode="after")
     def _prompt_logprobs_not_streamed(self) -> _Sampling:
-        if self.prompt_logprobs is not None and self.stream:  # vLLM refuses it too: they go in no chunk
+        # No chunk carries them. vLLM refuses a positive value with stream and lets 0 through
+        # (to give nothing); 0 is refused here too rather than accepted and ignored.
+        if self.prompt_logprobs is not None and self.stream:
             raise ValueError("prompt_logprobs: not available when stream is true")
         return self
 

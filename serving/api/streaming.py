@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi.responses import StreamingResponse
@@ -19,7 +20,21 @@ from loraplane.serving.api.protocol import PromptTokensDetails, Usage
 from loraplane.serving.engine.outputs import RequestOutput
 from loraplane.serving.engine.sequence import FinishReason
 
-ChoiceEvent = Callable[[int, RequestOutput, str], dict[str, Any]]  # (choice index, its output, new text) -> event
+
+@dataclass(frozen=True)
+class Sent:
+    """What a choice's earlier chunks carried: nothing (its next chunk is its first), or its
+    output's first ``tokens`` token ids and ``logprobs`` log-probability entries. A plain
+    answer is one chunk after nothing (``NOTHING_SENT``)."""
+
+    first: bool = True
+    tokens: int = 0
+    logprobs: int = 0
+
+
+NOTHING_SENT = Sent()
+# (choice index, its output, new text, what its earlier chunks carried) -> the choice's part of a chunk
+ChoiceEvent = Callable[[int, RequestOutput, str, Sent], dict[str, Any]]
 
 
 def finish_reason(out: RequestOutput) -> str | None:
@@ -59,20 +74,22 @@ def streamed(
     first: Callable[[RequestOutput], dict[str, Any]] | None = None,
 ) -> StreamingResponse:
     """The SSE response of a streamed request: one event per choice's delta, the stream's last
-    event carrying the error a choice failed with, and the usage chunk when asked for. ``first``
-    gives fields of each choice's first chunk beside its choice (chat's ``prompt_token_ids``, as
-    vLLM's)."""
+    event carrying the error a choice failed with, and the usage chunk when asked for. Each
+    choice's event is told what its earlier chunks carried (``Sent``), kept here once for every
+    field that streams by parts; ``first`` gives fields of each choice's first chunk beside its
+    choice (chat's ``prompt_token_ids``, as vLLM's)."""
 
     async def events() -> AsyncIterator[dict[str, Any]]:
-        started: set[int] = set()
+        sent: dict[int, Sent] = {}
         async for c, out, delta in request.deltas():
             if (err := failure(out)) is not None:
                 request.close()  # the other choices end here too
                 yield error_body(err.message, err.type, err.code)
                 return
-            head = first(out) if first is not None and c.index not in started else {}
-            started.add(c.index)
-            event = {**base, **head, "choices": [choice_event(c.index, out, delta)]}
+            before = sent.get(c.index, NOTHING_SENT)
+            sent[c.index] = Sent(first=False, tokens=len(out.token_ids), logprobs=len(out.logprobs))
+            head = first(out) if first is not None and before.first else {}
+            event = {**base, **head, "choices": [choice_event(c.index, out, delta, before)]}
             yield with_running_usage(req, event, request.meter)
         if req.stream_options and req.stream_options.include_usage:
             yield {**base, "choices": [], "usage": usage(request.meter)}

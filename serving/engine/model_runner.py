@@ -77,6 +77,7 @@ class ModelRunner:
         self.graphs = graphs
         self.block_size = cache.block_size
         self.device = model.embed_tokens.weight.device
+        self.activation_dtype = model.embed_tokens.weight.dtype  # what cpu.segments_pay weighs
 
     def _rows(self, items: list[tuple[Sequence, int]]) -> _Rows:
         bs, r = self.block_size, _Rows()
@@ -113,7 +114,7 @@ class ModelRunner:
         # its direct callers, agrees with this one).
         by_segments = bool(used) and len(seg_slots) < num_rows
         if self.backend == "cpu":
-            by_segments = by_segments and cpu.segments_pay(max_seg_len, self.model.embed_tokens.weight.dtype)
+            by_segments = by_segments and cpu.segments_pay(max_seg_len, self.activation_dtype)
         width = max(len(t) for t in r.tables)
         # Padding repeats the sequence's own first block: the CPU path's padded gather reads it
         # (masked), and under unified paging block 0 may hold an adapter's float32 rows, whose

@@ -16,8 +16,8 @@ small ones per sequence:
 Repetition comes before frequency and presence, as in vLLM, so a request combining them gets
 vLLM's numbers.
 
-Token ids in biases and allowed lists are checked against the vocabulary when the request is added, so nothing
-here depends on one request's input being valid.
+Token ids in biases and allowed lists are checked against the vocabulary when the request is
+added, so nothing here depends on one request's input being valid.
 """
 
 from __future__ import annotations
