@@ -106,7 +106,10 @@ class Sampler:
         vocab = row.numel()
         for proc in p.logits_processors:
             row = proc(list(seq.output_token_ids), row)
-        if not bool((row > float("-inf")).any()):  # argmax would answer token 0, silently
+        # Only a request's own masks can rule out every token (the model's logits are finite), and
+        # argmax would then answer token 0, silently; a plain row skips the vocabulary-wide check.
+        masked = p.penalised or p.guide is not None or bool(p.logits_processors)
+        if masked and not bool((row > float("-inf")).any()):
             raise NoTokenAllowed(
                 "every token is ruled out: allowed_token_ids, logit_bias, min_tokens and the output format leave none"
             )
