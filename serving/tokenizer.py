@@ -110,15 +110,18 @@ class Tokenizer:
 
     def chat(
         self,
-        messages: list[dict[str, str]],
+        messages: list[dict[str, Any]],
         *,
+        tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         variables: dict[str, Any] | None = None,
         limit: int | None = None,
         add_special_tokens: bool = False,
     ) -> list[int]:
-        """The conversation through the model's chat template, as token ids. ``variables`` are
+        """The conversation through the model's chat template, as token ids, with the ``tools``
+        the answer may call (OpenAI's ``tools`` entries; a template that does not describe tools
+        leaves them out). ``variables`` are
         extra names the template may read (vLLM's ``chat_template_kwargs``); none may be
         ``messages`` or one of ``apply_chat_template``'s own arguments (``tokenize``,
         ``chat_template``, ...), which would change what is rendered or with what template. A
@@ -134,7 +137,7 @@ class Tokenizer:
             raise TemplateVariableError(f"chat_template_kwargs: {', '.join(taken)} cannot be set here")
         try:
             out = self.hf.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message, **variables,
             )  # fmt: skip
         except (TemplateError, TypeError) as err:  # TypeError: a variable that shadows one of the template's functions

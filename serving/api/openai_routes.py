@@ -171,12 +171,24 @@ async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, serve
     def prompt_ids(out: RequestOutput) -> dict[str, Any]:
         return {"prompt_token_ids": out.prompt_token_ids} if req.return_token_ids else {}
 
+    tools = req.tool_answer()
+
+    def message(out: RequestOutput) -> dict[str, Any]:
+        """A whole answer's message: its text, or the calls it made (content null, as OpenAI's)."""
+        if tools is None:
+            return {"role": "assistant", "content": req.echoed() + out.text}
+        return {"role": "assistant", "content": req.echoed() or None, "tool_calls": tools.calls(out.text)}
+
+    def finished(out: RequestOutput) -> str | None:
+        reason = finish_reason(out)
+        return reason if tools is None else tools.finish_reason(reason)
+
     base = {"id": rid, "object": "chat.completion", "created": created, "model": req.model}
     if not req.stream:
         outs = await final(request)
         body = {**base, "usage": usage(meter), "choices": [
-            {"index": c.index, "message": {"role": "assistant", "content": req.echoed() + out.text},
-             "finish_reason": finish_reason(out), "logprobs": logprobs_of(out), **token_ids(out)}
+            {"index": c.index, "message": message(out), "finish_reason": finished(out), "logprobs": logprobs_of(out),
+             **token_ids(out)}
             for c, out in zip(request.choices, outs, strict=True)
         ]}  # fmt: skip
         # vLLM's: once per response, as the choices share the prompt.
@@ -185,12 +197,20 @@ async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, serve
             body["prompt_logprobs"] = prompt_logprobs_field(engine, outs[0], req.prompt_logprobs)
         return JSONResponse(body)
 
-    def event(index: int, out: RequestOutput, delta: str, sent: Sent) -> dict[str, Any]:
-        """Choice ``index``'s chunk; its first carries its role (and what ``echo`` puts first)."""
-        message: dict[str, str] = {"content": delta} if delta else {}
+    def delta_of(out: RequestOutput, delta: str, sent: Sent) -> dict[str, Any]:
+        """A chunk's ``delta``: its new text, or the calls it adds to; a choice's first carries its
+        role (and what ``echo`` puts first)."""
+        if tools is not None:
+            before = out.text[: len(out.text) - len(delta)]
+            calls = tools.delta_calls(before, delta, sent.first)
+            head = {"role": "assistant", "content": req.echoed() or None} if sent.first else {}
+            return {**head, "tool_calls": calls} if calls else head
         if sent.first:
-            message = {"role": "assistant", "content": req.echoed() + delta}
-        return {"index": index, "delta": message, "finish_reason": finish_reason(out),
+            return {"role": "assistant", "content": req.echoed() + delta}
+        return {"content": delta} if delta else {}
+
+    def event(index: int, out: RequestOutput, delta: str, sent: Sent) -> dict[str, Any]:
+        return {"index": index, "delta": delta_of(out, delta, sent), "finish_reason": finished(out),
                 "logprobs": logprobs_of(out, sent.logprobs), **token_ids(out, sent.tokens)}  # fmt: skip
 
     return streamed(req, {**base, "object": "chat.completion.chunk"}, request, event, first=prompt_ids)

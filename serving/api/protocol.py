@@ -1,7 +1,7 @@
 """Request and response bodies of the OpenAI API (the subset the engine serves), as pydantic models.
 
-Unknown fields are refused with a 400 rather than ignored: a client that sends ``best_of`` or
-``tools`` expecting them to work should hear that they do not. Documented OpenAI fields that
+Unknown fields are refused with a 400 rather than ignored: a client that sends ``suffix`` or
+``best_of`` above ``n`` expecting them to work should hear that they do not. Documented OpenAI fields that
 change nothing here (``user``, ``metadata``, ``store``, ...) are accepted, and so is ``null``
 for any optional field: OpenAI's schema marks them nullable, and clients (and the answers they
 send back as conversation turns) carry nulls for what they leave unset. The models are the
@@ -19,6 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from loraplane.serving.api.tool_calls import ToolAnswer, arguments_schema, calls_schema
+
 MAX_TOKENS_LIMIT = 1 << 20
 # Every stop string is searched for in the output at every step: bounded so a request cannot make
 # each step of everyone's batch slow (OpenAI allows 4; vLLM users pass a few more).
@@ -29,6 +31,7 @@ StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
 MAX_N = 16
 MAX_CHOICES = 64
 MAX_PROMPTS = 64
+MAX_TOOLS = 128  # OpenAI's bound
 TOKEN_ID_KEY = re.compile(r"[0-9]{1,9}")
 
 
@@ -317,20 +320,77 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionDefinition(_Strict):
+    """A function the model may be asked to call: OpenAI's ``tools[].function``."""
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(default=None, description="a JSON schema of the arguments (an object)")
+    strict: bool | None = Field(default=None, description="accepted; a called function's arguments always match")
+
+
+class ChatTool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+    def template_tool(self) -> dict[str, Any]:
+        """The tool as chat templates read it: a function without parameters takes an empty
+        object (as OpenAI reads it), so a template that lists ``parameters.properties`` can."""
+        function = self.function.model_dump(exclude_none=True)
+        return {"type": "function", "function": {**function, "parameters": arguments_schema(self)}}
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    """``tool_choice`` naming the one function the answer calls."""
+
+    type: Literal["function"]
+    function: FunctionName
+
+
+class FunctionCall(_Strict):
+    name: str
+    arguments: str = Field(description="the arguments as JSON text")
+
+
+class ToolCall(_Strict):
+    """A call an earlier answer made, sent back in its assistant turn."""
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+    def template_call(self) -> dict[str, Any]:
+        """The call as chat templates read it: its arguments parsed, as vLLM hands them over
+        (Llama's and Qwen's templates write ``arguments | tojson``); text that is not JSON
+        stays text."""
+        try:
+            arguments: Any = json.loads(self.function.arguments)
+        except ValueError:
+            arguments = self.function.arguments
+        return {"id": self.id, "type": "function", "function": {"name": self.function.name, "arguments": arguments}}
+
+
 # An OpenAI assistant message's fields for tools, refusals and audio, as the official client hands
-# an answer back (``message.model_dump()``): null or empty in every answer this server gives, so a
-# conversation may send them back as they came. Set to anything else they are refused as unknown.
+# an answer back (``message.model_dump()``): null or empty in most answers, so a conversation may
+# send them back as they came. Set, ``tool_calls`` are the calls an answer made; the others are
+# refused as unknown.
 ANSWER_ONLY_FIELDS = ("refusal", "annotations", "audio", "function_call", "tool_calls")
 
 
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"] = Field(
+    role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
         description="developer: OpenAI's newer name for system instructions, given to the chat template as system"
     )
     content: str | list[TextPart] | None = Field(
         default=None, description="text, or OpenAI content parts (text parts only); null only in an assistant turn"
     )
     name: str | None = None
+    tool_calls: list[ToolCall] | None = Field(default=None, description="an assistant turn's calls")
+    tool_call_id: str | None = Field(default=None, description="a tool turn's: the call it answers")
 
     @model_validator(mode="before")
     @classmethod
@@ -343,6 +403,10 @@ class ChatMessage(_Strict):
     def _content_given(self) -> ChatMessage:
         if self.content is None and self.role != "assistant":
             raise ValueError(f"content: required in a {self.role} message")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("tool_calls: only in an assistant message")
+        if (self.tool_call_id is None) == (self.role == "tool"):
+            raise ValueError("tool_call_id: required in a tool message, and only there")
         return self
 
     def template_role(self) -> str:
@@ -365,6 +429,16 @@ class ChatMessage(_Strict):
             return ""
         return self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
 
+    def template_message(self) -> dict[str, Any]:
+        """The turn as the chat template reads it (a template that knows tools writes the calls
+        and the call a result answers)."""
+        message: dict[str, Any] = {"role": self.template_role(), "content": self.text()}
+        if self.tool_calls:
+            message["tool_calls"] = [call.template_call() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
 
 class ChatTemplating(_Strict):
     """A conversation and vLLM's chat-template controls: what ``/v1/chat/completions`` and
@@ -379,6 +453,17 @@ class ChatTemplating(_Strict):
     add_special_tokens: bool = Field(
         default=False, description="vLLM extension: the tokenizer's BOS (and such) on top of what the template writes"
     )
+    tools: list[ChatTool] | None = Field(
+        default=None, max_length=MAX_TOOLS, description="functions the chat template describes to the model"
+    )
+
+    @field_validator("tools")
+    @classmethod
+    def _distinct_names(cls, v: list[ChatTool] | None) -> list[ChatTool] | None:
+        names = [t.function.name for t in v or []]
+        if len(set(names)) != len(names):
+            raise ValueError("two tools have the same function name")
+        return v
 
     @model_validator(mode="after")
     def _continuation(self) -> ChatTemplating:
@@ -389,7 +474,8 @@ class ChatTemplating(_Strict):
     def template_input(self) -> dict[str, Any]:
         """``Tokenizer.chat``'s arguments: the turns and the template controls."""
         return {
-            "messages": [{"role": m.template_role(), "content": m.text()} for m in self.messages],
+            "messages": [m.template_message() for m in self.messages],
+            "tools": [t.template_tool() for t in self.tools] if self.tools else None,
             "add_generation_prompt": self.add_generation_prompt,
             "continue_final_message": self.continue_final_message,
             "variables": self.chat_template_kwargs or {},
@@ -404,19 +490,48 @@ class ChatCompletionRequest(_Sampling, ChatTemplating):
     echo: bool = Field(
         default=False, description="vLLM extension: the answer after the last turn's text, when that turn is the assistant's"
     )
-    # Tools are not served: what a framework with no tools registered sends is accepted; a tool
-    # offered, or a call demanded, is a 400 naming the field.
-    tools: list[Any] | None = Field(default=None, description="only an empty list: tools are not served")
-    tool_choice: Literal["none", "auto"] | None = None
-    parallel_tool_calls: bool | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        default=None, description='a named function or "required": the answer is calls; "none": text'
+    )
+    parallel_tool_calls: bool | None = Field(default=None, description='false: "required" makes one call')
     modalities: list[Literal["text"]] | None = Field(default=None, description="only text is served")
 
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, v: list[Any] | None) -> list[Any] | None:
-        if v:
-            raise ValueError("tool calling is not served here; send no tools (or an empty list)")
-        return v
+    @model_validator(mode="after")
+    def _tool_choice_fits_tools(self) -> ChatCompletionRequest:
+        choice = self.tool_choice or ("auto" if self.tools else "none")  # OpenAI's default
+        if choice == "auto" and self.tools:  # vLLM's answer without a tool-call parser (see tool_calls)
+            raise ValueError(
+                'tool_choice: "auto" with tools needs a parser for the model\'s own tool-call format, which this '
+                'server does not have; ask for "required", a named function, or "none"'
+            )
+        if choice in ("none", "auto"):
+            return self
+        names = [t.function.name for t in self.tools or []]
+        if not names:
+            raise ValueError("tool_choice: a function call needs tools")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice: no tool is named {choice.function.name!r}")
+        if super().output_constraint() is not None:
+            raise ValueError("tool_choice: a function call is not combined with response_format or structured_outputs")
+        self.output_constraint()  # two tools' $defs that disagree
+        return self
+
+    def tool_answer(self) -> ToolAnswer | None:
+        """How the answers become calls (None: they are text)."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return ToolAnswer(self.tool_choice.function.name)
+        return ToolAnswer(None) if self.tool_choice == "required" else None
+
+    def output_constraint(self) -> tuple[str, str, Any] | None:
+        """A function call's JSON schema (its arguments, or ``"required"``'s array of calls), or
+        the output format asked for."""
+        tools = self.tools or []
+        if isinstance(self.tool_choice, NamedToolChoice):
+            (tool,) = [t for t in tools if t.function.name == self.tool_choice.function.name]
+            return "tools", "json", arguments_schema(tool)
+        if self.tool_choice == "required":
+            return "tools", "json", calls_schema(tools, self.parallel_tool_calls is not False)
+        return super().output_constraint()
 
     def echoed(self) -> str:
         """The text ``echo`` puts before the answer: the last turn's, when it is the assistant's (the

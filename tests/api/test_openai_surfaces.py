@@ -287,7 +287,7 @@ def test_nulls_developer_turns_and_answers_sent_back_are_accepted(server, client
     no_tools = {**body, "tools": [], "tool_choice": "none", "parallel_tool_calls": False, "n": 2, "best_of": 2}
     assert httpx.post(f"{server[0]}/v1/chat/completions", json=no_tools).status_code == 200  # a framework with no tools
     for bad, field in (
-        ({**body, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({**body, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),  # "auto": no parser
         ({**body, "tool_choice": "required"}, "tool_choice"),
         ({**body, "n": 2, "best_of": 3}, "best_of"),
         ({**body, "top_logprobs": 2}, "top_logprobs"),

@@ -1,0 +1,234 @@
+"""Function calls as OpenAI clients ask for them: a named function or ``tool_choice: "required"``,
+answered with ``message.tool_calls`` whose arguments parse and match the function's schema (on a
+random tiny model, so only the constraint can make them), streamed or not; the calls and the tools'
+results sent back as turns, and the tools handed to a chat template that describes them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from engine_helpers import tiny_engine
+
+from loraplane.serving.api.app import create_app
+from loraplane.serving.api.loopback import serve_app
+
+# A template that describes tools and writes calls, as Qwen's and Hermes' do (the tiny model's
+# own template knows only roles and text).
+TOOLS_TEMPLATE = (
+    "{% if tools %}<s>system\n{% for t in tools %}{{ t['function']['name'] }}: "
+    "{{ t['function']['parameters']['properties'] | list | join(',') }}\n{% endfor %}</s>\n{% endif %}"
+    "{% for m in messages %}<s>{{ m['role'] }}\n"
+    "{% if m['tool_calls'] is defined %}{% for c in m['tool_calls'] %}call {{ c['function']['name'] }} "
+    "{{ c['function']['arguments'] | tojson }}{% endfor %}"
+    "{% elif m['role'] == 'tool' %}result of {{ m['tool_call_id'] }}: {{ m['content'] }}"
+    "{% else %}{{ m['content'] }}{% endif %}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
+)
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "the weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"enum": ["paris", "oslo"]},
+                "unit": {"enum": ["c", "f"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "unit", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+# A schema with named parts, as pydantic writes them: its references resolve only from its own root.
+ALARM = {
+    "type": "function",
+    "function": {
+        "name": "set_alarm",
+        "parameters": {
+            "$defs": {"Hour": {"type": "integer", "minimum": 0, "maximum": 23}},
+            "type": "object",
+            "properties": {"hour": {"$ref": "#/$defs/Hour"}, "loud": {"type": "boolean"}},
+            "required": ["hour", "loud"],
+            "additionalProperties": False,
+        },
+    },
+}
+NO_PARAMETERS = {"type": "function", "function": {"name": "ping"}}
+TOOLS = [WEATHER, ALARM, NO_PARAMETERS]
+SCHEMAS = {t["function"]["name"]: t["function"].get("parameters", {"type": "object"}) for t in TOOLS}
+ASK = [{"role": "user", "content": "what is the weather in paris?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama: Path, tmp_path_factory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("tools")
+    model = root / "model"
+    shutil.copytree(tiny_llama, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TOOLS_TEMPLATE}))
+    (model / "chat_template.jinja").unlink(missing_ok=True)  # newer transformers keep the template here
+    app = create_app(lambda: tiny_engine(model, root / "cache", {}, max_model_len=512))
+    with serve_app(app) as url:
+        yield url
+
+
+@pytest.fixture
+def client(server: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+
+
+def _model(client: openai.OpenAI) -> str:
+    return client.models.list().data[0].id
+
+
+def _named(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name}}
+
+
+def _valid(name: str, arguments: str) -> dict[str, Any]:
+    args = json.loads(arguments)
+    jsonschema.validate(args, SCHEMAS[name])
+    return args
+
+
+def test_a_named_function_is_called_with_arguments_that_match_its_schema(client: openai.OpenAI) -> None:
+    for name in ("get_weather", "set_alarm", "ping"):
+        answer = client.chat.completions.create(
+            model=_model(client), messages=ASK, tools=TOOLS, tool_choice=_named(name), temperature=1.0, seed=3, n=3,
+            max_tokens=60,
+        )  # fmt: skip
+        for choice in answer.choices:
+            assert choice.finish_reason == "stop" and choice.message.content is None  # as OpenAI's forced function
+            (call,) = choice.message.tool_calls
+            assert call.type == "function" and call.id.startswith("chatcmpl-tool-") and call.function.name == name
+            _valid(name, call.function.arguments)
+        assert len({c.message.tool_calls[0].id for c in answer.choices}) == 3
+
+
+def test_required_makes_one_or_more_calls_of_the_tools_offered(client: openai.OpenAI) -> None:
+    seen: set[str] = set()
+    for seed in range(4):
+        answer = client.chat.completions.create(
+            model=_model(client), messages=ASK, tools=TOOLS, tool_choice="required", temperature=1.0, seed=seed,
+            max_tokens=120, n=2,
+        )  # fmt: skip
+        for choice in answer.choices:
+            if choice.finish_reason == "length":  # cut short: the calls it finished, each whole
+                assert all(_valid(c.function.name, c.function.arguments) is not None for c in choice.message.tool_calls)
+                continue
+            assert choice.finish_reason == "tool_calls" and choice.message.content is None
+            assert choice.message.tool_calls
+            for call in choice.message.tool_calls:
+                _valid(call.function.name, call.function.arguments)
+                seen.add(call.function.name)
+    assert seen <= {"get_weather", "set_alarm", "ping"} and seen
+    single = client.chat.completions.create(
+        model=_model(client), messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+        temperature=1.0, seed=5, n=4, max_tokens=120,
+    )  # fmt: skip
+    assert all(len(c.message.tool_calls) == 1 for c in single.choices if c.finish_reason == "tool_calls")
+
+
+def _streamed(client: openai.OpenAI, **kwargs: Any) -> tuple[list[dict[str, str]], str | None]:
+    """The calls a stream makes, put together by index as the official client's helpers do."""
+    calls: dict[int, dict[str, str]] = {}
+    reason = None
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        choice = chunk.choices[0]
+        reason = choice.finish_reason or reason
+        for part in choice.delta.tool_calls or []:
+            call = calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
+            call["id"] += part.id or ""
+            call["name"] += (part.function.name or "") if part.function else ""
+            call["arguments"] += (part.function.arguments or "") if part.function else ""
+    return [calls[i] for i in sorted(calls)], reason
+
+
+@pytest.mark.parametrize("tool_choice", [_named("get_weather"), "required"])
+def test_a_streamed_call_adds_up_to_the_plain_answer(client: openai.OpenAI, tool_choice: Any) -> None:
+    kwargs = {"model": _model(client), "messages": ASK, "tools": TOOLS, "tool_choice": tool_choice,
+              "temperature": 0.0, "max_tokens": 120}  # fmt: skip
+    plain = client.chat.completions.create(**kwargs).choices[0]
+    calls, reason = _streamed(client, **kwargs)
+    assert reason == plain.finish_reason
+    assert [(c["name"], c["arguments"]) for c in calls] == [
+        (c.function.name, c.function.arguments) for c in plain.message.tool_calls
+    ]
+    assert all(c["id"].startswith("chatcmpl-tool-") for c in calls)
+
+
+def test_calls_and_results_sent_back_reach_the_template(client: openai.OpenAI, server: str) -> None:
+    """The answer's message, sent back as the official client gives it, then the tool's result:
+    the template writes the call's arguments as an object and the result beside its call's id."""
+    answer = client.chat.completions.create(
+        model=_model(client), messages=ASK, tools=TOOLS, tool_choice=_named("get_weather"), max_tokens=60
+    )
+    message = answer.choices[0].message
+    turns = [*ASK, message.model_dump(), {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "sunny"}]
+    body = {"model": _model(client), "messages": turns, "tools": TOOLS}
+    r = httpx.post(f"{server}/tokenize", json=body)
+    assert r.status_code == 200, r.text
+    detok = httpx.post(f"{server}/detokenize", json={"model": _model(client), "tokens": r.json()["tokens"]})
+    prompt = detok.json()["prompt"]
+    arguments = json.loads(message.tool_calls[0].function.arguments)
+    assert f"call get_weather {json.dumps(arguments)}" in prompt  # an object, not its JSON text quoted
+    assert f"result of {message.tool_calls[0].id}: sunny" in prompt
+    assert "get_weather: city,unit,days\nset_alarm: hour,loud\nping: \n" in prompt  # the tools, described
+    follow_up = client.chat.completions.create(
+        model=_model(client), messages=turns, max_tokens=4, tools=TOOLS, tool_choice="none"
+    )
+    assert follow_up.choices[0].message.tool_calls is None and follow_up.choices[0].finish_reason in ("stop", "length")
+
+
+def test_tool_requests_that_cannot_be_served_are_a_400_naming_the_field(server: str) -> None:
+    body = {"model": httpx.get(f"{server}/v1/models").json()["data"][0]["id"], "messages": ASK, "max_tokens": 4}
+    conflicting = {**ALARM, "function": {**ALARM["function"], "name": "other", "parameters": {
+        **ALARM["function"]["parameters"], "$defs": {"Hour": {"type": "string"}}}}}  # fmt: skip
+    for bad, field in (
+        ({**body, "tools": TOOLS}, "tool_choice"),  # "auto" by default: no parser for the model's own format
+        ({**body, "tools": TOOLS, "tool_choice": "auto"}, "tool_choice"),
+        ({**body, "tool_choice": "required"}, "tool_choice"),
+        ({**body, "tools": TOOLS, "tool_choice": _named("nope")}, "tool_choice"),
+        ({**body, "tools": [WEATHER, WEATHER], "tool_choice": "required"}, "tools"),
+        ({**body, "tools": [ALARM, conflicting], "tool_choice": "required"}, "tools"),
+        ({**body, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}],
+          "tool_choice": _named("f")}, "tools"),
+        ({**body, "tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+        ({**body, "tools": [{"type": "custom", "custom": {"name": "f"}}], "tool_choice": "none"}, "tools"),
+        ({**body, "messages": [{"role": "tool", "content": "sunny"}]}, "tool_call_id"),
+        ({**body, "messages": [{"role": "user", "content": "x", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "tool_calls"),
+        ({**body, "messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}]}, "tool_calls"),
+    ):  # fmt: skip
+        r = httpx.post(f"{server}/v1/chat/completions", json=bad)
+        assert r.status_code == 400, (bad, r.text)
+        error = r.json()["error"]
+        assert field in error["message"] + (error["param"] or ""), r.text
+
+
+def test_langchain_structured_output_and_forced_tools(server: str) -> None:
+    """LangChain's ``with_structured_output(method="function_calling")`` forces a named function;
+    ``bind_tools(tool_choice="any")`` sends ``"required"`` (one call: ``parallel_tool_calls``)."""
+    from langchain_openai import ChatOpenAI
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class Weather(BaseModel):
+        model_config = ConfigDict(extra="forbid")  # the schema closed, or a random model writes keys forever
+        city: Literal["paris", "oslo"]
+        days: int = Field(ge=1, le=7)
+
+    model = httpx.get(f"{server}/v1/models").json()["data"][0]["id"]
+    chat = ChatOpenAI(base_url=f"{server}/v1", api_key="unused", model=model, max_tokens=120, temperature=0.7, max_retries=0)
+    assert isinstance(chat.with_structured_output(Weather, method="function_calling").invoke("weather?"), Weather)
+    message = chat.bind_tools([Weather], tool_choice="any", parallel_tool_calls=False).invoke("weather?")
+    assert message.tool_calls and all(Weather(**call["args"]) for call in message.tool_calls)
