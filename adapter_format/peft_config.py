@@ -1,23 +1,35 @@
 """PEFT's ``adapter_config.json`` for LoRA, as far as serving needs it.
 
 Unknown keys are kept (PEFT adds fields every release); features that would change the math in
-ways the kernels do not implement (DoRA, per-module rank or alpha patterns, trained biases, full
-modules to save) are refused with a message rather than served wrong.
+ways the kernels do not implement (DoRA, trained biases, full modules to save) are refused with a
+message rather than served wrong. Per-module ranks and alphas (``rank_pattern``,
+``alpha_pattern``) are read as PEFT reads them: each pattern a regular expression that must match
+the end of a module's name, the first that matches winning.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import regex
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from loraplane.adapter_format.errors import AdapterValidationError, ErrorCode
 
 MAX_RANK = 1 << 16
 MAX_ALPHA = 1e6
+# A pattern comes from whoever uploaded the adapter, and a regular expression can take
+# exponential time: each match is bounded (the third-party ``regex`` engine can stop one; the
+# standard library's cannot), and so is each pattern's length.
+MATCH_SECONDS = 0.05
+MAX_PATTERN_CHARS = 256
+MAX_PATTERNS = 1024
+Rank = Annotated[int, Field(gt=0, le=MAX_RANK)]
+Alpha = Annotated[float, Field(gt=0, le=MAX_ALPHA, allow_inf_nan=False)]
 
 
 class PeftLoraConfig(BaseModel):
@@ -35,8 +47,8 @@ class PeftLoraConfig(BaseModel):
     base_model_name_or_path: str | None = None
     revision: str | None = None
     modules_to_save: list[str] | None = None
-    rank_pattern: dict[str, Any] = Field(default_factory=dict)
-    alpha_pattern: dict[str, Any] = Field(default_factory=dict)
+    rank_pattern: dict[str, Rank] = Field(default_factory=dict, max_length=MAX_PATTERNS)
+    alpha_pattern: dict[str, Alpha] = Field(default_factory=dict, max_length=MAX_PATTERNS)
     fan_in_fan_out: bool = False
 
     @field_validator("peft_type")
@@ -46,10 +58,33 @@ class PeftLoraConfig(BaseModel):
             raise ValueError(f"peft_type {v!r} is not LORA")
         return v
 
+    @field_validator("rank_pattern", "alpha_pattern")
+    @classmethod
+    def _patterns_compile(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key in v:
+            if len(key) > MAX_PATTERN_CHARS:
+                raise ValueError(f"pattern {key[:40]!r}... is longer than {MAX_PATTERN_CHARS} characters")
+            try:
+                _suffix_pattern(key)
+            except regex.error as err:
+                raise ValueError(f"pattern {key!r} is not a regular expression: {err}") from None
+        return v
+
     @property
     def scaling(self) -> float:
         """alpha / r, or alpha / sqrt(r) for rsLoRA (Kalajdzievski, 2023), as PEFT computes it."""
-        return self.lora_alpha / (math.sqrt(self.r) if self.use_rslora else self.r)
+        return self.scaling_at(self.r, self.lora_alpha)
+
+    def scaling_at(self, r: int, alpha: float) -> float:
+        return alpha / (math.sqrt(r) if self.use_rslora else r)
+
+    def rank_of(self, module: str) -> int:
+        """The rank of the module named ``module`` (``model.layers.3.self_attn.q_proj``)."""
+        return int(_pattern_value(self.rank_pattern, module, self.r))
+
+    def scaling_of(self, module: str) -> float:
+        """What PEFT multiplies the module's ``B @ A`` by, after its rank and alpha patterns."""
+        return self.scaling_at(self.rank_of(module), float(_pattern_value(self.alpha_pattern, module, self.lora_alpha)))
 
     def unsupported(self) -> list[str]:
         problems = []
@@ -59,11 +94,26 @@ class PeftLoraConfig(BaseModel):
             problems.append(f"trained biases (bias={self.bias!r}) are not supported")
         if self.modules_to_save:
             problems.append(f"modules_to_save {self.modules_to_save} would replace base weights per adapter")
-        if self.rank_pattern or self.alpha_pattern:
-            problems.append("per-module rank_pattern/alpha_pattern is not supported")
         if self.fan_in_fan_out:
             problems.append("fan_in_fan_out (Conv1D-style weights) is not a Llama layout")
         return problems
+
+
+@functools.cache
+def _suffix_pattern(key: str) -> regex.Pattern[str]:
+    return regex.compile(rf"(.*\.)?({key})$")  # PEFT's get_pattern_key
+
+
+def _pattern_value(patterns: dict[str, Any], module: str, default: Any) -> Any:
+    """The value of the first pattern matching the end of ``module``'s name, as PEFT picks it; a
+    match that runs past ``MATCH_SECONDS`` is a ``ValueError``."""
+    for key, value in patterns.items():
+        try:
+            if _suffix_pattern(key).match(module, timeout=MATCH_SECONDS):
+                return value
+        except TimeoutError:
+            raise ValueError(f"pattern {key!r} takes too long to match {module!r}") from None
+    return default
 
 
 def load_peft_config(path: str | Path) -> PeftLoraConfig:

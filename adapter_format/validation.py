@@ -1,8 +1,9 @@
 """Validate a PEFT LoRA adapter folder against a base before anything serves it.
 
 Each rule raises :class:`AdapterValidationError` with its own code. The order is cheapest and
-most explanatory first: file layout, config, digest, base identity, rank, then every tensor's
-name and shape against the base, then the values themselves (NaN/Inf).
+most explanatory first: file layout, config, digest, base identity, then every tensor's name and
+shape against the base (each module at its own rank when ``rank_pattern`` gives it one), the rank
+against the cap, then the values themselves (NaN/Inf).
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ class AdapterManifest:
     dtype: str
     needs_truncation: bool = False
     tensors: dict[str, TensorInfo] = field(default_factory=dict, repr=False)
+    # (layer, module) -> its own rank and scaling, where rank_pattern or alpha_pattern give it one
+    # other than ``rank`` (the largest) and ``scaling``; the loader pads and rescales those.
+    module_ranks: dict[tuple[int, str], int] = field(default_factory=dict, repr=False)
+    module_scalings: dict[tuple[int, str], float] = field(default_factory=dict, repr=False)
     adapter_digest: str = ""  # config, weights and golden outputs (adapter_format.digest)
     # What the declared digest covered: "adapter", "weights" (the earlier form), or None when
     # nothing was declared.
@@ -110,12 +115,38 @@ def _check_base(config: PeftLoraConfig, base: BaseShape) -> None:
         )
 
 
-def _check_tensors(
-    tensors: dict[str, TensorInfo], config: PeftLoraConfig, base: BaseShape, limits: ValidationLimits
-) -> tuple[set[str], set[int], str]:
+def module_path(tensor: str) -> str:
+    """The name of the module a LoRA tensor belongs to, as PEFT's patterns match it
+    (``model.layers.3.self_attn.q_proj``)."""
+    path = tensor[: tensor.index(".lora_")]
+    return path.removeprefix("base_model.model.")
+
+
+@dataclass
+class _Modules:
+    """What the tensors showed: the modules and layers adapted, their one dtype, and each
+    module's rank and scaling from the config's patterns."""
+
+    names: set[str]
+    layers: set[int]
+    dtype: str
+    ranks: dict[tuple[int, str], int]
+    scalings: dict[tuple[int, str], float]
+
+
+def _module_rank(config: PeftLoraConfig, path: str) -> tuple[int, float]:
+    try:
+        return config.rank_of(path), config.scaling_of(path)
+    except ValueError as err:  # a pattern that takes too long to match
+        raise _fail(ErrorCode.BAD_CONFIG, f"{CONFIG_FILE}: {err}") from None
+
+
+def _check_tensors(tensors: dict[str, TensorInfo], config: PeftLoraConfig, base: BaseShape, limits: ValidationLimits) -> _Modules:
     modules: set[str] = set()
     layers: set[int] = set()
     pairs: dict[tuple[int, str], dict[str, TensorInfo]] = {}
+    ranks: dict[tuple[int, str], int] = {}
+    scalings: dict[tuple[int, str], float] = {}
     dtypes = set()
     for name, info in tensors.items():
         m = _TENSOR.match(name)
@@ -134,13 +165,15 @@ def _check_tensors(
                 ErrorCode.SHAPE_MISMATCH,
                 f"tensor {name!r} must be a 2-D {'/'.join(FLOAT_DTYPES)} matrix, got {info.dtype} {list(info.shape)}",
             )
+        rank, scaling = _module_rank(config, module_path(name))
         d_in, d_out = base.module_dims(module)
-        expected = (config.r, d_in) if which == "A" else (d_out, config.r)
+        expected = (rank, d_in) if which == "A" else (d_out, rank)
         if info.shape != expected:
             raise _fail(
                 ErrorCode.SHAPE_MISMATCH,
-                f"tensor {name!r} has shape {list(info.shape)}, the base needs {list(expected)} at rank {config.r}",
+                f"tensor {name!r} has shape {list(info.shape)}, the base needs {list(expected)} at rank {rank}",
             )
+        ranks[layer, module], scalings[layer, module] = rank, scaling
         pairs.setdefault((layer, module), {})[which] = info
         modules.add(module)
         layers.add(layer)
@@ -155,7 +188,7 @@ def _check_tensors(
             raise _fail(ErrorCode.SHAPE_MISMATCH, f"layer {layer} {module} has no lora_{missing} weight")
     if len(dtypes) > 1:
         raise _fail(ErrorCode.SHAPE_MISMATCH, f"mixed tensor dtypes {sorted(dtypes)}; save all LoRA weights in one dtype")
-    return modules, layers, dtypes.pop()
+    return _Modules(modules, layers, dtypes.pop(), ranks, scalings)
 
 
 _EXPONENT = {"F32": (np.uint32, 0x7F800000), "F16": (np.uint16, 0x7C00), "BF16": (np.uint16, 0x7F80)}
@@ -213,12 +246,6 @@ def validate_adapter_dir(
     digest, whole = digests[WEIGHTS_FILE], adapter_digest(folder, digests)
     scope = None if expected_digest is None else _digest_scope(parse_digest(expected_digest), whole, digest, limits)
     _check_base(config, base)
-    needs_truncation = config.r > limits.max_lora_rank
-    if needs_truncation and not limits.allow_rank_truncation:
-        raise _fail(
-            ErrorCode.RANK_OVER_CAP,
-            f"rank {config.r} is above max_lora_rank {limits.max_lora_rank}; retrain at a lower rank or opt in to truncation",
-        )
     if isinstance(config.target_modules, list):
         unknown = sorted(set(config.target_modules) - set(limits.supported_modules))
         if unknown:
@@ -227,19 +254,30 @@ def validate_adapter_dir(
                 f"target_modules {unknown} are not supported; supported: {', '.join(limits.supported_modules)}",
             )
     tensors = read_safetensors_header(weights)
-    modules, layers, dtype = _check_tensors(tensors, config, base, limits)
+    found = _check_tensors(tensors, config, base, limits)
+    # The adapter's rank is its largest module's (rank_pattern may give modules their own).
+    rank = max(found.ranks.values())
+    needs_truncation = rank > limits.max_lora_rank
+    if needs_truncation and not limits.allow_rank_truncation:
+        raise _fail(
+            ErrorCode.RANK_OVER_CAP,
+            f"rank {rank} is above max_lora_rank {limits.max_lora_rank}; retrain at a lower rank or opt in to truncation",
+        )
     _check_finite(weights, tensors)
+    scaling = config.scaling
     return AdapterManifest(
-        rank=config.r,
+        rank=rank,
         alpha=config.lora_alpha,
-        scaling=config.scaling,
-        target_modules=tuple(m for m in limits.supported_modules if m in modules),
-        layers=tuple(sorted(layers)),
+        scaling=scaling,
+        target_modules=tuple(m for m in limits.supported_modules if m in found.names),
+        layers=tuple(sorted(found.layers)),
         digest=digest,
         adapter_digest=whole,
         digest_scope=scope,
         size_bytes=size,
-        dtype=dtype,
+        dtype=found.dtype,
         needs_truncation=needs_truncation,
         tensors=tensors,
+        module_ranks={key: r for key, r in found.ranks.items() if r != rank},
+        module_scalings={key: s for key, s in found.scalings.items() if s != scaling},
     )

@@ -39,6 +39,23 @@ class LoadedAdapter:
         return self.manifest.digest
 
 
+def _uniform(
+    a: torch.Tensor, b: torch.Tensor, manifest: AdapterManifest, key: tuple[int, str]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A module given its own rank or alpha by PEFT's patterns, made one of the adapter's
+    rank and scaling: zero rows of A and columns of B up to the adapter's rank (they add nothing
+    to ``B @ A``), and B times its scaling over the adapter's. Every slot, page and kernel then
+    sees one rank and one scaling per adapter, at the cost of the padding's memory."""
+    scaling = manifest.module_scalings.get(key)
+    if scaling is not None:
+        b = (b.float() * (scaling / manifest.scaling)).to(b.dtype)
+    missing = manifest.rank - a.shape[0]
+    if missing:
+        a = torch.cat([a, a.new_zeros(missing, a.shape[1])])
+        b = torch.cat([b, b.new_zeros(b.shape[0], missing)], dim=1)
+    return a, b
+
+
 def load_peft_adapter(
     folder: str | Path,
     base: BaseShape,
@@ -57,7 +74,7 @@ def load_peft_adapter(
         m = _NAME.search(name)
         assert m, f"validation accepted {name!r}"  # the validator uses the same pattern
         pairs.setdefault((int(m.group(1)), m.group(2)), {})[m.group(3)] = tensor.to(dtype)
-    weights = {key: (p["A"], p["B"]) for key, p in pairs.items()}
+    weights = {key: _uniform(p["A"], p["B"], manifest, key) for key, p in pairs.items()}
     if cuda_runtime.available():
         # The host tier in page-locked memory: host -> device copies then run asynchronously at full bus speed.
         weights = {key: (a.pin_memory(), b.pin_memory()) for key, (a, b) in weights.items()}

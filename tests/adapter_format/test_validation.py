@@ -118,6 +118,40 @@ def test_rslora_scaling(tmp_path: Path) -> None:
     assert validate_adapter_dir(folder, BASE).scaling == pytest.approx(8 / 2)
 
 
+def test_per_module_ranks_and_alphas_as_peft_reads_its_patterns(tmp_path: Path) -> None:
+    """``rank_pattern`` and ``alpha_pattern``: regular expressions matching the end of a module's
+    name, the first match winning; each module's tensors at its own rank, the adapter's rank the
+    largest (which the cap counts), and the modules that differ listed with their rank and
+    scaling."""
+    tensors = lora_tensors(rank=4)
+    for layer in range(BASE.num_layers):
+        d_in, d_out = BASE.module_dims("v_proj")
+        rank = 8 if layer == 1 else 2
+        tensors[f"{PREFIX}.{layer}.self_attn.v_proj.lora_A.weight"] = np.zeros((rank, d_in), np.float32)
+        tensors[f"{PREFIX}.{layer}.self_attn.v_proj.lora_B.weight"] = np.zeros((d_out, rank), np.float32)
+    config = {"rank_pattern": {r"layers\.1\.self_attn\.v_proj": 8, "v_proj": 2}, "alpha_pattern": {"q_proj": 2}}
+    folder = make_adapter(tmp_path / "p", config=config, tensors=tensors)
+    m = validate_adapter_dir(folder, BASE)
+    assert (m.rank, m.scaling) == (8, 2.0)  # lora_alpha 8 over r 4, as PEFT's default for unmatched modules
+    assert m.module_ranks == {(0, "q_proj"): 4, (1, "q_proj"): 4, (0, "v_proj"): 2}
+    assert m.module_scalings == {(0, "q_proj"): 0.5, (1, "q_proj"): 0.5, (0, "v_proj"): 4.0, (1, "v_proj"): 1.0}
+    expect(ErrorCode.RANK_OVER_CAP, folder, "rank 8 is above max_lora_rank 4", ValidationLimits(max_lora_rank=4))
+    # The patterns' order decides, as PEFT's: "v_proj" first gives layer 1's v_proj rank 2, not its tensors'.
+    swapped = {**config, "rank_pattern": {"v_proj": 2, r"layers\.1\.self_attn\.v_proj": 8}}
+    expect(ErrorCode.SHAPE_MISMATCH, make_adapter(tmp_path / "o", config=swapped, tensors=tensors), "at rank 2")
+
+
+@pytest.mark.parametrize(
+    ("pattern", "match"),
+    [("q_proj(", "not a regular expression"), (r"(.|.)*\d\d\d", "too long to match"), ("x" * 300, "longer than")],
+)
+def test_a_pattern_that_cannot_be_matched_safely_is_a_bad_config(tmp_path: Path, pattern: str, match: str) -> None:
+    """A pattern comes from whoever uploaded the adapter: one that does not compile, or whose
+    match would run for seconds (catastrophic backtracking), is refused, not run."""
+    config = {"rank_pattern": {pattern: 4}}
+    expect(ErrorCode.BAD_CONFIG, make_adapter(tmp_path / "x", config=config), match)
+
+
 def expect(code: ErrorCode, folder: Path, match: str, limits: ValidationLimits = ValidationLimits(), **kw: Any) -> None:
     with pytest.raises(AdapterValidationError, match=match) as info:
         validate_adapter_dir(folder, BASE, limits, **kw)

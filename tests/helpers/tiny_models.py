@@ -87,13 +87,18 @@ def make_peft_adapter(
     seed: int,
     std: float = 0.05,
     base_name: str | None = None,
+    rank_pattern: dict[str, int] | None = None,
+    alpha_pattern: dict[str, float] | None = None,
 ) -> Path:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(str(base_folder), dtype=torch.float32)
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, use_rslora=rslora, init_lora_weights=False)
+    config = LoraConfig(
+        r=rank, lora_alpha=alpha, target_modules=targets, use_rslora=rslora, init_lora_weights=False,
+        rank_pattern=rank_pattern or {}, alpha_pattern=alpha_pattern or {},
+    )  # fmt: skip
     peft_model = get_peft_model(model, config)
     with torch.no_grad():
         for name, p in peft_model.named_parameters():

@@ -54,6 +54,30 @@ def test_neighbours_on_one_adapter_match_peft(tiny_llama: Path, tiny_adapters: d
     assert tokens == ref_tokens
 
 
+@pytest.mark.parametrize("rslora", [False, True])
+def test_per_module_ranks_and_alphas_match_peft(
+    tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path: Path, rslora: bool
+) -> None:
+    """PEFT's ``rank_pattern`` and ``alpha_pattern`` (regular expressions matched against the end
+    of each module's name, the first match winning): modules at ranks 2, 4 and 8 and four
+    scalings, in a batch beside a uniform adapter and the bare base."""
+    patterned = make_peft_adapter(
+        tiny_llama, tmp_path / "patterned", 4, 8, ["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"], rslora, seed=7,
+        rank_pattern={"q_proj": 2, "model.layers.1.mlp.down_proj": 8, "k_proj": 8},
+        alpha_pattern={"v_proj": 32, r"layers\.0\..*o_proj": 3, "k_proj": 4},
+    )  # fmt: skip
+    adapters = {"patterned": patterned, "qv4": tiny_adapters["qv4"]}
+    mix = ["patterned", None, "qv4", "patterned", "patterned", "qv4"]
+    requests = list(zip(_prompts(len(mix), 320, seed=13), mix, strict=True))
+    ref_tokens, ref_logits = hf_greedy(tiny_llama, adapters, requests, STEPS)
+    engine = tiny_engine(tiny_llama, tmp_path / "cache", adapters)
+    tokens, logits = engine_greedy(engine, requests, STEPS, eos_id=2)
+    for i, (adapter, ours, ref) in enumerate(zip(mix, logits, ref_logits, strict=True)):
+        err = (ours - ref).abs().max().item()
+        assert err < 1e-4, f"request {i} ({adapter}): max logit error {err:.2e}"
+    assert tokens == ref_tokens
+
+
 @pytest.mark.slow
 def test_embedded_smollm2_mixed_batch_matches_peft(tmp_path: Path) -> None:
     from loraplane.serving.config import EngineConfig
