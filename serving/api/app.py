@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from loraplane.admin_api.auth import SignedResponses
-from loraplane.serving.api import admin_routes, openai_routes, ops_routes, tokenize_routes
+from loraplane.serving.api import admin_routes, openai_routes, ops_routes, responses_routes, tokenize_routes
 from loraplane.serving.api.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from loraplane.serving.api.deps import ServerState
 from loraplane.serving.api.errors import APIError, api_error_handler, http_error_handler, validation_error_handler
@@ -72,6 +72,6 @@ def create_app(
     app.state.metrics = metrics_view(
         lambda: [usage_registry] if state.engine is None else [state.engine.engine.metrics.registry, usage_registry]
     )
-    for part in (ops_routes, openai_routes, tokenize_routes, admin_routes):
+    for part in (ops_routes, openai_routes, responses_routes, tokenize_routes, admin_routes):
         app.include_router(part.router)
     return app

@@ -7,7 +7,7 @@ exactly as a missing model does.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -25,6 +25,7 @@ from loraplane.serving.api.protocol import ChatCompletionRequest, CompletionRequ
 from loraplane.serving.api.streaming import NOTHING_SENT, Sent, finish_reason, streamed, usage
 from loraplane.serving.api.tenants import TenantConfig, Tenants
 from loraplane.serving.engine.outputs import RequestOutput
+from loraplane.serving.engine.sequence import TokenLogprob
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -72,6 +73,20 @@ def token_namer(engine: AsyncEngine, as_ids: bool) -> Callable[[int], str]:
     """How log-probabilities name a token: its text, or with vLLM's ``return_tokens_as_token_ids``
     ``token_id:{id}``, which tells apart tokens whose text is the same (pieces of characters)."""
     return (lambda t: f"token_id:{t}") if as_ids else engine.engine.tokenizer.token_text
+
+
+def token_entries(engine: AsyncEngine, as_ids: bool) -> Callable[[Sequence[TokenLogprob]], list[dict[str, Any]]]:
+    """Chat's (and the Responses API's) log-probability entries: each token with its bytes and
+    its top alternatives."""
+    tok, shown = engine.engine.tokenizer, token_namer(engine, as_ids)
+
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        return {"token": shown(token_id), "logprob": finite(logprob), "bytes": tok.token_bytes(token_id)}
+
+    def entries(logprobs: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+        return [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]} for lp in logprobs]
+
+    return entries
 
 
 @router.get("/v1/models")
@@ -152,18 +167,10 @@ async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, serve
     meter = meter_for(server, rid, "/v1/chat/completions", req.model, adapter, tenant)
     request = await run(server, engine, [prompt], params, req.n, meter, tenant, req.cache_salt)
 
-    tok, shown = engine.engine.tokenizer, token_namer(engine, req.return_tokens_as_token_ids)
-
-    def entry(token_id: int, logprob: float) -> dict[str, Any]:
-        return {"token": shown(token_id), "logprob": finite(logprob), "bytes": tok.token_bytes(token_id)}
+    entries = token_entries(engine, req.return_tokens_as_token_ids)
 
     def logprobs_of(out: RequestOutput, start: int = 0) -> dict[str, Any] | None:
-        if not req.logprobs:
-            return None
-        return {"content": [
-            {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
-            for lp in out.logprobs[start:]
-        ]}  # fmt: skip
+        return {"content": entries(out.logprobs[start:])} if req.logprobs else None
 
     def token_ids(out: RequestOutput, start: int = 0) -> dict[str, Any]:
         return {"token_ids": out.token_ids[start:]} if req.return_token_ids else {}

@@ -15,12 +15,15 @@ from pydantic import ValidationError
 
 from loraplane.serving.api.errors import APIError, invalid_request
 from loraplane.serving.api.protocol import ChatCompletionRequest, CompletionRequest, new_id
+from loraplane.serving.api.responses_protocol import ResponsesRequest
 from loraplane.serving.api.tenants import TenantConfig, Tenants
 from loraplane.serving.router.state import RouterState
 
-BODIES: dict[str, type[CompletionRequest] | type[ChatCompletionRequest]] = {
+RESPONSES = "/v1/responses"
+BODIES: dict[str, type[CompletionRequest] | type[ChatCompletionRequest] | type[ResponsesRequest]] = {
     "/v1/completions": CompletionRequest,
     "/v1/chat/completions": ChatCompletionRequest,
+    RESPONSES: ResponsesRequest,
 }
 
 
@@ -55,6 +58,8 @@ def _body(raw: bytes, path: str) -> tuple[dict[str, Any], CompletionRequest | Ch
     except ValidationError as err:
         raise invalid_request(err.errors()) from None
     payload["stream"] = request_model.stream  # what the replica will do (false when left out)
+    if isinstance(request_model, ResponsesRequest):  # the chat completion it stands for
+        return payload, request_model.chat()
     return payload, request_model
 
 
@@ -95,12 +100,14 @@ async def _admitted(
     reservation = state.tenants.admit(tenant, adapter, estimate_tokens(request_model))
 
     def done(usage: dict[str, Any] | None, tenant: TenantConfig | None = tenant) -> None:
-        usage = usage or {}
-        state.tenants.finish(tenant, {"adapter": adapter, "prompt_tokens": usage.get("prompt_tokens", 0),
-                                      "completion_tokens": usage.get("completion_tokens", 0)}, reservation)  # fmt: skip
+        usage = usage or {}  # the Responses API names the counts input and output tokens
+        prompt_tokens = usage.get("prompt_tokens", usage.get("input_tokens", 0))
+        completion_tokens = usage.get("completion_tokens", usage.get("output_tokens", 0))
+        state.tenants.finish(tenant, {"adapter": adapter, "prompt_tokens": prompt_tokens,
+                                      "completion_tokens": completion_tokens}, reservation)  # fmt: skip
 
     try:
-        return await state.forward().post(path, payload, forwarded_headers(request), done)
+        return await state.forward().post(path, payload, forwarded_headers(request), done, ask_usage=path != RESPONSES)
     except BaseException:  # refused, or cancelled (the client went away) before an answer began
         done(None)  # the reservation goes back; an answer under way calls done itself, once
         raise

@@ -103,13 +103,18 @@ class Forwarder:
                 self.table.mark_down(replica, repr(err))
         return None
 
-    async def post(self, path: str, payload: dict[str, Any], headers: dict[str, str], done: Done) -> Response:
+    async def post(
+        self, path: str, payload: dict[str, Any], headers: dict[str, str], done: Done, *, ask_usage: bool = True
+    ) -> Response:
+        """Forward a generation. ``ask_usage``: a stream carries its usage only when asked
+        (chat and completions' ``stream_options``), so it is asked for, and the usage chunk
+        relayed only to a caller that asked too; the Responses API's final event always has it."""
         model = payload.get("model")
         if not isinstance(model, str):
             raise APIError(400, "model: a model name is required", code="invalid_request", param="model")
         streaming = payload.get("stream") is True
         strip_usage = False
-        if streaming and isinstance(payload.get("stream_options") or {}, dict):
+        if ask_usage and streaming and isinstance(payload.get("stream_options") or {}, dict):
             options = dict(payload.get("stream_options") or {})
             strip_usage = not options.get("include_usage")
             payload = {**payload, "stream_options": {**options, "include_usage": True}}
@@ -159,7 +164,7 @@ class Forwarder:
                     found = _usage_of(event)
                     if found is not None:
                         settlement.usage = found
-                        if strip_usage:
+                        if strip_usage and not event.startswith(ENDING_EVENTS):
                             continue
                     yield event + b"\n\n"
             if pending:
@@ -211,8 +216,20 @@ async def _first_chunk_read(response: httpx.Response) -> AsyncIterator[bytes]:
     return rest()
 
 
+ENDING_EVENTS = (b"event: response.completed\n", b"event: response.incomplete\n", b"event: response.failed\n")
+
+
 def _usage_of(event: bytes) -> dict[str, Any] | None:
-    """The usage of a stream's final usage-only chunk, or None for any other event."""
+    """The usage of a stream's final usage-only chunk, or of a Responses stream's last event
+    (its response's), or None for any other event. Only the usage-only chunk is one a caller
+    may not have asked for."""
+    if event.startswith(ENDING_EVENTS):
+        _, _, data_line = event.partition(b"\ndata: ")
+        try:
+            usage = json.loads(data_line).get("response", {}).get("usage")
+        except (ValueError, AttributeError):
+            return None
+        return usage if isinstance(usage, dict) else None
     if not event.startswith(b"data: {") or b'"usage"' not in event:
         return None
     try:

@@ -34,6 +34,12 @@ async def chat(request: Request, state: State) -> Response:
     return await relay(state, request, "/v1/chat/completions")
 
 
+@router.post("/v1/responses")
+@cancel_on_disconnect
+async def responses(request: Request, state: State) -> Response:
+    return await relay(state, request, "/v1/responses")
+
+
 async def _ask_any(state: RouterState, request: Request, path: str, body: bytes | None = None) -> Response:
     state.tenants.authenticate(request.headers.get("authorization"))
     r = await state.forward().ask_any(path, forwarded_headers(request), body)

@@ -191,6 +191,30 @@ def test_the_edge_validates_like_a_replica_and_hides_other_tenants_adapters_befo
         assert complete(url, globex, "ku2").status_code == 200
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_responses_api_goes_through_and_its_tokens_count(fleet: Fleet, stream: bool) -> None:
+    """``/v1/responses`` is checked at the edge, forwarded, relayed event by event, and its
+    tokens (the Responses API's ``input_tokens`` and ``output_tokens``, in the last event when
+    streamed) count against the tenant's quota as a chat completion's do."""
+    tenants = load_tenants(fleet.work / "tenants.yaml")
+    limited = [t.model_copy(update={"tokens_per_minute": 30}) if t.name == "acme" else t for t in tenants]
+    with router_for(fleet, Tenants(limited)) as url:
+        acme = openai.OpenAI(base_url=f"{url}/v1", api_key=fleet.keys["acme"], max_retries=0)
+        direct = openai.OpenAI(base_url=f"{fleet.urls[0]}/v1", api_key=fleet.keys["acme"], max_retries=0)
+        ask = {"model": "qv4", "input": "hello", "max_output_tokens": 30, "temperature": 0, "extra_body": {"ignore_eos": True}}
+        expected = direct.responses.create(**ask).output_text
+        if stream:
+            events = list(acme.responses.create(stream=True, **ask))
+            assert [e.sequence_number for e in events] == list(range(len(events)))
+            assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == expected
+            assert events[-1].type == "response.incomplete" and events[-1].response.usage.output_tokens == 30
+        else:
+            assert acme.responses.create(**ask).output_text == expected
+        assert complete(url, fleet.keys["acme"], "qv4").status_code == 429  # its 30+ tokens were counted
+        with pytest.raises(openai.BadRequestError):  # checked at the edge as at a replica
+            acme.responses.create(model="qv4", input="x", previous_response_id="resp_1")
+
+
 def test_a_replica_that_answers_garbage_does_not_stop_the_upkeep(fleet: Fleet) -> None:
     """A holder of the token (its answers signed) whose stats do not parse: a replica of another
     version, or a broken one. It is down, and the others go on."""

@@ -1,0 +1,216 @@
+"""OpenAI's Responses API: ``POST /v1/responses``, streamed or not, for text and function calls.
+
+The request runs as the chat completion it stands for (``ResponsesRequest.chat()``: the same
+template, sampling, admission, quotas and usage records as ``/v1/chat/completions``); what
+differs is the answer's shape: a ``response`` object whose ``output`` holds a message item (its
+``output_text`` part) or one ``function_call`` item per call, and, streamed, OpenAI's typed events
+(``response.created`` ... ``response.completed``), each numbered.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from loraplane.serving.api.cleanup_response import CleanupResponse
+from loraplane.serving.api.deps import Caller, Engine, Server
+from loraplane.serving.api.disconnect import cancel_on_disconnect
+from loraplane.serving.api.generation import failure, final, meter_for, run, sampling, templated
+from loraplane.serving.api.metering import RequestMeter
+from loraplane.serving.api.openai_routes import resolve_model, token_entries
+from loraplane.serving.api.protocol import new_id, now
+from loraplane.serving.api.responses_protocol import ResponsesRequest
+from loraplane.serving.api.streaming import finish_reason
+from loraplane.serving.api.tool_calls import ToolAnswer, new_call_id, whole_calls
+from loraplane.serving.engine.outputs import RequestOutput
+
+router = APIRouter()
+
+Entries = Callable[[list[Any]], list[dict[str, Any]]]
+
+
+def _usage(meter: RequestMeter) -> dict[str, Any]:
+    prompt_tokens, cached, completion_tokens = meter.tokens()
+    return {
+        "input_tokens": prompt_tokens,
+        "input_tokens_details": {"cached_tokens": cached},
+        "output_tokens": completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _text_part(text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
+
+
+def _message(item_id: str, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
+def _function_call(name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {"type": "function_call", "id": new_id("fc"), "call_id": new_call_id(), "name": name, "arguments": arguments,
+            "status": status}  # fmt: skip
+
+
+class ResponseShape:
+    """The ``response`` object of one request, as it stands (in progress, or ended by ``out``)."""
+
+    def __init__(self, req: ResponsesRequest, rid: str) -> None:
+        self.req, self.rid, self.created = req, rid, now()
+
+    def body(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None,
+             error: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+        req = self.req
+        fmt = req.text.format if req.text is not None and req.text.format is not None else None
+        return {
+            "id": self.rid, "object": "response", "created_at": self.created, "status": status, "model": req.model,
+            "output": output, "usage": usage, "error": error,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+            "temperature": 1.0 if req.temperature is None else req.temperature,
+            "top_p": 1.0 if req.top_p is None else req.top_p, "top_logprobs": req.top_logprobs or 0,
+            "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
+            "tool_choice": (req.tool_choice.model_dump() if not isinstance(req.tool_choice, str | None)
+                            else req.tool_choice or ("auto" if req.tools else "none")),
+            "parallel_tool_calls": req.parallel_tool_calls is not False,
+            "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt is not None else {"type": "text"}},
+            "truncation": "disabled", "store": bool(req.store), "background": False, "previous_response_id": None,
+            "reasoning": None, "metadata": req.metadata or {}, "user": req.user, "service_tier": "default",
+        }  # fmt: skip
+
+
+def _status(out: RequestOutput) -> str:
+    return "incomplete" if finish_reason(out) == "length" else "completed"
+
+
+@router.post("/v1/responses")
+@cancel_on_disconnect
+async def responses(req: ResponsesRequest, engine: Engine, tenant: Caller, server: Server, raw_request: Request) -> Any:
+    chat = req.chat()
+    adapter = resolve_model(engine, chat.model, tenant)
+    prompt = await templated(engine, chat, limit=engine.engine.max_model_len)
+    limit = chat.max_completion_tokens or max(1, engine.engine.max_model_len - len(prompt))
+    params = await sampling(engine, chat, limit, (chat.top_logprobs or 0) if chat.logprobs else None)
+    rid = new_id("resp")
+    meter = meter_for(server, rid, "/v1/responses", req.model, adapter, tenant)
+    request = await run(server, engine, [prompt], params, 1, meter, tenant, chat.cache_salt)
+    shape, tools = ResponseShape(req, rid), chat.tool_answer()
+    entries = token_entries(engine, False)
+    logprobs = req.logprobs()
+
+    if not req.stream:
+        (out,) = await final(request)
+        status = _status(out)
+        if tools is None:
+            text_logprobs = entries(out.logprobs) if logprobs else None
+            output = [_message(new_id("msg"), status, [_text_part(out.text, text_logprobs)])]
+        else:
+            output = [_function_call(c["function"]["name"], c["function"]["arguments"], status) for c in tools.calls(out.text)]
+        return JSONResponse(shape.body(status, output, _usage(meter)))
+
+    events = _stream(shape, request, tools, entries if logprobs else None)
+    return CleanupResponse(_sse(events), request.close, media_type="text/event-stream")
+
+
+async def _sse(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """OpenAI's framing: each event's type on an ``event:`` line, then its data, numbered."""
+    number = 0
+    async for event in events:
+        event["sequence_number"] = number
+        number += 1
+        yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+
+
+async def _stream(
+    shape: ResponseShape, request: Any, tools: ToolAnswer | None, entries: Entries | None
+) -> AsyncIterator[dict[str, Any]]:
+    """The typed events of a streamed response: the output item (a message, or each call) opened,
+    its text or arguments in deltas, each closed whole, then the response as it ended."""
+    yield {"type": "response.created", "response": shape.body("in_progress", [], None)}
+    yield {"type": "response.in_progress", "response": shape.body("in_progress", [], None)}
+    output: list[dict[str, Any]] = []
+    text, text_logprobs, out = "", list[dict[str, Any]](), None
+    message_id = new_id("msg")
+
+    def opened() -> list[dict[str, Any]]:
+        """The message item's opening events, once."""
+        if output:
+            return []
+        output.append(_message(message_id, "in_progress", []))
+        return [{"type": "response.output_item.added", "output_index": 0, "item": output[0]},
+                {"type": "response.content_part.added", "item_id": message_id, "output_index": 0, "content_index": 0,
+                 "part": _text_part("", None)}]  # fmt: skip
+
+    async for _, out, delta in request.deltas():
+        if (err := failure(out)) is not None:
+            request.close()
+            error = {"code": err.code or "server_error", "message": err.message}
+            yield {"type": "response.failed", "response": shape.body("failed", output, _usage(request.meter), error)}
+            return
+        if tools is None:
+            for event in opened():
+                yield event
+            new_logprobs = entries(out.logprobs[len(text_logprobs) :]) if entries is not None else []
+            text_logprobs += new_logprobs
+            text += delta
+            if delta:
+                yield {"type": "response.output_text.delta", "item_id": message_id, "output_index": 0, "content_index": 0,
+                       "delta": delta, "logprobs": new_logprobs}  # fmt: skip
+        else:
+            async for event in _call_events(tools, output, text, delta):
+                yield event
+            text += delta
+    assert out is not None, "a request has at least one output"
+    status = _status(out)
+    if tools is None:
+        for event in opened():  # an answer with no text
+            yield event
+        part = _text_part(text, text_logprobs)
+        yield {"type": "response.output_text.done", "item_id": message_id, "output_index": 0, "content_index": 0,
+               "text": text, "logprobs": text_logprobs}  # fmt: skip
+        yield {"type": "response.content_part.done", "item_id": message_id, "output_index": 0, "content_index": 0, "part": part}
+        output[0] = _message(message_id, status, [part])
+        yield {"type": "response.output_item.done", "output_index": 0, "item": output[0]}
+    else:
+        for index, item in enumerate(output):
+            if item["status"] == "in_progress":  # a named call's arguments, closed here
+                item["status"] = status
+                yield {"type": "response.function_call_arguments.done", "item_id": item["id"], "output_index": index,
+                       "name": item["name"], "arguments": item["arguments"]}  # fmt: skip
+                yield {"type": "response.output_item.done", "output_index": index, "item": item}
+    ended = "response.incomplete" if status == "incomplete" else "response.completed"
+    yield {"type": ended, "response": shape.body(status, output, _usage(request.meter))}
+
+
+async def _call_events(tools: ToolAnswer, output: list[dict[str, Any]], before: str, delta: str) -> AsyncIterator[dict[str, Any]]:
+    """A chunk's events for function calls: a named call opened at once and its arguments
+    streamed; ``"required"``'s calls each opened and closed whole once written."""
+    if tools.named is not None:
+        if not output:
+            output.append(_function_call(tools.named, "", "in_progress"))
+            yield {"type": "response.output_item.added", "output_index": 0, "item": dict(output[0])}
+        if delta:
+            output[0]["arguments"] += delta
+            yield {"type": "response.function_call_arguments.delta", "item_id": output[0]["id"], "output_index": 0,
+                   "delta": delta}  # fmt: skip
+        return
+    done, _ = whole_calls(before)
+    now_calls, _ = whole_calls(before + delta)
+    for name, arguments in now_calls[len(done) :]:
+        index = len(output)
+        item = _function_call(name, arguments, "completed")
+        output.append(item)
+        yield {
+            "type": "response.output_item.added",
+            "output_index": index,
+            "item": {**item, "arguments": "", "status": "in_progress"},
+        }
+        yield {"type": "response.function_call_arguments.delta", "item_id": item["id"], "output_index": index, "delta": arguments}
+        yield {"type": "response.function_call_arguments.done", "item_id": item["id"], "output_index": index,
+               "name": name, "arguments": arguments}  # fmt: skip
+        yield {"type": "response.output_item.done", "output_index": index, "item": item}

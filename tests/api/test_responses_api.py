@@ -1,0 +1,171 @@
+"""OpenAI's Responses API through the official client: text answers equal to the chat
+completion the request stands for, streamed as OpenAI's typed events (and through the client's
+own stream helper), structured output parsed by the client, function calls and their results
+sent back, log-probabilities, usage, and the fields not served refused by name."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from engine_helpers import tiny_engine
+from pydantic import BaseModel, ConfigDict, Field
+
+from loraplane.serving.api.app import create_app
+from loraplane.serving.api.loopback import serve_app
+from loraplane.usage import Metering
+
+ASK = "what is a LoRA adapter?"
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"enum": ["paris", "oslo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"],
+        "additionalProperties": False,
+    },
+}
+
+
+class Verdict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ok: bool
+    tone: Literal["calm", "loud"]
+    score: int = Field(ge=0, le=9)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory) -> Iterator[tuple[str, Path]]:
+    root = tmp_path_factory.mktemp("responses")
+    usage = root / "usage"
+    app = create_app(
+        lambda: tiny_engine(tiny_llama, root / "cache", {"qv4": tiny_adapters["qv4"]}, max_model_len=256),
+        metering=Metering.create("test", usage, fsync_interval=0.05),
+    )
+    with serve_app(app) as url:
+        yield url, usage
+
+
+@pytest.fixture
+def client(server: tuple[str, Path]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server[0]}/v1", api_key="unused", max_retries=0)
+
+
+def test_a_text_answer_is_the_chat_completion_it_stands_for(client: openai.OpenAI) -> None:
+    """``instructions`` and ``input`` are the chat's system and user turns: greedy, the same text
+    and the same token counts, on an adapter."""
+    answer = client.responses.create(model="qv4", instructions="be brief", input=ASK, max_output_tokens=12, temperature=0)
+    chat = client.chat.completions.create(
+        model="qv4", messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": ASK}],
+        max_completion_tokens=12, temperature=0,
+    )  # fmt: skip
+    assert answer.object == "response" and answer.id.startswith("resp") and answer.model == "qv4"
+    assert answer.output_text == chat.choices[0].message.content
+    (message,) = answer.output
+    assert message.type == "message" and message.role == "assistant" and message.content[0].type == "output_text"
+    assert (answer.usage.input_tokens, answer.usage.output_tokens) == (chat.usage.prompt_tokens, chat.usage.completion_tokens)
+    assert answer.usage.total_tokens == answer.usage.input_tokens + answer.usage.output_tokens
+    if chat.choices[0].finish_reason == "length":  # cut at max_output_tokens, as OpenAI says it
+        assert answer.status == "incomplete" and answer.incomplete_details.reason == "max_output_tokens"
+    else:
+        assert answer.status == "completed" and answer.incomplete_details is None
+
+
+def test_an_answer_cut_at_max_output_tokens_is_incomplete(client: openai.OpenAI) -> None:
+    answer = client.responses.create(model="qv4", input=ASK, max_output_tokens=3, extra_body={"ignore_eos": True})
+    assert answer.status == "incomplete" and answer.incomplete_details.reason == "max_output_tokens"
+    assert answer.usage.output_tokens == 3 and answer.output[0].status == "incomplete"
+
+
+def test_a_stream_is_openais_typed_events_and_adds_up_to_the_plain_answer(client: openai.OpenAI) -> None:
+    kwargs = {"model": "qv4", "input": ASK, "max_output_tokens": 12, "temperature": 0}
+    plain = client.responses.create(**kwargs)
+    events = list(client.responses.create(stream=True, **kwargs))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed" if plain.status == "completed" else "response.incomplete"]  # fmt: skip
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == plain.output_text == events[-1].response.output_text
+    assert events[-1].response.usage.output_tokens == plain.usage.output_tokens
+    assert _through_helper(client, **kwargs).output_text == plain.output_text
+
+
+def _through_helper(client: openai.OpenAI, **kwargs: object) -> openai.types.responses.Response:
+    """The response as the client's stream helper puts it together (the helper checks each
+    event's place: its output index, item and content part)."""
+    with client.responses.stream(**kwargs) as stream:  # type: ignore[call-overload]
+        last = list(stream)[-1]
+    assert last.type in ("response.completed", "response.incomplete")
+    return last.response
+
+
+def test_structured_output_is_parsed_by_the_client(client: openai.OpenAI) -> None:
+    parsed = client.responses.parse(model="qv4", input="judge this", text_format=Verdict, temperature=1.0, max_output_tokens=60)
+    assert isinstance(parsed.output_parsed, Verdict)
+    loose = client.responses.create(model="qv4", input="json please", text={"format": {"type": "json_object"}},
+                                    max_output_tokens=60)  # fmt: skip
+    if loose.status == "completed":
+        assert isinstance(json.loads(loose.output_text), dict)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_function_calls_and_their_results_sent_back(client: openai.OpenAI, stream: bool) -> None:
+    kwargs = {"model": "qv4", "input": "weather in paris?", "tools": [WEATHER], "max_output_tokens": 80, "temperature": 1.0,
+              "parallel_tool_calls": False}  # fmt: skip
+    for tool_choice in ({"type": "function", "name": "get_weather"}, "required"):
+        if stream:
+            answer = _through_helper(client, tool_choice=tool_choice, **kwargs)
+        else:
+            answer = client.responses.create(tool_choice=tool_choice, **kwargs)
+        calls = [item for item in answer.output if item.type == "function_call"]
+        assert calls and all(c.name == "get_weather" and c.call_id for c in calls)
+        for call in calls if answer.status == "completed" else calls[:-1]:
+            jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
+    conversation = [{"role": "user", "content": "weather in paris?"}, *[c.model_dump() for c in calls],
+                    *[{"type": "function_call_output", "call_id": c.call_id, "output": "sunny"} for c in calls]]  # fmt: skip
+    follow_up = client.responses.create(model="qv4", input=conversation, tools=[WEATHER], tool_choice="none", max_output_tokens=4)
+    assert follow_up.output[0].type == "message" and follow_up.usage.input_tokens > answer.usage.input_tokens
+    # And an earlier answer's message item, sent back as the client holds it.
+    text = client.responses.create(model="qv4", input=ASK, max_output_tokens=4)
+    again = [{"role": "user", "content": ASK}, *[m.model_dump() for m in text.output], {"role": "user", "content": "more"}]
+    assert client.responses.create(model="qv4", input=again, max_output_tokens=4).output_text is not None
+
+
+def test_log_probabilities_when_included(client: openai.OpenAI) -> None:
+    answer = client.responses.create(
+        model="qv4", input=ASK, max_output_tokens=6, top_logprobs=2, include=["message.output_text.logprobs"]
+    )
+    entries = answer.output[0].content[0].logprobs
+    assert len(entries) == answer.usage.output_tokens
+    assert all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in entries)
+    assert "".join(e.token for e in entries) == answer.output_text
+
+
+def test_what_is_not_served_is_a_400_naming_the_field(server: tuple[str, Path]) -> None:
+    body = {"model": "qv4", "input": ASK, "max_output_tokens": 4}
+    for bad, field in (
+        ({**body, "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({**body, "reasoning": {"effort": "low"}}, "reasoning"),
+        ({**body, "truncation": "auto"}, "truncation"),
+        ({**body, "background": True}, "background"),
+        ({**body, "tools": [{"type": "web_search"}]}, "tools"),
+        ({**body, "tools": [WEATHER]}, "tool_choice"),  # "auto": no parser for the model's own call format
+        ({**body, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
+        ({**body, "temperature": 3}, "temperature"),
+        ({**body, "input": ""}, "input"),
+        ({**body, "top_k": "5"}, "top_k"),
+    ):
+        r = httpx.post(f"{server[0]}/v1/responses", json=bad)
+        assert r.status_code == 400, (bad, r.text)
+        error = r.json()["error"]
+        assert field in error["message"] + (error["param"] or ""), r.text
+    assert httpx.post(f"{server[0]}/v1/responses", json={**body, "model": "nope"}).status_code == 404
