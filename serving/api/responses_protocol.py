@@ -13,9 +13,9 @@ background runs, tools other than functions, non-text inputs, and ``truncation: 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import Discriminator, Field, PrivateAttr, Tag, ValidationError, field_validator, model_validator
 
 from loraplane.serving.api.protocol import ChatCompletionRequest, _Strict
 
@@ -91,7 +91,19 @@ class FunctionCallOutputItem(_SentBack):
         return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
 
 
-InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem
+def _item_kind(item: object) -> str:
+    kind = item.get("type") if isinstance(item, dict) else getattr(item, "type", None)
+    return kind if isinstance(kind, str) else "message"  # OpenAI's easy input message has no type
+
+
+# Told apart by their type, so a bad item's error names what is wrong with it, not the three
+# attempts a plain union makes.
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    Discriminator(_item_kind),
+]
 
 
 class FunctionTool(_Strict):
@@ -124,7 +136,7 @@ class TextConfig(_Strict):
 
 class ResponsesRequest(_Strict):
     model: str
-    input: str | list[InputItem] = Field(description="text, or the conversation's items")
+    input: list[InputItem] = Field(min_length=1, description="text (the user's turn), or the conversation's items")
     instructions: str | None = Field(default=None, description="a system turn before the input")
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = None
@@ -158,11 +170,14 @@ class ResponsesRequest(_Strict):
 
     _chat: ChatCompletionRequest = PrivateAttr()
 
-    @field_validator("input")
+    @field_validator("input", mode="before")
     @classmethod
-    def _some_input(cls, v: str | list[InputItem]) -> str | list[InputItem]:
-        if not v:
-            raise ValueError("must not be empty")
+    def _text_is_a_turn(cls, v: object) -> object:
+        """Text is the user's turn; it must say something."""
+        if isinstance(v, str):
+            if not v:
+                raise ValueError("must not be empty")
+            return [{"role": "user", "content": v}]
         return v
 
     @model_validator(mode="after")
@@ -220,8 +235,7 @@ class ResponsesRequest(_Strict):
         """The chat turns: the instructions as the system's, then each item; an earlier answer's
         consecutive calls are one assistant turn, each result a tool turn."""
         turns: list[dict[str, Any]] = [{"role": "system", "content": self.instructions}] if self.instructions else []
-        items = [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
-        for item in items:
+        for item in self.input:
             if isinstance(item, MessageItem):
                 turns.append({"role": item.role, "content": item.text()})
             elif isinstance(item, FunctionCallItem):

@@ -10,12 +10,13 @@ differs is the answer's shape: a ``response`` object whose ``output`` holds a me
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from loraplane.serving.api.choices import Choices
 from loraplane.serving.api.cleanup_response import CleanupResponse
 from loraplane.serving.api.deps import Caller, Engine, Server
 from loraplane.serving.api.disconnect import cancel_on_disconnect
@@ -27,10 +28,11 @@ from loraplane.serving.api.responses_protocol import ResponsesRequest
 from loraplane.serving.api.streaming import finish_reason
 from loraplane.serving.api.tool_calls import ToolAnswer, new_call_id, whole_calls
 from loraplane.serving.engine.outputs import RequestOutput
+from loraplane.serving.engine.sequence import TokenLogprob
 
 router = APIRouter()
 
-Entries = Callable[[list[Any]], list[dict[str, Any]]]
+Entries = Callable[[Sequence[TokenLogprob]], list[dict[str, Any]]]
 
 
 def _usage(meter: RequestMeter) -> dict[str, Any]:
@@ -127,7 +129,7 @@ async def _sse(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
 
 
 async def _stream(
-    shape: ResponseShape, request: Any, tools: ToolAnswer | None, entries: Entries | None
+    shape: ResponseShape, request: Choices, tools: ToolAnswer | None, entries: Entries | None
 ) -> AsyncIterator[dict[str, Any]]:
     """The typed events of a streamed response: the output item (a message, or each call) opened,
     its text or arguments in deltas, each closed whole, then the response as it ended."""
