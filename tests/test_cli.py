@@ -151,3 +151,12 @@ def test_serve_takes_vllms_command_line(tmp_path: Path, monkeypatch) -> None:  #
     for bad in ('{"name": "x"}', '{"name": "x", "path": "/p", "rank": 8}', "{not json", "no-equals-sign"):
         code, output = run("serve", "--lora-modules", bad)
         assert code == 2 and "--lora-modules" in output, bad
+    # vLLM's tool calling flags: the parser reaches the server only with --enable-auto-tool-choice,
+    # which without a parser is refused, as vLLM refuses it.
+    assert run("serve", "--enable-auto-tool-choice", "--tool-call-parser", "hermes")[0] == 0
+    assert made[-1][1]["tool_call_parser"] == "hermes"
+    assert run("serve", "--tool-call-parser", "llama3_json")[0] == 0 and made[-1][1]["tool_call_parser"] is None
+    code, output = run("serve", "--enable-auto-tool-choice")
+    assert code == 2 and "--tool-call-parser" in output
+    code, output = run("serve", "--enable-auto-tool-choice", "--tool-call-parser", "pythonic")
+    assert code == 2 and "--tool-call-parser" in output

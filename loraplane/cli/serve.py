@@ -16,6 +16,7 @@ from loraplane.cli.options import (
     tenants_option,
 )
 from loraplane.cli.usage import make_metering, usage_options
+from loraplane.serving.api.tool_calls import TOOL_PARSERS
 
 
 @click.command()
@@ -40,6 +41,15 @@ from loraplane.cli.usage import make_metering, usage_options
     '\'{"name": ..., "path": ..., "base_model_name": ...}\'.',
 )  # fmt: skip
 @click.option("--enable-lora", is_flag=True, help="vLLM's flag, accepted: adapters are always served here.")
+@click.option(
+    "--enable-auto-tool-choice", is_flag=True,
+    help='vLLM\'s flag: requests with tools may leave the choice between text and calls to the model '
+    '(tool_choice "auto", OpenAI\'s default); needs --tool-call-parser.',
+)  # fmt: skip
+@click.option(
+    "--tool-call-parser", type=click.Choice(sorted(TOOL_PARSERS)),
+    help="The model's own tool-call format (vLLM's names): hermes for Hermes and Qwen, llama3_json for Llama 3.1 and 3.2.",
+)  # fmt: skip
 @click.option(
     "--api-key", envvar=["LORAPLANE_API_KEY", "VLLM_API_KEY"],
     help="vLLM's single key: every API call must send it as a bearer token, and so must the admin calls unless "
@@ -70,6 +80,8 @@ def serve(
     config_path: Path | None,
     lora_modules: tuple[str, ...],
     enable_lora: bool,
+    enable_auto_tool_choice: bool,
+    tool_call_parser: str | None,
     api_key: str | None,
     admin_token: str | None,
     stats_token: str | None,
@@ -89,6 +101,8 @@ def serve(
     from loraplane.serving.config import EngineConfig
     from loraplane.serving.engine.builder import build_engine
 
+    if enable_auto_tool_choice and tool_call_parser is None:  # as vLLM refuses it
+        raise click.UsageError("--enable-auto-tool-choice needs --tool-call-parser: the format to read calls back from")
     if api_key is not None and tenants_path is not None:
         raise click.UsageError("--api-key and --tenants: give one (--api-key is one key for everything)")
     if api_key is not None and not api_key:
@@ -123,7 +137,7 @@ def serve(
     app = create_app(
         lambda: build_engine(config), admin_token=admin_token, stats_token=stats_token or None, tenants=tenants,
         max_pending_requests=max_pending_requests, metering=metering,
-        admin_hosts=admin_hosts,
+        admin_hosts=admin_hosts, tool_call_parser=tool_call_parser if enable_auto_tool_choice else None,
     )  # fmt: skip
     if metrics_port is not None:
         from loraplane.serving.api.metrics_port import serve_metrics

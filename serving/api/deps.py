@@ -18,6 +18,7 @@ from loraplane.serving.api.async_engine import AsyncEngine
 from loraplane.serving.api.errors import APIError, require_admin
 from loraplane.serving.api.load_shedding import PendingRequests
 from loraplane.serving.api.tenants import TenantConfig, Tenants
+from loraplane.serving.api.tool_calls import ToolParser
 from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.usage import Metering
 
@@ -31,6 +32,7 @@ class ServerState:
     def __init__(
         self, make_engine: Callable[[], LLMEngine], admin_token: str | None, max_pending_requests: int, tenants: Tenants,
         metering: Metering, stats_token: str | None = None, admin_hosts: frozenset[str] = frozenset(),
+        tool_parser: ToolParser | None = None,
     ) -> None:  # fmt: skip
         """``admin_hosts``: this replica's own addresses; a signed admin call must name one of them
         (the operator passes the pod's IP), so one captured elsewhere cannot be replayed here."""
@@ -40,6 +42,7 @@ class ServerState:
         self.engine: AsyncEngine | None = None
         self.load_error: str | None = None
         self.pending = PendingRequests(max_pending_requests)  # accepted requests not yet finished
+        self.tool_parser = tool_parser  # reads "auto" tool calls back (vLLM's --tool-call-parser)
 
     def start(self) -> None:
         def load() -> None:

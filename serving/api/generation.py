@@ -20,6 +20,7 @@ from loraplane.serving.api.errors import APIError
 from loraplane.serving.api.metering import RequestMeter
 from loraplane.serving.api.protocol import ChatCompletionRequest, ChatTemplating, CompletionRequest
 from loraplane.serving.api.tenants import TenantConfig
+from loraplane.serving.api.tool_calls import AutoAnswer
 from loraplane.serving.engine.llm_engine import ContextLengthExceeded, RequestError
 from loraplane.serving.engine.outputs import RequestOutput
 from loraplane.serving.engine.sampling_params import SamplingError, SamplingParams
@@ -83,6 +84,20 @@ async def guide_for(engine: AsyncEngine, req: Request) -> Guide | None:
         raise APIError(
             400, f"{param}: it did not compile within {COMPILE_DEADLINE_SECONDS:g} s; simplify it", param=param
         ) from None
+
+
+def auto_tools(server: ServerState, req: ChatCompletionRequest) -> AutoAnswer | None:
+    """How the answers of a request that leaves the choice between text and calls to the model
+    are read (None when it does not); without the server's tool-call parser, a 400 as vLLM's."""
+    if not req.auto_tools():
+        return None
+    if server.tool_parser is None:
+        raise APIError(
+            400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set (this '
+            'server reads no model\'s own tool-call format); ask for "required", a named function, or "none"',
+            param="tool_choice",
+        )  # fmt: skip
+    return AutoAnswer(server.tool_parser)
 
 
 def kept_tokens(truncate: int | None, limit: int) -> int | None:

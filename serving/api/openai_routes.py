@@ -18,7 +18,7 @@ from loraplane.serving.api.completion_logprobs import CompletionLogprobs
 from loraplane.serving.api.deps import Caller, Engine, Server
 from loraplane.serving.api.disconnect import cancel_on_disconnect
 from loraplane.serving.api.errors import APIError
-from loraplane.serving.api.generation import final, meter_for, run, sampling, templated, tokenised
+from loraplane.serving.api.generation import auto_tools, final, meter_for, run, sampling, templated, tokenised
 from loraplane.serving.api.json_logprob import finite
 from loraplane.serving.api.prompt_logprobs import prompt_logprobs_body
 from loraplane.serving.api.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, new_id, now
@@ -159,6 +159,7 @@ async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, se
 @cancel_on_disconnect
 async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, server: Server, raw_request: Request) -> Any:
     adapter = resolve_model(engine, req.model, tenant)
+    auto = auto_tools(server, req)
     prompt = await templated(engine, req, limit=engine.engine.max_model_len, truncate=req.truncate_prompt_tokens)
     limit = req.max_completion_tokens or req.max_tokens or max(1, engine.engine.max_model_len - len(prompt))
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -182,12 +183,16 @@ async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, serve
 
     def message(out: RequestOutput) -> dict[str, Any]:
         """A whole answer's message: its text, or the calls it made (content null, as OpenAI's)."""
+        if auto is not None:
+            return auto.message(out.text, req.echoed())
         if tools is None:
             return {"role": "assistant", "content": req.echoed() + out.text}
         return {"role": "assistant", "content": req.echoed() or None, "tool_calls": tools.calls(out.text)}
 
     def finished(out: RequestOutput) -> str | None:
         reason = finish_reason(out)
+        if auto is not None:
+            return auto.finish_reason(out.text, reason)
         return reason if tools is None else tools.finish_reason(reason)
 
     base = {"id": rid, "object": "chat.completion", "created": created, "model": req.model}
@@ -207,8 +212,14 @@ async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, serve
     def delta_of(out: RequestOutput, delta: str, sent: Sent) -> dict[str, Any]:
         """A chunk's ``delta``: its new text, or the calls it adds to; a choice's first carries its
         role (and what ``echo`` puts first)."""
+        before = out.text[: len(out.text) - len(delta)]
+        if auto is not None:  # the text that cannot be a call yet, then the calls whole at the end
+            text, made = auto.delta(before, out.text, out.finished)
+            head: dict[str, Any] = {"content": text} if text else {}
+            if sent.first:
+                head = {"role": "assistant", "content": req.echoed() + text}
+            return {**head, "tool_calls": made} if made else head
         if tools is not None:
-            before = out.text[: len(out.text) - len(delta)]
             calls = tools.delta_calls(before, delta, sent.first)
             head = {"role": "assistant", "content": req.echoed() or None} if sent.first else {}
             return {**head, "tool_calls": calls} if calls else head

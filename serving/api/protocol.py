@@ -499,12 +499,7 @@ class ChatCompletionRequest(_Sampling, ChatTemplating):
     @model_validator(mode="after")
     def _tool_choice_fits_tools(self) -> ChatCompletionRequest:
         choice = self.tool_choice or ("auto" if self.tools else "none")  # OpenAI's default
-        if choice == "auto" and self.tools:  # vLLM's answer without a tool-call parser (see tool_calls)
-            raise ValueError(
-                'tool_choice: "auto" with tools needs a parser for the model\'s own tool-call format, which this '
-                'server does not have; ask for "required", a named function, or "none"'
-            )
-        if choice in ("none", "auto"):
+        if choice in ("none", "auto"):  # "auto" with tools: the server's tool-call parser, if it has one
             return self
         names = [t.function.name for t in self.tools or []]
         if not names:
@@ -515,6 +510,10 @@ class ChatCompletionRequest(_Sampling, ChatTemplating):
             raise ValueError("tool_choice: a function call is not combined with response_format or structured_outputs")
         self.output_constraint()  # two tools' $defs that disagree
         return self
+
+    def auto_tools(self) -> bool:
+        """Whether the model chooses between text and calls (``"auto"``, OpenAI's default with tools)."""
+        return bool(self.tools) and self.tool_choice in ("auto", None)
 
     def tool_answer(self) -> ToolAnswer | None:
         """How the answers become calls (None: they are text)."""

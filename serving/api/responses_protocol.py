@@ -20,7 +20,9 @@ from pydantic import Discriminator, Field, PrivateAttr, Tag, ValidationError, fi
 from loraplane.serving.api.protocol import ChatCompletionRequest, _Strict
 
 # The vLLM sampling fields a Responses body may carry as well (vLLM's own Responses request takes them).
-VLLM_SAMPLING = ("top_k", "min_p", "repetition_penalty", "seed", "stop", "ignore_eos", "cache_salt", "priority")
+VLLM_SAMPLING = (
+    "top_k", "min_p", "repetition_penalty", "seed", "stop", "ignore_eos", "cache_salt", "priority", "structured_outputs",
+)  # fmt: skip
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
@@ -165,6 +167,7 @@ class ResponsesRequest(_Strict):
     seed: Any = None
     stop: Any = None
     ignore_eos: Any = None
+    structured_outputs: Any = None
     cache_salt: Any = None
     priority: Any = None
 

@@ -20,13 +20,13 @@ from loraplane.serving.api.choices import Choices
 from loraplane.serving.api.cleanup_response import CleanupResponse
 from loraplane.serving.api.deps import Caller, Engine, Server
 from loraplane.serving.api.disconnect import cancel_on_disconnect
-from loraplane.serving.api.generation import failure, final, meter_for, run, sampling, templated
+from loraplane.serving.api.generation import auto_tools, failure, final, meter_for, run, sampling, templated
 from loraplane.serving.api.metering import RequestMeter
 from loraplane.serving.api.openai_routes import resolve_model, token_entries
 from loraplane.serving.api.protocol import new_id, now
 from loraplane.serving.api.responses_protocol import ResponsesRequest
 from loraplane.serving.api.streaming import finish_reason
-from loraplane.serving.api.tool_calls import ToolAnswer, new_call_id, whole_calls
+from loraplane.serving.api.tool_calls import AutoAnswer, ToolAnswer, new_call_id, whole_calls
 from loraplane.serving.engine.outputs import RequestOutput
 from loraplane.serving.engine.sequence import TokenLogprob
 
@@ -95,6 +95,7 @@ def _status(out: RequestOutput) -> str:
 async def responses(req: ResponsesRequest, engine: Engine, tenant: Caller, server: Server, raw_request: Request) -> Any:
     chat = req.chat()
     adapter = resolve_model(engine, chat.model, tenant)
+    auto = auto_tools(server, chat)
     prompt = await templated(engine, chat, limit=engine.engine.max_model_len)
     limit = chat.max_completion_tokens or max(1, engine.engine.max_model_len - len(prompt))
     params = await sampling(engine, chat, limit, (chat.top_logprobs or 0) if chat.logprobs else None)
@@ -110,12 +111,14 @@ async def responses(req: ResponsesRequest, engine: Engine, tenant: Caller, serve
         status = _status(out)
         if tools is None:
             text_logprobs = entries(out.logprobs) if logprobs else None
-            output = [_message(new_id("msg"), status, [_text_part(out.text, text_logprobs)])]
+            content, made = auto.parser.parse(out.text) if auto is not None else (out.text, [])
+            output = [_message(new_id("msg"), status, [_text_part(content or "", text_logprobs)])] if content or not made else []
+            output += [_function_call(name, arguments, status) for name, arguments in made]
         else:
             output = [_function_call(c["function"]["name"], c["function"]["arguments"], status) for c in tools.calls(out.text)]
         return JSONResponse(shape.body(status, output, _usage(meter)))
 
-    events = _stream(shape, request, tools, entries if logprobs else None)
+    events = _stream(shape, request, tools or auto, entries if logprobs else None)
     return CleanupResponse(_sse(events), request.close, media_type="text/event-stream")
 
 
@@ -129,10 +132,13 @@ async def _sse(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
 
 
 async def _stream(
-    shape: ResponseShape, request: Choices, tools: ToolAnswer | None, entries: Entries | None
+    shape: ResponseShape, request: Choices, answer: ToolAnswer | AutoAnswer | None, entries: Entries | None
 ) -> AsyncIterator[dict[str, Any]]:
     """The typed events of a streamed response: the output item (a message, or each call) opened,
-    its text or arguments in deltas, each closed whole, then the response as it ended."""
+    its text or arguments in deltas, each closed whole, then the response as it ended. With
+    ``"auto"``, the text that cannot be a call is streamed, and the calls come whole at the end."""
+    auto = answer if isinstance(answer, AutoAnswer) else None
+    tools = answer if isinstance(answer, ToolAnswer) else None
     yield {"type": "response.created", "response": shape.body("in_progress", [], None)}
     yield {"type": "response.in_progress", "response": shape.body("in_progress", [], None)}
     output: list[dict[str, Any]] = []
@@ -155,14 +161,17 @@ async def _stream(
             yield {"type": "response.failed", "response": shape.body("failed", output, _usage(request.meter), error)}
             return
         if tools is None:
-            for event in opened():
-                yield event
+            shown = auto.parser.answered(out.text, out.finished) if auto is not None else out.text
+            new_text = shown[len(text) :]
             new_logprobs = entries(out.logprobs[len(text_logprobs) :]) if entries is not None else []
             text_logprobs += new_logprobs
-            text += delta
-            if delta:
-                yield {"type": "response.output_text.delta", "item_id": message_id, "output_index": 0, "content_index": 0,
-                       "delta": delta, "logprobs": new_logprobs}  # fmt: skip
+            if not new_text:  # the message opens with its first text (or at the end, if it has none)
+                continue
+            for event in opened():
+                yield event
+            text += new_text
+            yield {"type": "response.output_text.delta", "item_id": message_id, "output_index": 0, "content_index": 0,
+                   "delta": new_text, "logprobs": new_logprobs}  # fmt: skip
         else:
             async for event in _call_events(tools, output, text, delta):
                 yield event
@@ -170,14 +179,20 @@ async def _stream(
     assert out is not None, "a request has at least one output"
     status = _status(out)
     if tools is None:
-        for event in opened():  # an answer with no text
-            yield event
-        part = _text_part(text, text_logprobs)
-        yield {"type": "response.output_text.done", "item_id": message_id, "output_index": 0, "content_index": 0,
-               "text": text, "logprobs": text_logprobs}  # fmt: skip
-        yield {"type": "response.content_part.done", "item_id": message_id, "output_index": 0, "content_index": 0, "part": part}
-        output[0] = _message(message_id, status, [part])
-        yield {"type": "response.output_item.done", "output_index": 0, "item": output[0]}
+        made = auto.parser.parse(out.text)[1] if auto is not None else []
+        if output or not made:
+            for event in opened():  # an answer with no text
+                yield event
+            part = _text_part(text, text_logprobs)
+            yield {"type": "response.output_text.done", "item_id": message_id, "output_index": 0, "content_index": 0,
+                   "text": text, "logprobs": text_logprobs}  # fmt: skip
+            yield {"type": "response.content_part.done", "item_id": message_id, "output_index": 0, "content_index": 0,
+                   "part": part}  # fmt: skip
+            output[0] = _message(message_id, status, [part])
+            yield {"type": "response.output_item.done", "output_index": 0, "item": output[0]}
+        for name, arguments in made:
+            async for event in _whole_call(output, name, arguments):
+                yield event
     else:
         for index, item in enumerate(output):
             if item["status"] == "in_progress":  # a named call's arguments, closed here
@@ -204,15 +219,18 @@ async def _call_events(tools: ToolAnswer, output: list[dict[str, Any]], before: 
     done, _ = whole_calls(before)
     now_calls, _ = whole_calls(before + delta)
     for name, arguments in now_calls[len(done) :]:
-        index = len(output)
-        item = _function_call(name, arguments, "completed")
-        output.append(item)
-        yield {
-            "type": "response.output_item.added",
-            "output_index": index,
-            "item": {**item, "arguments": "", "status": "in_progress"},
-        }
-        yield {"type": "response.function_call_arguments.delta", "item_id": item["id"], "output_index": index, "delta": arguments}
-        yield {"type": "response.function_call_arguments.done", "item_id": item["id"], "output_index": index,
-               "name": name, "arguments": arguments}  # fmt: skip
-        yield {"type": "response.output_item.done", "output_index": index, "item": item}
+        async for event in _whole_call(output, name, arguments):
+            yield event
+
+
+async def _whole_call(output: list[dict[str, Any]], name: str, arguments: str) -> AsyncIterator[dict[str, Any]]:
+    """A call written whole: its item opened, its arguments in one delta, and closed."""
+    index = len(output)
+    item = _function_call(name, arguments, "completed")
+    output.append(item)
+    opening = {**item, "arguments": "", "status": "in_progress"}
+    yield {"type": "response.output_item.added", "output_index": index, "item": opening}
+    yield {"type": "response.function_call_arguments.delta", "item_id": item["id"], "output_index": index, "delta": arguments}
+    yield {"type": "response.function_call_arguments.done", "item_id": item["id"], "output_index": index,
+           "name": name, "arguments": arguments}  # fmt: skip
+    yield {"type": "response.output_item.done", "output_index": index, "item": item}

@@ -5,7 +5,9 @@ results sent back as turns, and the tools handed to a chat template that describ
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +21,7 @@ from engine_helpers import tiny_engine
 
 from loraplane.serving.api.app import create_app
 from loraplane.serving.api.loopback import serve_app
+from loraplane.serving.api.tool_calls import TOOL_PARSERS
 
 # A template that describes tools and writes calls, as Qwen's and Hermes' do (the tiny model's
 # own template knows only roles and text).
@@ -78,6 +81,15 @@ def server(tiny_llama: Path, tmp_path_factory) -> Iterator[str]:
     (model / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TOOLS_TEMPLATE}))
     (model / "chat_template.jinja").unlink(missing_ok=True)  # newer transformers keep the template here
     app = create_app(lambda: tiny_engine(model, root / "cache", {}, max_model_len=512))
+    with serve_app(app) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def auto_server(tiny_llama: Path, tmp_path_factory) -> Iterator[str]:
+    """A server that reads Hermes' tool-call format back (``--tool-call-parser hermes``)."""
+    root = tmp_path_factory.mktemp("auto-tools")
+    app = create_app(lambda: tiny_engine(tiny_llama, root / "cache", {}, max_model_len=512), tool_call_parser="hermes")
     with serve_app(app) as url:
         yield url
 
@@ -232,3 +244,82 @@ def test_langchain_structured_output_and_forced_tools(server: str) -> None:
     assert isinstance(chat.with_structured_output(Weather, method="function_calling").invoke("weather?"), Weather)
     message = chat.bind_tools([Weather], tool_choice="any", parallel_tool_calls=False).invoke("weather?")
     assert message.tool_calls and all(Weather(**call["args"]) for call in message.tool_calls)
+
+
+# What a Hermes-format model writes when it calls a tool after a word of text: the tiny model is
+# made to write exactly this by a regular expression (vLLM's structured_outputs), so that the
+# parser, not the model, is what is tested.
+HERMES_ANSWER = (
+    'Checking.<tool_call>\n{"name": "get_weather", "arguments": {"city": "paris", "unit": "c", "days": 2}}\n</tool_call>'
+)
+
+
+def _written(text: str) -> dict[str, Any]:
+    return {"structured_outputs": {"regex": re.escape(text)}}
+
+
+def test_auto_reads_the_models_own_calls_back(auto_server: str) -> None:
+    """``tool_choice: "auto"`` on a server with a parser: the text before the call is the content,
+    the call is a tool call, ``finish_reason`` is ``tool_calls``; streamed, no piece of the call's
+    markup reaches the content, and the calls come in the last chunk, whole."""
+    client = openai.OpenAI(base_url=f"{auto_server}/v1", api_key="unused", max_retries=0)
+    kwargs = {"model": _model(client), "messages": ASK, "tools": TOOLS, "max_tokens": 200, "extra_body": _written(HERMES_ANSWER)}
+    answer = client.chat.completions.create(**kwargs).choices[0]
+    assert answer.finish_reason == "tool_calls" and answer.message.content == "Checking."
+    (call,) = answer.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {
+        "city": "paris",
+        "unit": "c",
+        "days": 2,
+    }
+    content, reason, calls = "", None, []
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        delta = chunk.choices[0].delta
+        assert "<" not in (delta.content or "")  # the markup is held back, never streamed as text
+        content += delta.content or ""
+        calls += delta.tool_calls or []
+        reason = chunk.choices[0].finish_reason or reason
+    assert (content, reason) == ("Checking.", "tool_calls")
+    assert [(c.function.name, c.function.arguments) for c in calls] == [(call.function.name, call.function.arguments)]
+    # Text that only looks like the markup's start is text, streamed in the end.
+    plain = {**kwargs, "extra_body": _written("see <tool")}
+    text = client.chat.completions.create(**plain).choices[0]
+    assert (text.message.content, text.message.tool_calls, text.finish_reason) == ("see <tool", None, "stop")
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **plain))
+    assert streamed == "see <tool"
+    # The Responses API reads the same answer as a message and a function call.
+    response = client.responses.create(
+        model=_model(client), input="weather?", tools=[{"type": "function", **WEATHER["function"]}], max_output_tokens=200,
+        extra_body=_written(HERMES_ANSWER),
+    )  # fmt: skip
+    assert [item.type for item in response.output] == ["message", "function_call"]
+    assert response.output_text == "Checking." and response.output[1].name == "get_weather"
+
+
+@pytest.mark.parametrize(
+    ("parser", "text", "content", "calls"),
+    [
+        ("hermes", "plain text", "plain text", []),
+        ("hermes", '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>', None, [("f", '{"a": 1}')]),
+        ("hermes", 'Hi <tool_call>{"name": "f", "arguments": {}}</tool_call>\n<tool_call>{"name": "g", "arguments": {}}',
+         "Hi ", [("f", "{}"), ("g", "{}")]),
+        ("hermes", "<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
+        ("llama3_json", '{"name": "f", "parameters": {"a": 1}}', None, [("f", '{"a": 1}')]),
+        ("llama3_json", '<|python_tag|>{"name": "f", "parameters": {}}; {"name": "g", "parameters": {"b": [1]}}', None,
+         [("f", "{}"), ("g", '{"b": [1]}')]),
+        ("llama3_json", "The answer is {not a call}", "The answer is {not a call}", []),
+        ("llama3_json", '{"name": "f"', '{"name": "f"', []),
+    ],
+)  # fmt: skip
+def test_a_parser_splits_text_from_calls_and_streams_only_what_cannot_be_a_call(
+    parser: str, text: str, content: str | None, calls: list[tuple[str, str]]
+) -> None:
+    """The parsers on their own: a whole answer split into its text and calls; the text a stream
+    shows at each prefix of the answer only grows, never holds markup that became a call, and
+    ends at the whole answer's text."""
+    read = TOOL_PARSERS[parser]()
+    assert read.parse(text) == (content, calls)
+    shown = [read.visible(text[:i], False) for i in range(len(text) + 1)]
+    final = read.answered(text, True)
+    assert all(a == b[: len(a)] for a, b in itertools.pairwise([*shown, final]))
+    assert final == (content or "")
