@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 import json
 import math
+import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,9 +25,11 @@ from loraplane.adapter_format.errors import AdapterValidationError, ErrorCode
 MAX_RANK = 1 << 16
 MAX_ALPHA = 1e6
 # A pattern comes from whoever uploaded the adapter, and a regular expression can take
-# exponential time: each match is bounded (the third-party ``regex`` engine can stop one; the
-# standard library's cannot), and so is each pattern's length.
+# exponential time: each match is bounded, and so are all of a config's matches together (the
+# third-party ``regex`` engine can stop a match; the standard library's cannot), and each
+# pattern's length.
 MATCH_SECONDS = 0.05
+PATTERN_BUDGET_SECONDS = 1.0
 MAX_PATTERN_CHARS = 256
 MAX_PATTERNS = 1024
 Rank = Annotated[int, Field(gt=0, le=MAX_RANK)]
@@ -78,13 +82,18 @@ class PeftLoraConfig(BaseModel):
     def scaling_at(self, r: int, alpha: float) -> float:
         return alpha / (math.sqrt(r) if self.use_rslora else r)
 
-    def rank_of(self, module: str) -> int:
-        """The rank of the module named ``module`` (``model.layers.3.self_attn.q_proj``)."""
-        return int(_pattern_value(self.rank_pattern, module, self.r))
-
-    def scaling_of(self, module: str) -> float:
-        """What PEFT multiplies the module's ``B @ A`` by, after its rank and alpha patterns."""
-        return self.scaling_at(self.rank_of(module), float(_pattern_value(self.alpha_pattern, module, self.lora_alpha)))
+    def module_settings(self, modules: Iterable[str]) -> dict[str, tuple[int, float]]:
+        """Each module's rank and what PEFT multiplies its ``B @ A`` by, after the rank and alpha
+        patterns, by the module's name (``model.layers.3.self_attn.q_proj``). Each pattern is
+        matched once per module, all of them within ``PATTERN_BUDGET_SECONDS``, or a
+        ``ValueError``."""
+        deadline = time.monotonic() + PATTERN_BUDGET_SECONDS
+        settings = {}
+        for module in modules:
+            rank = int(_pattern_value(self.rank_pattern, module, self.r, deadline))
+            alpha = float(_pattern_value(self.alpha_pattern, module, self.lora_alpha, deadline))
+            settings[module] = (rank, self.scaling_at(rank, alpha))
+        return settings
 
     def unsupported(self) -> list[str]:
         problems = []
@@ -99,20 +108,24 @@ class PeftLoraConfig(BaseModel):
         return problems
 
 
-@functools.cache
+@functools.lru_cache(maxsize=MAX_PATTERNS)
 def _suffix_pattern(key: str) -> regex.Pattern[str]:
     return regex.compile(rf"(.*\.)?({key})$")  # PEFT's get_pattern_key
 
 
-def _pattern_value(patterns: dict[str, Any], module: str, default: Any) -> Any:
+def _pattern_value(patterns: dict[str, Any], module: str, default: Any, deadline: float) -> Any:
     """The value of the first pattern matching the end of ``module``'s name, as PEFT picks it; a
-    match that runs past ``MATCH_SECONDS`` is a ``ValueError``."""
+    match that runs past ``MATCH_SECONDS``, or past the ``deadline``, is a ``ValueError``."""
+    over = f"matching rank_pattern and alpha_pattern took longer than {PATTERN_BUDGET_SECONDS:g} s"
     for key, value in patterns.items():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ValueError(over)
         try:
-            if _suffix_pattern(key).match(module, timeout=MATCH_SECONDS):
+            if _suffix_pattern(key).match(module, timeout=min(MATCH_SECONDS, left)):
                 return value
         except TimeoutError:
-            raise ValueError(f"pattern {key!r} takes too long to match {module!r}") from None
+            raise ValueError(over if left < MATCH_SECONDS else f"pattern {key!r} takes too long to match {module!r}") from None
     return default
 
 

@@ -134,9 +134,11 @@ class _Modules:
     scalings: dict[tuple[int, str], float]
 
 
-def _module_rank(config: PeftLoraConfig, path: str) -> tuple[int, float]:
+def _module_settings(config: PeftLoraConfig, tensors: dict[str, TensorInfo]) -> dict[str, tuple[int, float]]:
+    """Each adapted module's rank and scaling, read from the config's patterns once per module."""
+    paths = {module_path(name) for name in tensors if _TENSOR.match(name)}
     try:
-        return config.rank_of(path), config.scaling_of(path)
+        return config.module_settings(sorted(paths))
     except ValueError as err:  # a pattern that takes too long to match
         raise _fail(ErrorCode.BAD_CONFIG, f"{CONFIG_FILE}: {err}") from None
 
@@ -147,6 +149,7 @@ def _check_tensors(tensors: dict[str, TensorInfo], config: PeftLoraConfig, base:
     pairs: dict[tuple[int, str], dict[str, TensorInfo]] = {}
     ranks: dict[tuple[int, str], int] = {}
     scalings: dict[tuple[int, str], float] = {}
+    settings = _module_settings(config, tensors)
     dtypes = set()
     for name, info in tensors.items():
         m = _TENSOR.match(name)
@@ -165,7 +168,7 @@ def _check_tensors(tensors: dict[str, TensorInfo], config: PeftLoraConfig, base:
                 ErrorCode.SHAPE_MISMATCH,
                 f"tensor {name!r} must be a 2-D {'/'.join(FLOAT_DTYPES)} matrix, got {info.dtype} {list(info.shape)}",
             )
-        rank, scaling = _module_rank(config, module_path(name))
+        rank, scaling = settings[module_path(name)]
         d_in, d_out = base.module_dims(module)
         expected = (rank, d_in) if which == "A" else (d_out, rank)
         if info.shape != expected:

@@ -55,7 +55,9 @@ class LoraAdapterSpec(KubeModel):
         pattern=ADAPTER_NAME_PATTERN,
         description="the model name clients send; default: the object's name (either must be a name replicas accept)",
     )
-    rank: int | None = Field(default=None, ge=1, le=512, description="declared; checked against the files")
+    rank: int | None = Field(
+        default=None, ge=1, le=512, description="declared; checked against the files (with rank_pattern, the largest module rank)"
+    )
     target_modules: list[str] | None = Field(default=None, description="declared; checked against the files")
     pinned: bool = Field(default=False, description="keep resident in device slots on every replica")
     prefetch: bool = Field(default=True, description="stage into every replica's host memory when Ready")

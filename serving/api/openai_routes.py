@@ -193,7 +193,7 @@ async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, serve
         reason = finish_reason(out)
         if auto is not None:
             return auto.finish_reason(out.text, reason)
-        return reason if tools is None else tools.finish_reason(reason)
+        return reason if tools is None else tools.finish_reason(out.text, reason)
 
     base = {"id": rid, "object": "chat.completion", "created": created, "model": req.model}
     if not req.stream:

@@ -355,6 +355,13 @@ class FunctionCall(_Strict):
     name: str
     arguments: str = Field(description="the arguments as JSON text")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _client_side_fields(cls, data: object) -> object:
+        """The official client's ``parse`` helper adds ``parsed_arguments`` (the arguments it
+        parsed itself); a call sent back with it is the same call."""
+        return {k: v for k, v in data.items() if k != "parsed_arguments"} if isinstance(data, dict) else data
+
 
 class ToolCall(_Strict):
     """A call an earlier answer made, sent back in its assistant turn."""
@@ -362,6 +369,12 @@ class ToolCall(_Strict):
     id: str
     type: Literal["function"]
     function: FunctionCall
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stream_index(cls, data: object) -> object:
+        """The official client's stream helper keeps each call's ``index`` from the chunks."""
+        return {k: v for k, v in data.items() if k != "index"} if isinstance(data, dict) else data
 
     def template_call(self) -> dict[str, Any]:
         """The call as chat templates read it: its arguments parsed, as vLLM hands them over
@@ -379,6 +392,8 @@ class ToolCall(_Strict):
 # send them back as they came. Set, ``tool_calls`` are the calls an answer made; the others are
 # refused as unknown.
 ANSWER_ONLY_FIELDS = ("refusal", "annotations", "audio", "function_call", "tool_calls")
+# What the client's ``parse`` helper adds to an answer (its own reading of the content), dropped.
+CLIENT_SIDE_FIELDS = ("parsed",)
 
 
 class ChatMessage(_Strict):
@@ -397,7 +412,10 @@ class ChatMessage(_Strict):
     def _answer_fields_unset(cls, data: object) -> object:
         if not isinstance(data, dict):
             return data
-        return {k: v for k, v in data.items() if k not in ANSWER_ONLY_FIELDS or v not in (None, [])}
+        return {
+            k: v for k, v in data.items()
+            if k not in CLIENT_SIDE_FIELDS and (k not in ANSWER_ONLY_FIELDS or v not in (None, []))
+        }  # fmt: skip
 
     @model_validator(mode="after")
     def _content_given(self) -> ChatMessage:

@@ -24,6 +24,8 @@ VLLM_SAMPLING = (
     "top_k", "min_p", "repetition_penalty", "seed", "stop", "ignore_eos", "cache_salt", "priority", "structured_outputs",
 )  # fmt: skip
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+# The chat request's fields by their names here, for errors found there.
+CHAT_NAMES = {"messages": "input", "response_format": "text.format", "max_completion_tokens": "max_output_tokens"}
 
 
 class _SentBack(_Strict):
@@ -189,16 +191,28 @@ class ResponsesRequest(_Strict):
             self._chat = ChatCompletionRequest.model_validate(self._chat_body())
         except ValidationError as err:
             first = err.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise ValueError(f"{where}: {first['msg']}" if where else first["msg"]) from None
+            where = ".".join(str(p) for p in self._own_names(first["loc"]))
+            message = first["msg"].removeprefix("Value error, ")
+            raise ValueError(f"{where}: {message}" if where else message) from None
         return self
+
+    def _own_names(self, loc: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A chat field's place in this request: ``messages.3`` is ``input.2`` after
+        ``instructions``, ``response_format`` is ``text.format``, ..."""
+        if not loc:
+            return loc
+        head, *rest = loc
+        if head == "messages" and rest and isinstance(rest[0], int):
+            rest[0] -= 1 if self.instructions else 0
+        return (CHAT_NAMES.get(head, head), *rest)
 
     def chat(self) -> ChatCompletionRequest:
         """The same request as a chat completion: the turns, tools and settings it stands for."""
         return self._chat
 
     def logprobs(self) -> bool:
-        return LOGPROBS_INCLUDE in (self.include or []) or bool(self.top_logprobs)
+        """Log-probabilities are given when ``include`` asks for them (``top_logprobs`` says how many alternatives)."""
+        return LOGPROBS_INCLUDE in (self.include or [])
 
     def _chat_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {

@@ -81,7 +81,7 @@ class ResponseShape:
                             else req.tool_choice or ("auto" if req.tools else "none")),
             "parallel_tool_calls": req.parallel_tool_calls is not False,
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt is not None else {"type": "text"}},
-            "truncation": "disabled", "store": bool(req.store), "background": False, "previous_response_id": None,
+            "truncation": "disabled", "store": False, "background": False, "previous_response_id": None,
             "reasoning": None, "metadata": req.metadata or {}, "user": req.user, "service_tier": "default",
         }  # fmt: skip
 
@@ -115,7 +115,10 @@ async def responses(req: ResponsesRequest, engine: Engine, tenant: Caller, serve
             output = [_message(new_id("msg"), status, [_text_part(content or "", text_logprobs)])] if content or not made else []
             output += [_function_call(name, arguments, status) for name, arguments in made]
         else:
-            output = [_function_call(c["function"]["name"], c["function"]["arguments"], status) for c in tools.calls(out.text)]
+            # "required"'s calls are each whole; a named call cut short is as incomplete as the answer.
+            made_status = status if tools.named is not None else "completed"
+            output = [_function_call(c["function"]["name"], c["function"]["arguments"], made_status)
+                      for c in tools.calls(out.text)]  # fmt: skip
         return JSONResponse(shape.body(status, output, _usage(meter)))
 
     events = _stream(shape, request, tools or auto, entries if logprobs else None)

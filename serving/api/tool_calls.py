@@ -29,8 +29,9 @@ ANY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
 
 def arguments_schema(tool: ChatTool) -> dict[str, Any]:
     """The JSON schema of a call's arguments: the function's ``parameters``, any object without
-    (OpenAI's functions without parameters take ``{}``)."""
-    return tool.function.parameters if tool.function.parameters is not None else ANY_OBJECT
+    (OpenAI's functions without parameters, or with ``{}``, take ``{}``: an empty schema would
+    allow any JSON value, and arguments are an object)."""
+    return tool.function.parameters or ANY_OBJECT
 
 
 def calls_schema(tools: list[ChatTool], parallel: bool) -> dict[str, Any]:
@@ -42,7 +43,10 @@ def calls_schema(tools: list[ChatTool], parallel: bool) -> dict[str, Any]:
     for tool in tools:
         parameters = dict(arguments_schema(tool))
         for key in DEFINITION_KEYS:
-            for name, part in (parameters.pop(key, None) or {}).items():
+            parts = parameters.pop(key, None) or {}
+            if not isinstance(parts, dict):
+                raise ValueError(f"tools: {tool.function.name}'s parameters.{key} is not an object of schemas")
+            for name, part in parts.items():
                 if lifted[key].setdefault(name, part) != part:
                     raise ValueError(f"tools: two tools define {key}/{name} differently")
         options.append({
@@ -63,26 +67,102 @@ def new_call_id() -> str:
 
 
 def whole_calls(text: str) -> tuple[list[tuple[str, str]], bool]:
-    """The calls of ``"required"``'s answer text so far, each its name and arguments as JSON
-    text, and whether the array is closed. A call still being written is not among them, so a
-    stream gives each call once it is whole, and an answer cut short gives the calls it
-    finished."""
-    decoder, calls = json.JSONDecoder(), list[tuple[str, str]]()
+    """The calls of ``"required"``'s answer text so far, each its name and its arguments as the
+    model wrote them, and whether the array is closed. A call still being written is not among
+    them, so a stream gives each call once it is whole, and an answer cut short gives the calls
+    it finished. Read by spans (``_value_end``), not by decoding and re-encoding the arguments,
+    which would change their text (a number's digits, ``1e999`` to ``Infinity``) and recurse as
+    deep as they nest."""
+    calls: list[tuple[str, str]] = []
     at = _skip_space(text, 0)
     if not text.startswith("[", at):
         return calls, False
     at += 1
     while True:
-        at = _skip_space(text, at)
-        try:
-            call, at = decoder.raw_decode(text, at)
-        except ValueError:
+        call = _call_at(text, _skip_space(text, at))
+        if call is None:
             return calls, False
-        calls.append((call["name"], json.dumps(call["parameters"], ensure_ascii=False)))
+        name, arguments, at = call
+        calls.append((name, arguments))
         at = _skip_space(text, at)
         if text.startswith("]", at):
             return calls, True
-        at += 1  # the grammar wrote a comma
+        if not text.startswith(",", at):
+            return calls, False
+        at += 1
+
+
+def _call_at(text: str, at: int) -> tuple[str, str, int] | None:
+    """The ``{"name": ..., "parameters": ...}`` object at ``at``, whole: its name, its
+    parameters' text and where it ends; None when it is not whole yet (or not such an object)."""
+    if not text.startswith("{", at):
+        return None
+    fields: dict[str, str] = {}
+    at = _skip_space(text, at + 1)
+    while not text.startswith("}", at):
+        key_end = _value_end(text, at)
+        if key_end is None or text[at] != '"':
+            return None
+        key = json.loads(text[at:key_end])
+        at = _skip_space(text, key_end)
+        if not text.startswith(":", at):
+            return None
+        start = _skip_space(text, at + 1)
+        end = _value_end(text, start)
+        if end is None:
+            return None
+        fields[key], at = text[start:end], _skip_space(text, end)
+        if text.startswith(",", at):
+            at = _skip_space(text, at + 1)
+        elif not text.startswith("}", at):
+            return None
+    if "name" not in fields or "parameters" not in fields:
+        return None
+    name = json.loads(fields["name"])
+    return (name, fields["parameters"], at + 1) if isinstance(name, str) else None
+
+
+def _value_end(text: str, at: int) -> int | None:
+    """Where the JSON value that starts at ``at`` ends, or None when the text ends first (a
+    scalar at the very end may still be growing)."""
+    if at >= len(text):
+        return None
+    if text[at] == '"':
+        return _string_end(text, at)
+    if text[at] not in "[{":  # a number, true, false or null
+        end = at
+        while end < len(text) and text[end] not in ",]} \t\r\n":
+            end += 1
+        return end if end < len(text) else None
+    depth, i = 0, at
+    while i < len(text):
+        if text[i] == '"':
+            closed = _string_end(text, i)
+            if closed is None:
+                return None
+            i = closed
+            continue
+        if text[i] in "[{":
+            depth += 1
+        elif text[i] in "]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return None
+
+
+def _string_end(text: str, at: int) -> int | None:
+    """Past the closing quote of the string that opens at ``at``."""
+    i = at + 1
+    while i < len(text):
+        if text[i] == "\\":
+            i += 2
+        elif text[i] == '"':
+            return i + 1
+        else:
+            i += 1
+    return None
 
 
 def _skip_space(text: str, at: int) -> int:
@@ -110,10 +190,11 @@ class ToolAnswer:
             found, _ = whole_calls(text)
         return [{k: v for k, v in _call(i, *c).items() if k != "index"} for i, c in enumerate(found)]
 
-    def finish_reason(self, reason: str | None) -> str | None:
-        """vLLM's: ``"required"``'s calls end as ``tool_calls``; a named call ends as ``stop``, as
-        OpenAI's forced function does; ``length`` says the calls were cut short."""
-        return "tool_calls" if reason == "stop" and self.named is None else reason
+    def finish_reason(self, text: str, reason: str | None) -> str | None:
+        """vLLM's: ``"required"``'s calls end as ``tool_calls`` (when their array was closed, not
+        cut by a stop string); a named call ends as ``stop``, as OpenAI's forced function does;
+        ``length`` says the calls were cut short."""
+        return "tool_calls" if reason == "stop" and self.named is None and whole_calls(text)[1] else reason
 
     def delta_calls(self, before: str, delta: str, first: bool) -> list[dict[str, Any]]:
         """A chunk's ``delta.tool_calls``: a named call's arguments as they are written (its id

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import struct
+import time
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -150,6 +151,16 @@ def test_a_pattern_that_cannot_be_matched_safely_is_a_bad_config(tmp_path: Path,
     match would run for seconds (catastrophic backtracking), is refused, not run."""
     config = {"rank_pattern": {pattern: 4}}
     expect(ErrorCode.BAD_CONFIG, make_adapter(tmp_path / "x", config=config), match)
+
+
+def test_patterns_that_are_each_just_fast_enough_are_bounded_together(tmp_path: Path) -> None:
+    """Each of these matches in about 6 ms, well under the per-match bound; 1,000 of them over
+    four modules would take 24 s. All of a config's matches share one budget, so the validator
+    answers within about a second."""
+    config = {"rank_pattern": {rf"(.|.){{0,13}}\d\d\d(?#{i})": 4 for i in range(1000)}}
+    started = time.monotonic()
+    expect(ErrorCode.BAD_CONFIG, make_adapter(tmp_path / "slow", config=config), "took longer than 1 s")
+    assert time.monotonic() - started < 8
 
 
 def expect(code: ErrorCode, folder: Path, match: str, limits: ValidationLimits = ValidationLimits(), **kw: Any) -> None:

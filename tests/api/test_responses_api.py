@@ -67,6 +67,7 @@ def test_a_text_answer_is_the_chat_completion_it_stands_for(client: openai.OpenA
         max_completion_tokens=12, temperature=0,
     )  # fmt: skip
     assert answer.object == "response" and answer.id.startswith("resp") and answer.model == "qv4"
+    assert answer.store is False  # nothing is kept, whatever the request asked
     assert answer.output_text == chat.choices[0].message.content
     (message,) = answer.output
     assert message.type == "message" and message.role == "assistant" and message.content[0].type == "output_text"
@@ -148,6 +149,9 @@ def test_log_probabilities_when_included(client: openai.OpenAI) -> None:
     assert len(entries) == answer.usage.output_tokens
     assert all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in entries)
     assert "".join(e.token for e in entries) == answer.output_text
+    # As OpenAI and vLLM: top_logprobs alone asks for nothing; include does.
+    plain = client.responses.create(model="qv4", input=ASK, max_output_tokens=6, top_logprobs=2)
+    assert plain.output[0].content[0].logprobs == []
 
 
 def test_what_is_not_served_is_a_400_naming_the_field(server: tuple[str, Path]) -> None:
@@ -163,6 +167,12 @@ def test_what_is_not_served_is_a_400_naming_the_field(server: tuple[str, Path]) 
         ({**body, "temperature": 3}, "temperature"),
         ({**body, "input": ""}, "input"),
         ({**body, "top_k": "5"}, "top_k"),
+        ({**body, "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
+        ({**body, "max_output_tokens": 0}, "max_output_tokens"),
+        (
+            {**body, "instructions": "be brief", "input": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "x"}]},
+            "input.1",
+        ),
     ):
         r = httpx.post(f"{server[0]}/v1/responses", json=bad)
         assert r.status_code == 400, (bad, r.text)

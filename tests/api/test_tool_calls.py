@@ -18,6 +18,7 @@ import jsonschema
 import openai
 import pytest
 from engine_helpers import tiny_engine
+from pydantic import BaseModel, ConfigDict
 
 from loraplane.serving.api.app import create_app
 from loraplane.serving.api.loopback import serve_app
@@ -67,8 +68,9 @@ ALARM = {
     },
 }
 NO_PARAMETERS = {"type": "function", "function": {"name": "ping"}}
-TOOLS = [WEATHER, ALARM, NO_PARAMETERS]
-SCHEMAS = {t["function"]["name"]: t["function"].get("parameters", {"type": "object"}) for t in TOOLS}
+EMPTY_PARAMETERS = {"type": "function", "function": {"name": "reset", "parameters": {}}}  # {} would allow any value
+TOOLS = [WEATHER, ALARM, NO_PARAMETERS, EMPTY_PARAMETERS]
+SCHEMAS = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in TOOLS}
 ASK = [{"role": "user", "content": "what is the weather in paris?"}]
 
 
@@ -99,6 +101,11 @@ def client(server: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
 
 
+class Reset(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    hard: bool
+
+
 def _model(client: openai.OpenAI) -> str:
     return client.models.list().data[0].id
 
@@ -114,7 +121,7 @@ def _valid(name: str, arguments: str) -> dict[str, Any]:
 
 
 def test_a_named_function_is_called_with_arguments_that_match_its_schema(client: openai.OpenAI) -> None:
-    for name in ("get_weather", "set_alarm", "ping"):
+    for name in ("get_weather", "set_alarm", "ping", "reset"):
         answer = client.chat.completions.create(
             model=_model(client), messages=ASK, tools=TOOLS, tool_choice=_named(name), temperature=1.0, seed=3, n=3,
             max_tokens=60,
@@ -143,7 +150,7 @@ def test_required_makes_one_or_more_calls_of_the_tools_offered(client: openai.Op
             for call in choice.message.tool_calls:
                 _valid(call.function.name, call.function.arguments)
                 seen.add(call.function.name)
-    assert seen <= {"get_weather", "set_alarm", "ping"} and seen
+    assert seen <= set(SCHEMAS) and seen
     single = client.chat.completions.create(
         model=_model(client), messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
         temperature=1.0, seed=5, n=4, max_tokens=120,
@@ -213,6 +220,8 @@ def test_tool_requests_that_cannot_be_served_are_a_400_naming_the_field(server: 
         ({**body, "tools": TOOLS, "tool_choice": _named("nope")}, "tool_choice"),
         ({**body, "tools": [WEATHER, WEATHER], "tool_choice": "required"}, "tools"),
         ({**body, "tools": [ALARM, conflicting], "tool_choice": "required"}, "tools"),
+        ({**body, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "$defs": [1]}}}],
+          "tool_choice": "required"}, "tools"),
         ({**body, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}],
           "tool_choice": _named("f")}, "tools"),
         ({**body, "tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
@@ -323,3 +332,50 @@ def test_a_parser_splits_text_from_calls_and_streams_only_what_cannot_be_a_call(
     final = read.answered(text, True)
     assert all(a == b[: len(a)] for a, b in itertools.pairwise([*shown, final]))
     assert final == (content or "")
+
+
+def test_answers_from_the_clients_own_helpers_are_sent_back_as_they_come(client: openai.OpenAI) -> None:
+    """``parse`` adds ``parsed_arguments`` to each call and ``parsed`` to the message; the stream
+    helper keeps each call's ``index``. OpenAI's own examples append these messages to the
+    conversation as they are."""
+    tool = openai.pydantic_function_tool(Reset, name="reset")
+    kwargs = {"model": _model(client), "messages": ASK, "tools": [tool], "tool_choice": _named("reset"), "max_tokens": 60,
+              "temperature": 0}  # fmt: skip
+    parsed = client.chat.completions.parse(**kwargs).choices[0].message
+    assert isinstance(parsed.tool_calls[0].function.parsed_arguments, Reset)
+    with client.chat.completions.stream(**kwargs) as stream:
+        streamed = stream.get_final_completion().choices[0].message
+    assert streamed.tool_calls[0].function.arguments == parsed.tool_calls[0].function.arguments
+    for message in (parsed, streamed):
+        turns = [*ASK, message, {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "done"}]
+        follow_up = client.chat.completions.create(model=_model(client), messages=turns, max_tokens=2)  # type: ignore[arg-type]
+        assert follow_up.choices[0].message.content is not None
+
+
+def test_required_calls_cut_by_a_stop_string_do_not_end_as_tool_calls(client: openai.OpenAI) -> None:
+    """A stop string that ends the answer before its array closes: ``stop``, with the calls that
+    were whole (here none: the array's opening bracket is the stop)."""
+    cut = client.chat.completions.create(
+        model=_model(client), messages=ASK, tools=TOOLS, tool_choice="required", stop=["["], max_tokens=60
+    ).choices[0]
+    assert (cut.finish_reason, cut.message.tool_calls) == ("stop", [])
+
+
+def test_responses_calls_reach_the_template_as_the_chat_turns_they_stand_for(client: openai.OpenAI) -> None:
+    """A Responses conversation with a call and its result counts the tokens of the chat
+    conversation with the same turns, on a template that writes calls and results: the call and
+    its output reached the template as an assistant call and a tool turn."""
+    arguments = '{"city": "oslo", "unit": "c", "days": 3}'
+    items = [{"role": "user", "content": "weather?"},
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": arguments},
+             {"type": "function_call_output", "call_id": "call_1", "output": "snow"}]  # fmt: skip
+    tool = {"type": "function", **WEATHER["function"]}
+    response = client.responses.create(model=_model(client), input=items, tools=[tool], tool_choice="none", max_output_tokens=2)
+    turns = [{"role": "user", "content": "weather?"},
+             {"role": "assistant", "content": None, "tool_calls": [
+                 {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]},
+             {"role": "tool", "tool_call_id": "call_1", "content": "snow"}]  # fmt: skip
+    chat = client.chat.completions.create(model=_model(client), messages=turns, tools=TOOLS[:1], tool_choice="none", max_tokens=2)
+    without_call = client.chat.completions.create(model=_model(client), messages=turns[:1], tools=TOOLS[:1],
+                                                  tool_choice="none", max_tokens=2)  # fmt: skip
+    assert response.usage.input_tokens == chat.usage.prompt_tokens > without_call.usage.prompt_tokens
