@@ -315,6 +315,17 @@ class CompletionRequest(_Sampling):
         return list(p)  # type: ignore[arg-type]
 
 
+def text_parts_only(content: object, kinds: tuple[str, ...]) -> object:
+    """Content parts of the text kinds, refused by the first other part's own kind (an image, a
+    file, ...) rather than by a union's attempts."""
+    if isinstance(content, list):
+        for i, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in kinds:
+                raise ValueError(f"content[{i}]: parts of type {kind!r} are not supported; only {' or '.join(kinds)}")
+    return content
+
+
 class TextPart(_Strict):
     type: Literal["text"]
     text: str
@@ -434,12 +445,7 @@ class ChatMessage(_Strict):
     @field_validator("content", mode="before")
     @classmethod
     def _text_parts_only(cls, v: object) -> object:
-        if isinstance(v, list):
-            for i, part in enumerate(v):
-                kind = part.get("type") if isinstance(part, dict) else None
-                if kind != "text":
-                    raise ValueError(f"content[{i}]: parts of type {kind!r} are not supported; only 'text'")
-        return v
+        return text_parts_only(v, ("text",))
 
     def text(self) -> str:
         """The message's text: content parts joined with newlines, as vLLM joins them."""

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, PrivateAttr, Tag, ValidationError, field_validator, model_validator
 
-from loraplane.serving.api.protocol import ChatCompletionRequest, _Strict
+from loraplane.serving.api.protocol import ChatCompletionRequest, _Strict, text_parts_only
 
 # The vLLM sampling fields a Responses body may carry as well (vLLM's own Responses request takes them).
 VLLM_SAMPLING = (
@@ -60,12 +60,7 @@ class MessageItem(_SentBack):
     @field_validator("content", mode="before")
     @classmethod
     def _text_parts_only(cls, v: object) -> object:
-        if isinstance(v, list):
-            for i, part in enumerate(v):
-                kind = part.get("type") if isinstance(part, dict) else None
-                if kind not in ("input_text", "output_text"):
-                    raise ValueError(f"content[{i}]: parts of type {kind!r} are not supported; only text")
-        return v
+        return text_parts_only(v, ("input_text", "output_text"))
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)

@@ -6,6 +6,7 @@ sent back, log-probabilities, usage, and the fields not served refused by name."
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -77,6 +78,19 @@ def test_a_text_answer_is_the_chat_completion_it_stands_for(client: openai.OpenA
         assert answer.status == "incomplete" and answer.incomplete_details.reason == "max_output_tokens"
     else:
         assert answer.status == "completed" and answer.incomplete_details is None
+
+
+def test_each_response_is_billed_once_as_the_responses_api(client: openai.OpenAI, server: tuple[str, Path]) -> None:
+    """The usage record of a Responses request, streamed or not: one, under its own endpoint,
+    with the tokens its ``usage`` reported."""
+    plain = client.responses.create(model="qv4", input=ASK, max_output_tokens=5, extra_body={"ignore_eos": True})
+    streamed = list(client.responses.create(model="qv4", input=ASK, max_output_tokens=4, stream=True))[-1].response
+    time.sleep(0.2)  # the spool's flush interval
+    records = [json.loads(line) for f in sorted(server[1].glob("*.jsonl*")) for line in f.read_text().splitlines() if line]
+    for answer in (plain, streamed):
+        (mine,) = [r for r in records if r["request_id"] == answer.id]
+        assert (mine["endpoint"], mine["adapter"]) == ("/v1/responses", "qv4")
+        assert (mine["prompt_tokens"], mine["completion_tokens"]) == (answer.usage.input_tokens, answer.usage.output_tokens)
 
 
 def test_an_answer_cut_at_max_output_tokens_is_incomplete(client: openai.OpenAI) -> None:
