@@ -16,7 +16,7 @@ from loraplane.cli.options import (
     tenants_option,
 )
 from loraplane.cli.usage import make_metering, usage_options
-from loraplane.serving.api.tool_calls import TOOL_PARSERS
+from loraplane.serving.api.tool_parsers import TOOL_PARSERS
 
 
 @click.command()

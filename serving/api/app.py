@@ -24,7 +24,7 @@ from loraplane.serving.api.deps import ServerState
 from loraplane.serving.api.errors import APIError, api_error_handler, http_error_handler, validation_error_handler
 from loraplane.serving.api.metrics_port import view as metrics_view
 from loraplane.serving.api.tenants import Tenants
-from loraplane.serving.api.tool_calls import TOOL_PARSERS
+from loraplane.serving.api.tool_parsers import TOOL_PARSERS
 from loraplane.serving.api.usage_metrics import UsageCollector
 from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.usage import Metering

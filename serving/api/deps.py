@@ -18,7 +18,7 @@ from loraplane.serving.api.async_engine import AsyncEngine
 from loraplane.serving.api.errors import APIError, require_admin
 from loraplane.serving.api.load_shedding import PendingRequests
 from loraplane.serving.api.tenants import TenantConfig, Tenants
-from loraplane.serving.api.tool_calls import ToolParser
+from loraplane.serving.api.tool_parsers import ToolParser
 from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.usage import Metering
 

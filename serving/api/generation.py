@@ -20,7 +20,7 @@ from loraplane.serving.api.errors import APIError
 from loraplane.serving.api.metering import RequestMeter
 from loraplane.serving.api.protocol import ChatCompletionRequest, ChatTemplating, CompletionRequest
 from loraplane.serving.api.tenants import TenantConfig
-from loraplane.serving.api.tool_calls import AutoAnswer
+from loraplane.serving.api.tool_parsers import AutoAnswer
 from loraplane.serving.engine.llm_engine import ContextLengthExceeded, RequestError
 from loraplane.serving.engine.outputs import RequestOutput
 from loraplane.serving.engine.sampling_params import SamplingError, SamplingParams

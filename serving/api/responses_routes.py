@@ -26,7 +26,8 @@ from loraplane.serving.api.openai_routes import resolve_model, token_entries
 from loraplane.serving.api.protocol import new_id, now
 from loraplane.serving.api.responses_protocol import ResponsesRequest
 from loraplane.serving.api.streaming import finish_reason
-from loraplane.serving.api.tool_calls import AutoAnswer, ToolAnswer, new_call_id, whole_calls
+from loraplane.serving.api.tool_calls import ToolAnswer, new_call_id, whole_calls
+from loraplane.serving.api.tool_parsers import AutoAnswer
 from loraplane.serving.engine.outputs import RequestOutput
 from loraplane.serving.engine.sequence import TokenLogprob
 

@@ -5,15 +5,13 @@ The schemas are vLLM's; the grammar library compiles them like any ``response_fo
 base model and adapter answers with calls a client can parse, whether or not it was tuned for
 tools. The answer's text then becomes ``message.tool_calls``.
 
-With ``"auto"`` the model chooses between text and calls, in its own format (Hermes', Llama's,
-...): a ``ToolParser`` for that format, named by the server's ``--tool-call-parser``, reads the
-calls back (``AutoAnswer``); without one, such a request is a 400, as vLLM's.
+With ``"auto"`` the model chooses between text and calls in its own format, which
+``tool_parsers`` reads back.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -171,7 +169,13 @@ def _skip_space(text: str, at: int) -> int:
     return at
 
 
-def _call(index: int, name: str, arguments: str) -> dict[str, Any]:
+def message_calls(calls: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """A whole answer's ``message.tool_calls``: each call with its own id (a stream's chunks add
+    each call's ``index``)."""
+    return [{k: v for k, v in call_entry(i, *c).items() if k != "index"} for i, c in enumerate(calls)]
+
+
+def call_entry(index: int, name: str, arguments: str) -> dict[str, Any]:
     return {"index": index, "id": new_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
@@ -188,7 +192,7 @@ class ToolAnswer:
             found = [(self.named, text)]
         else:
             found, _ = whole_calls(text)
-        return [{k: v for k, v in _call(i, *c).items() if k != "index"} for i, c in enumerate(found)]
+        return message_calls(found)
 
     def finish_reason(self, text: str, reason: str | None) -> str | None:
         """vLLM's: ``"required"``'s calls end as ``tool_calls`` (when their array was closed, not
@@ -201,126 +205,8 @@ class ToolAnswer:
         and name in the first chunk); ``"required"``'s calls each whole once written."""
         if self.named is not None:
             if first:
-                return [_call(0, self.named, delta)]
+                return [call_entry(0, self.named, delta)]
             return [{"index": 0, "function": {"arguments": delta}}] if delta else []
         done, _ = whole_calls(before)
         now, _ = whole_calls(before + delta)
-        return [_call(i, *c) for i, c in enumerate(now) if i >= len(done)]
-
-
-class ToolParser:
-    """``tool_choice: "auto"``: the model answers in text or calls tools in its own format, which
-    a parser for that format reads back (vLLM's ``--tool-call-parser``). ``parse`` splits a whole
-    answer into its text (None when it is only calls) and its calls; ``visible`` is how much of
-    an answer still being written may be streamed as text, holding back what may yet turn out to
-    be a call. ``visible`` only grows as the answer does, so a stream's text deltas add up."""
-
-    name = ""
-
-    def parse(self, text: str) -> tuple[str | None, list[tuple[str, str]]]:
-        raise NotImplementedError
-
-    def visible(self, text: str, finished: bool) -> str:
-        raise NotImplementedError
-
-    def answered(self, text: str, finished: bool) -> str:
-        """``visible``, and once finished the text ``parse`` keeps."""
-        if not finished:
-            return self.visible(text, finished)
-        content, calls = self.parse(text)
-        return text if not calls else content or ""
-
-
-def _arguments(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
-class HermesParser(ToolParser):
-    """Hermes' and Qwen's format: calls as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
-    after any text."""
-
-    name = "hermes"
-    START = "<tool_call>"
-    CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
-
-    def parse(self, text: str) -> tuple[str | None, list[tuple[str, str]]]:
-        start = text.find(self.START)
-        if start < 0:
-            return text, []
-        calls = []
-        for body in self.CALL.findall(text, start):
-            try:
-                call = json.loads(body)
-                calls.append((str(call["name"]), _arguments(call.get("arguments", {}))))
-            except (ValueError, KeyError, TypeError):  # not a call after all: the answer is text
-                return text, []
-        content = text[:start]
-        return (content if content.strip() else None), calls
-
-    def visible(self, text: str, finished: bool) -> str:
-        start = text.find(self.START)
-        if start >= 0:
-            return text[:start]
-        for k in range(min(len(self.START) - 1, len(text)), 0, -1):  # a tail that may begin the marker
-            if self.START.startswith(text[-k:]):
-                return text[:-k]
-        return text
-
-
-class Llama3JsonParser(ToolParser):
-    """Llama 3.1's JSON tool calling: the answer is one or more ``{"name": ..., "parameters":
-    {...}}`` objects (after ``<|python_tag|>`` when special tokens are kept), separated by ``;``,
-    or it is text."""
-
-    name = "llama3_json"
-    TAG = "<|python_tag|>"
-
-    def parse(self, text: str) -> tuple[str | None, list[tuple[str, str]]]:
-        body = text.strip().removeprefix(self.TAG).lstrip()
-        if not body.startswith("{"):
-            return text, []
-        decoder, calls, at = json.JSONDecoder(), list[tuple[str, str]](), 0
-        while at < len(body):
-            try:
-                call, at = decoder.raw_decode(body, at)
-                calls.append((str(call["name"]), _arguments(call.get("parameters", call.get("arguments", {})))))
-            except (ValueError, KeyError, TypeError):
-                return text, []
-            while at < len(body) and body[at] in " \t\r\n;":
-                at += 1
-        return None, calls
-
-    def visible(self, text: str, finished: bool) -> str:
-        head = text.lstrip()
-        if not head or head.startswith("{") or head.startswith(self.TAG) or self.TAG.startswith(head):
-            return ""  # may be a call: held until the answer ends
-        return text
-
-
-TOOL_PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (HermesParser, Llama3JsonParser)}
-
-
-@dataclass(frozen=True)
-class AutoAnswer:
-    """How ``"auto"``'s answers are read: text, calls, or text then calls, by ``parser``."""
-
-    parser: ToolParser
-
-    def message(self, text: str, echoed: str = "") -> dict[str, Any]:
-        """A whole answer's chat message: its text (null when there is none) and its calls, if any."""
-        content, calls = self.parser.parse(text)
-        content = echoed + (content or "")
-        message: dict[str, Any] = {"role": "assistant", "content": content or None}
-        if calls:
-            message["tool_calls"] = [{k: v for k, v in _call(i, *c).items() if k != "index"} for i, c in enumerate(calls)]
-        return message
-
-    def finish_reason(self, text: str, reason: str | None) -> str | None:
-        """vLLM's: ``tool_calls`` when the answer called a tool."""
-        return "tool_calls" if reason is not None and self.parser.parse(text)[1] else reason
-
-    def delta(self, before: str, now: str, finished: bool) -> tuple[str, list[dict[str, Any]]]:
-        """A chunk's new text, and once the answer ends its calls, each whole."""
-        text = self.parser.answered(now, finished)[len(self.parser.visible(before, False)) :]
-        calls = self.parser.parse(now)[1] if finished else []
-        return text, [_call(i, *c) for i, c in enumerate(calls)]
+        return [call_entry(i, *c) for i, c in enumerate(now) if i >= len(done)]

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from loraplane.serving.api.app import create_app
 from loraplane.serving.api.loopback import serve_app
-from loraplane.serving.api.tool_calls import TOOL_PARSERS
+from loraplane.serving.api.tool_parsers import TOOL_PARSERS
 
 # A template that describes tools and writes calls, as Qwen's and Hermes' do (the tiny model's
 # own template knows only roles and text).

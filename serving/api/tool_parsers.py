@@ -1,0 +1,132 @@
+"""``tool_choice: "auto"``: the model answers in text or calls tools in its own format, and a
+parser for that format (vLLM's ``--tool-call-parser``, by vLLM's names) reads the calls back.
+Without one the server answers such a request with a 400, as vLLM does; with one, the text
+before the calls is the answer's content and a stream never shows markup that became a call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from loraplane.serving.api.tool_calls import call_entry, message_calls
+
+
+class ToolParser:
+    """``tool_choice: "auto"``: the model answers in text or calls tools in its own format, which
+    a parser for that format reads back (vLLM's ``--tool-call-parser``). ``parse`` splits a whole
+    answer into its text (None when it is only calls) and its calls; ``visible`` is how much of
+    an answer still being written may be streamed as text, holding back what may yet turn out to
+    be a call. ``visible`` only grows as the answer does, so a stream's text deltas add up."""
+
+    name = ""
+
+    def parse(self, text: str) -> tuple[str | None, list[tuple[str, str]]]:
+        raise NotImplementedError
+
+    def visible(self, text: str, finished: bool) -> str:
+        raise NotImplementedError
+
+    def answered(self, text: str, finished: bool) -> str:
+        """``visible``, and once finished the text ``parse`` keeps."""
+        if not finished:
+            return self.visible(text, finished)
+        content, calls = self.parse(text)
+        return text if not calls else content or ""
+
+
+def _arguments(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+class HermesParser(ToolParser):
+    """Hermes' and Qwen's format: calls as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+    after any text."""
+
+    name = "hermes"
+    START = "<tool_call>"
+    CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+    def parse(self, text: str) -> tuple[str | None, list[tuple[str, str]]]:
+        start = text.find(self.START)
+        if start < 0:
+            return text, []
+        calls = []
+        for body in self.CALL.findall(text, start):
+            try:
+                call = json.loads(body)
+                calls.append((str(call["name"]), _arguments(call.get("arguments", {}))))
+            except (ValueError, KeyError, TypeError):  # not a call after all: the answer is text
+                return text, []
+        content = text[:start]
+        return (content if content.strip() else None), calls
+
+    def visible(self, text: str, finished: bool) -> str:
+        start = text.find(self.START)
+        if start >= 0:
+            return text[:start]
+        for k in range(min(len(self.START) - 1, len(text)), 0, -1):  # a tail that may begin the marker
+            if self.START.startswith(text[-k:]):
+                return text[:-k]
+        return text
+
+
+class Llama3JsonParser(ToolParser):
+    """Llama 3.1's JSON tool calling: the answer is one or more ``{"name": ..., "parameters":
+    {...}}`` objects (after ``<|python_tag|>`` when special tokens are kept), separated by ``;``,
+    or it is text."""
+
+    name = "llama3_json"
+    TAG = "<|python_tag|>"
+
+    def parse(self, text: str) -> tuple[str | None, list[tuple[str, str]]]:
+        body = text.strip().removeprefix(self.TAG).lstrip()
+        if not body.startswith("{"):
+            return text, []
+        decoder, calls, at = json.JSONDecoder(), list[tuple[str, str]](), 0
+        while at < len(body):
+            try:
+                call, at = decoder.raw_decode(body, at)
+                calls.append((str(call["name"]), _arguments(call.get("parameters", call.get("arguments", {})))))
+            except (ValueError, KeyError, TypeError):
+                return text, []
+            while at < len(body) and body[at] in " \t\r\n;":
+                at += 1
+        return None, calls
+
+    def visible(self, text: str, finished: bool) -> str:
+        head = text.lstrip()
+        if not head or head.startswith("{") or head.startswith(self.TAG) or self.TAG.startswith(head):
+            return ""  # may be a call: held until the answer ends
+        return text
+
+
+TOOL_PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (HermesParser, Llama3JsonParser)}
+
+
+@dataclass(frozen=True)
+class AutoAnswer:
+    """How ``"auto"``'s answers are read: text, calls, or text then calls, by ``parser``."""
+
+    parser: ToolParser
+
+    def message(self, text: str, echoed: str = "") -> dict[str, Any]:
+        """A whole answer's chat message: its text (null when there is none) and its calls, if any."""
+        content, calls = self.parser.parse(text)
+        content = echoed + (content or "")
+        message: dict[str, Any] = {"role": "assistant", "content": content or None}
+        if calls:
+            message["tool_calls"] = message_calls(calls)
+        return message
+
+    def finish_reason(self, text: str, reason: str | None) -> str | None:
+        """vLLM's: ``tool_calls`` when the answer called a tool."""
+        return "tool_calls" if reason is not None and self.parser.parse(text)[1] else reason
+
+    def delta(self, before: str, now: str, finished: bool) -> tuple[str, list[dict[str, Any]]]:
+        """A chunk's new text, and once the answer ends its calls, each whole."""
+        text = self.parser.answered(now, finished)[len(self.parser.visible(before, False)) :]
+        calls = self.parser.parse(now)[1] if finished else []
+        return text, [call_entry(i, *c) for i, c in enumerate(calls)]
