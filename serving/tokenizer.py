@@ -121,8 +121,8 @@ class Tokenizer:
     ) -> list[int]:
         """The conversation through the model's chat template, as token ids, with the ``tools``
         the answer may call (OpenAI's ``tools`` entries; a template that does not describe tools
-        leaves them out). ``variables`` are
-        extra names the template may read (vLLM's ``chat_template_kwargs``); none may be
+        leaves them out). ``variables`` are extra names the template may read (vLLM's
+        ``chat_template_kwargs``); none may be
         ``messages`` or one of ``apply_chat_template``'s own arguments (``tokenize``,
         ``chat_template``, ...), which would change what is rendered or with what template. A
         template that refuses the conversation (``raise_exception``, as many do for roles out of

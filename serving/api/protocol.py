@@ -1,8 +1,8 @@
 """Request and response bodies of the OpenAI API (the subset the engine serves), as pydantic models.
 
 Unknown fields are refused with a 400 rather than ignored: a client that sends ``suffix`` or
-``best_of`` above ``n`` expecting them to work should hear that they do not. Documented OpenAI fields that
-change nothing here (``user``, ``metadata``, ``store``, ...) are accepted, and so is ``null``
+``best_of`` above ``n`` expecting them to work should hear that they do not. Documented OpenAI
+fields that change nothing here (``user``, ``metadata``, ``store``, ...) are accepted, and so is ``null``
 for any optional field: OpenAI's schema marks them nullable, and clients (and the answers they
 send back as conversation turns) carry nulls for what they leave unset. The models are the
 single source of truth for the OpenAPI schema FastAPI publishes.

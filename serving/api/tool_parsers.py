@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
 from loraplane.serving.api.tool_calls import call_entry, message_calls
 
 
-class ToolParser:
+class ToolParser(ABC):
     """``tool_choice: "auto"``: the model answers in text or calls tools in its own format, which
     a parser for that format reads back (vLLM's ``--tool-call-parser``). ``parse`` splits a whole
     answer into its text (None when it is only calls) and its calls; ``visible`` is how much of
@@ -23,16 +24,16 @@ class ToolParser:
 
     name = ""
 
-    def parse(self, text: str) -> tuple[str | None, list[tuple[str, str]]]:
-        raise NotImplementedError
+    @abstractmethod
+    def parse(self, text: str) -> tuple[str | None, list[tuple[str, str]]]: ...
 
-    def visible(self, text: str, finished: bool) -> str:
-        raise NotImplementedError
+    @abstractmethod
+    def visible(self, text: str) -> str: ...
 
     def answered(self, text: str, finished: bool) -> str:
         """``visible``, and once finished the text ``parse`` keeps."""
         if not finished:
-            return self.visible(text, finished)
+            return self.visible(text)
         content, calls = self.parse(text)
         return text if not calls else content or ""
 
@@ -63,7 +64,7 @@ class HermesParser(ToolParser):
         content = text[:start]
         return (content if content.strip() else None), calls
 
-    def visible(self, text: str, finished: bool) -> str:
+    def visible(self, text: str) -> str:
         start = text.find(self.START)
         if start >= 0:
             return text[:start]
@@ -96,7 +97,7 @@ class Llama3JsonParser(ToolParser):
                 at += 1
         return None, calls
 
-    def visible(self, text: str, finished: bool) -> str:
+    def visible(self, text: str) -> str:
         head = text.lstrip()
         if not head or head.startswith("{") or head.startswith(self.TAG) or self.TAG.startswith(head):
             return ""  # may be a call: held until the answer ends
@@ -127,6 +128,6 @@ class AutoAnswer:
 
     def delta(self, before: str, now: str, finished: bool) -> tuple[str, list[dict[str, Any]]]:
         """A chunk's new text, and once the answer ends its calls, each whole."""
-        text = self.parser.answered(now, finished)[len(self.parser.visible(before, False)) :]
+        text = self.parser.answered(now, finished)[len(self.parser.visible(before)) :]
         calls = self.parser.parse(now)[1] if finished else []
         return text, [call_entry(i, *c) for i, c in enumerate(calls)]

@@ -328,7 +328,7 @@ def test_a_parser_splits_text_from_calls_and_streams_only_what_cannot_be_a_call(
     ends at the whole answer's text."""
     read = TOOL_PARSERS[parser]()
     assert read.parse(text) == (content, calls)
-    shown = [read.visible(text[:i], False) for i in range(len(text) + 1)]
+    shown = [read.visible(text[:i]) for i in range(len(text) + 1)]
     final = read.answered(text, True)
     assert all(a == b[: len(a)] for a, b in itertools.pairwise([*shown, final]))
     assert final == (content or "")
