@@ -16,12 +16,10 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from engine_helpers import tiny_engine
+from engine_helpers import metered_app
 from transformers import AutoTokenizer
 
-from loraplane.serving.api.app import create_app
 from loraplane.serving.api.loopback import serve_app
-from loraplane.usage import Metering
 
 APPS: dict[str, object] = {}
 PROMPTS = ["the quick brown fox", "a platform team", "serves many fine-tunes"]
@@ -39,12 +37,7 @@ CHOICE_SCHEMA = {
 
 @pytest.fixture(scope="module")
 def server(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory) -> Iterator[tuple[str, Path]]:
-    root = tmp_path_factory.mktemp("surfaces")
-    usage = root / "usage"
-    app = create_app(
-        lambda: tiny_engine(tiny_llama, root / "cache", {"qv4": tiny_adapters["qv4"]}, max_model_len=256),
-        metering=Metering.create("test", usage, fsync_interval=0.05),
-    )
+    app, usage = metered_app(tiny_llama, {"qv4": tiny_adapters["qv4"]}, tmp_path_factory.mktemp("surfaces"))
     with serve_app(app) as url:
         APPS[url] = app
         yield url, usage

@@ -15,12 +15,10 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from engine_helpers import tiny_engine
+from engine_helpers import metered_app
 from pydantic import BaseModel, ConfigDict, Field
 
-from loraplane.serving.api.app import create_app
 from loraplane.serving.api.loopback import serve_app
-from loraplane.usage import Metering
 
 ASK = "what is a LoRA adapter?"
 WEATHER = {
@@ -44,12 +42,7 @@ class Verdict(BaseModel):
 
 @pytest.fixture(scope="module")
 def server(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory) -> Iterator[tuple[str, Path]]:
-    root = tmp_path_factory.mktemp("responses")
-    usage = root / "usage"
-    app = create_app(
-        lambda: tiny_engine(tiny_llama, root / "cache", {"qv4": tiny_adapters["qv4"]}, max_model_len=256),
-        metering=Metering.create("test", usage, fsync_interval=0.05),
-    )
+    app, usage = metered_app(tiny_llama, {"qv4": tiny_adapters["qv4"]}, tmp_path_factory.mktemp("responses"))
     with serve_app(app) as url:
         yield url, usage
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -72,3 +73,14 @@ def engine_greedy(
     params = [SamplingParams(max_tokens=steps, temperature=0, ignore_eos=True, logits_processors=[r]) for r in recorders]
     outs = engine.generate([p for p, _ in requests], params, [a for _, a in requests])
     return [o.token_ids for o in outs], [r.stacked() for r in recorders]
+
+
+def metered_app(base: Path, adapters: dict[str, Path], root: Path, max_model_len: int = 256) -> tuple[Any, Path]:
+    """An API app on the tiny engine with ``adapters``, spooling its usage records under
+    ``root / "usage"`` (returned beside it) so that a test can read what it billed."""
+    from loraplane.serving.api.app import create_app
+    from loraplane.usage import Metering
+
+    usage = root / "usage"
+    metering = Metering.create("test", usage, fsync_interval=0.05)
+    return create_app(lambda: tiny_engine(base, root / "cache", adapters, max_model_len=max_model_len), metering=metering), usage
