@@ -260,7 +260,14 @@ async def _reconcile_on(
     served = spec.served_name or name
     pinned = spec.pinned
     quotas = spec.quotas or base.tenancy.default_quotas
-    staged = await asyncio.gather(*(stage(c, served, spec, spec.source, pinned=pinned, quotas=quotas) for c in clients))
+    # Every replica's answer before any is acted on: a refusal from one must not leave another's
+    # stage in flight, which would register the version after the refusal's clean-up had left.
+    answers = await asyncio.gather(
+        *(stage(c, served, spec, spec.source, pinned=pinned, quotas=quotas) for c in clients), return_exceptions=True
+    )
+    if failed := next((a for a in answers if isinstance(a, BaseException)), None):
+        raise failed
+    staged = [a for a in answers if not isinstance(a, BaseException)]
     status.replicas = [ReplicaPlacement(replica=r.name, tier=t) for r, (t, _) in zip(replicas, staged, strict=True)]  # type: ignore[arg-type]
     pin_refusals = [why for _, why in staged if why is not None]
     status.pinned = pinned and not pin_refusals
