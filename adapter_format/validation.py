@@ -53,9 +53,9 @@ class AdapterManifest:
     dtype: str
     needs_truncation: bool = False
     tensors: dict[str, TensorInfo] = field(default_factory=dict, repr=False)
-    # (layer, module) -> its own rank and scaling, where rank_pattern or alpha_pattern give it one
-    # other than ``rank`` (the largest) and ``scaling``; the loader pads and rescales those.
-    module_ranks: dict[tuple[int, str], int] = field(default_factory=dict, repr=False)
+    # (layer, module) -> its own scaling, where rank_pattern or alpha_pattern give it one other
+    # than ``scaling``; the loader rescales those (and pads every module below ``rank``, the
+    # largest, which its tensors' shapes tell).
     module_scalings: dict[tuple[int, str], float] = field(default_factory=dict, repr=False)
     adapter_digest: str = ""  # config, weights and golden outputs (adapter_format.digest)
     # What the declared digest covered: "adapter", "weights" (the earlier form), or None when
@@ -281,6 +281,5 @@ def validate_adapter_dir(
         dtype=found.dtype,
         needs_truncation=needs_truncation,
         tensors=tensors,
-        module_ranks={key: r for key, r in found.ranks.items() if r != rank},
         module_scalings={key: s for key, s in found.scalings.items() if s != scaling},
     )

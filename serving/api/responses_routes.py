@@ -26,7 +26,7 @@ from loraplane.serving.api.openai_routes import resolve_model, token_entries
 from loraplane.serving.api.protocol import new_id, now
 from loraplane.serving.api.responses_protocol import ResponsesRequest
 from loraplane.serving.api.streaming import finish_reason
-from loraplane.serving.api.tool_calls import ToolAnswer, new_call_id, whole_calls
+from loraplane.serving.api.tool_calls import ToolAnswer, calls_completed_by, new_call_id
 from loraplane.serving.api.tool_parsers import AutoAnswer
 from loraplane.serving.engine.outputs import RequestOutput
 from loraplane.serving.engine.sequence import TokenLogprob
@@ -220,9 +220,7 @@ async def _call_events(tools: ToolAnswer, output: list[dict[str, Any]], before: 
             yield {"type": "response.function_call_arguments.delta", "item_id": output[0]["id"], "output_index": 0,
                    "delta": delta}  # fmt: skip
         return
-    done, _ = whole_calls(before)
-    now_calls, _ = whole_calls(before + delta)
-    for name, arguments in now_calls[len(done) :]:
+    for _, name, arguments in calls_completed_by(before, delta):
         async for event in _whole_call(output, name, arguments):
             yield event
 

@@ -90,6 +90,14 @@ def whole_calls(text: str) -> tuple[list[tuple[str, str]], bool]:
         at += 1
 
 
+def calls_completed_by(before: str, delta: str) -> list[tuple[int, str, str]]:
+    """The calls of ``"required"``'s array that ``delta`` completes, each with its index: what a
+    stream's chunk adds (chat's and the Responses API's streams both ask it)."""
+    done, _ = whole_calls(before)
+    now, _ = whole_calls(before + delta)
+    return [(i, name, arguments) for i, (name, arguments) in enumerate(now) if i >= len(done)]
+
+
 def _call_at(text: str, at: int) -> tuple[str, str, int] | None:
     """The ``{"name": ..., "parameters": ...}`` object at ``at``, whole: its name, its
     parameters' text and where it ends; None when it is not whole yet (or not such an object)."""
@@ -207,6 +215,4 @@ class ToolAnswer:
             if first:
                 return [call_entry(0, self.named, delta)]
             return [{"index": 0, "function": {"arguments": delta}}] if delta else []
-        done, _ = whole_calls(before)
-        now, _ = whole_calls(before + delta)
-        return [call_entry(i, *c) for i, c in enumerate(now) if i >= len(done)]
+        return [call_entry(i, name, arguments) for i, name, arguments in calls_completed_by(before, delta)]
