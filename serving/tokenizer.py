@@ -8,6 +8,7 @@ request, and a body of megabytes must not cost a full encode to be refused.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,22 @@ class Tokenizer:
                 f"This model's maximum context length is {limit} tokens. However, the prompt has {len(ids)} tokens."
             )
         return ids
+
+    def bad_words_ids(self, words: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+        """vLLM's ``bad_words`` as token sequences, read as vLLM reads them: each word's tokens at
+        the start of a text, and also after a space (the word in mid-text) when the space makes a
+        different first token and the same number of tokens. A word's leading whitespace is
+        dropped; a word that is only whitespace spells nothing and is refused."""
+        out: list[tuple[int, ...]] = []
+        for word in words:
+            bare = self.encode(word.lstrip(), add_special_tokens=False)
+            if not bare:
+                raise ValueError(f"bad_words: {word!r} has no token to rule out")
+            out.append(tuple(bare))
+            spaced = self.encode(" " + word.lstrip(), add_special_tokens=False)
+            if len(spaced) == len(bare) and spaced[0] != bare[0]:
+                out.append(tuple(spaced))
+        return tuple(out)
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return str(self.hf.decode(ids, skip_special_tokens=skip_special_tokens))

@@ -23,7 +23,7 @@ from loraplane.serving.api.tenants import TenantConfig
 from loraplane.serving.api.tool_parsers import AutoAnswer
 from loraplane.serving.engine.llm_engine import ContextLengthExceeded, RequestError
 from loraplane.serving.engine.outputs import RequestOutput
-from loraplane.serving.engine.sampling_params import SamplingError, SamplingParams
+from loraplane.serving.engine.sampling_params import MAX_BAD_WORD_TOKENS, SamplingError, SamplingParams
 from loraplane.serving.engine.sequence import FinishReason
 from loraplane.serving.engine.structured import GrammarError, Guide
 from loraplane.serving.lora.entries import AdapterNotFound, AdapterUnavailable
@@ -37,6 +37,7 @@ async def sampling(
     engine: AsyncEngine, req: Request, max_tokens: int, logprobs: int | None, *, prompt_logprobs: int | None = None
 ) -> SamplingParams:
     guide = await guide_for(engine, req)
+    bad_words = await bad_words_ids(engine, req.bad_words or [])
     try:
         return SamplingParams(
             max_tokens=max_tokens,
@@ -56,12 +57,27 @@ async def sampling(
             min_tokens=req.min_tokens,
             logit_bias=req.bias_list(),
             allowed_token_ids=tuple(req.allowed_token_ids or ()),
+            bad_words_token_ids=bad_words,
             skip_special_tokens=req.skip_special_tokens,
             include_stop_str_in_output=req.include_stop_str_in_output,
             guide=guide,
         )
     except SamplingError as err:
         raise APIError(400, str(err)) from None
+
+
+async def bad_words_ids(engine: AsyncEngine, words: list[str]) -> tuple[tuple[int, ...], ...]:
+    """vLLM's ``bad_words`` as the token sequences the engine rules out, encoded off the event
+    loop; a word that spells no token is a 400 naming the field."""
+    if not words:
+        return ()
+    try:
+        ids = await asyncio.to_thread(engine.engine.tokenizer.bad_words_ids, words)
+    except ValueError as err:
+        raise APIError(400, str(err), param="bad_words") from None
+    if any(len(word) > MAX_BAD_WORD_TOKENS for word in ids):
+        raise APIError(400, f"bad_words: a word is more than {MAX_BAD_WORD_TOKENS} tokens", param="bad_words")
+    return ids
 
 
 async def guide_for(engine: AsyncEngine, req: Request) -> Guide | None:

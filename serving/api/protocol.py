@@ -32,6 +32,8 @@ MAX_N = 16
 MAX_CHOICES = 64
 MAX_PROMPTS = 64
 MAX_TOOLS = 128  # OpenAI's bound
+MAX_BAD_WORDS = 64  # the engine's bound (each word is matched against every step's output)
+BadWord = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 TOKEN_ID_KEY = re.compile(r"[0-9]{1,9}")
 
 
@@ -155,6 +157,10 @@ class _Sampling(_Strict):
     allowed_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
         default=None, min_length=1, description="vLLM extension: the only tokens that may be drawn (bounded by the engine)"
     )
+    bad_words: list[BadWord] | None = Field(
+        default=None, max_length=MAX_BAD_WORDS,
+        description="vLLM extension: words never generated, at the text's start or after a space",
+    )  # fmt: skip
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
         default=None, max_length=300, description="token id (as a string) -> bias added to its logit"
     )
@@ -240,6 +246,14 @@ class _Sampling(_Strict):
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError(f"best_of: only best_of equal to n ({self.n}) is supported")
         return self
+
+    @field_validator("bad_words")
+    @classmethod
+    def _words_spell_something(cls, v: list[str] | None) -> list[str] | None:
+        for i, word in enumerate(v or []):
+            if not word.strip():
+                raise ValueError(f"bad_words[{i}]: a word must have more than whitespace")
+        return v
 
     @field_validator("logit_bias")
     @classmethod

@@ -163,9 +163,12 @@ class LLMEngine:
         vocab = self.base.config.vocab_size
         if any(not 0 <= t < vocab for t in ids):
             raise RequestError(f"prompt token ids must be in [0, {vocab})")
-        named = (*(t for t, _ in params.logit_bias), *params.stop_token_ids, *params.allowed_token_ids)
+        named = (
+            *(t for t, _ in params.logit_bias), *params.stop_token_ids, *params.allowed_token_ids,
+            *(t for word in params.bad_words_token_ids for t in word),
+        )  # fmt: skip
         if any(not 0 <= t < vocab for t in named):
-            raise RequestError(f"logit_bias, stop_token_ids and allowed_token_ids must name token ids in [0, {vocab})")
+            raise RequestError(f"logit_bias, stop_token_ids, allowed_token_ids and bad_words must name token ids in [0, {vocab})")
         if len(ids) + params.max_tokens > self.max_model_len:
             raise ContextLengthExceeded(  # OpenAI's and vLLM's wording, which clients match on
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you "

@@ -10,6 +10,9 @@ small ones per sequence:
   has its logit divided by the penalty when positive, multiplied when negative.
 - ``logit_bias`` (OpenAI): added to the named tokens' logits.
 - ``allowed_token_ids`` (vLLM): every other token is impossible.
+- ``bad_words`` (vLLM): a word's last token is impossible wherever the output so far ends with
+  the word's other tokens (a one-token word is never drawn). Only the output is read, as vLLM
+  reads it, so a word begun in the prompt is not caught.
 - ``min_tokens`` (vLLM): end-of-sequence (unless ``ignore_eos``) and the request's stop tokens are
   impossible until that many tokens are generated.
 
@@ -40,6 +43,10 @@ def _occurrences(rows: list[list[int]], vocab: int) -> torch.Tensor:
     counts = torch.zeros(len(rows), vocab + 1, dtype=torch.float32)
     counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
     return counts[:, :vocab]
+
+
+def _ends_with(tokens: list[int], tail: tuple[int, ...]) -> bool:
+    return not tail or (len(tokens) >= len(tail) and tuple(tokens[-len(tail) :]) == tail)
 
 
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence], eos_ids: Iterable[int]) -> torch.Tensor:
@@ -82,6 +89,12 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence], eos_ids: Iterabl
         if len(s.output_token_ids) < p.min_tokens
         for t in (*(() if p.ignore_eos else eos), *p.stop_token_ids)
         if t < vocab
+    ]
+    banned += [
+        (r, word[-1])
+        for r, s in enumerate(group)
+        for word in s.params.bad_words_token_ids
+        if _ends_with(s.output_token_ids, word[:-1]) and word[-1] < vocab
     ]
     if banned:
         r, t = zip(*banned, strict=True)

@@ -111,7 +111,7 @@ class Sampler:
         masked = p.penalised or p.guide is not None or bool(p.logits_processors)
         if masked and not bool((row > float("-inf")).any()):
             raise NoTokenAllowed(
-                "every token is ruled out: allowed_token_ids, logit_bias, min_tokens and the output format leave none"
+                "every token is ruled out: allowed_token_ids, bad_words, logit_bias, min_tokens and the output format leave none"
             )
         token = int(torch.argmax(row)) if p.greedy else self._draw(row, seq)
         if not 0 <= token < vocab:  # a processor that reshaped the row would feed the next step a bad id

@@ -28,6 +28,9 @@ MAX_LOGIT_BIAS = 100.0
 MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit on the number of biased tokens
 # vLLM sets no bound; the mask is built at every step of a batch others share, so it is bounded.
 MAX_ALLOWED_TOKEN_IDS = 4096
+# vLLM sets no bound on bad_words either; each is matched against the output's tail at every step.
+MAX_BAD_WORDS = 64
+MAX_BAD_WORD_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,9 @@ class SamplingParams:
     min_tokens: int = 0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), as OpenAI's map
     allowed_token_ids: tuple[int, ...] = ()  # vLLM's: when given, the only tokens that may be drawn
+    # vLLM's ``bad_words``, as the token sequences that spell them (``Tokenizer.bad_words_ids``):
+    # a sequence's last token is ruled out wherever the output ends with the others.
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     skip_special_tokens: bool = True  # vLLM's: special tokens are left out of the text
     include_stop_str_in_output: bool = False  # vLLM's: the text ends after the stop string, not before it
     # A structured-output constraint: a factory of per-sequence matchers (see structured.py).
@@ -85,6 +91,12 @@ class SamplingParams:
                 raise SamplingError(f"logit_bias: token {token} must be a token id with a bias in [-100, 100], got {bias}")
         if len(self.allowed_token_ids) > MAX_ALLOWED_TOKEN_IDS or any(t < 0 for t in self.allowed_token_ids):
             raise SamplingError(f"allowed_token_ids: at most {MAX_ALLOWED_TOKEN_IDS} token ids, none negative")
+        if len(self.bad_words_token_ids) > 2 * MAX_BAD_WORDS or any(
+            not 0 < len(w) <= MAX_BAD_WORD_TOKENS or min(w) < 0 for w in self.bad_words_token_ids
+        ):
+            raise SamplingError(
+                f"bad_words: at most {MAX_BAD_WORDS} words of 1 to {MAX_BAD_WORD_TOKENS} tokens each, no token id negative"
+            )
         if any(not s for s in self.stop):
             raise SamplingError("stop strings must not be empty")
         if self.seed is not None and not 0 <= self.seed < SEED_RANGE:
@@ -96,7 +108,7 @@ class SamplingParams:
         """Whether the sampler has work to do on this request's row before drawing."""
         return bool(
             self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0 or self.logit_bias
-            or self.min_tokens or self.allowed_token_ids
+            or self.min_tokens or self.allowed_token_ids or self.bad_words_token_ids
         )  # fmt: skip
 
     @property

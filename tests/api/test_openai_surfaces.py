@@ -569,6 +569,44 @@ def test_vllms_truncate_prompt_tokens_keeps_the_prompts_last_tokens(server) -> N
         assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens", r.text
 
 
+def _a_one_token_word(tokenizer, ids: list[int]) -> tuple[int, str]:
+    """The first of ``ids`` that is a whole word as vLLM reads ``bad_words``: the word's own
+    tokens, or (when that is one token too) its tokens after a space; and where it stands."""
+    for k, token in enumerate(ids):
+        word = tokenizer.decode([token]).strip()
+        bare = tokenizer.encode(word, add_special_tokens=False) if word else []
+        spaced = tokenizer.encode(" " + word, add_special_tokens=False) if word else []
+        if bare == [token] or (len(bare) == 1 and spaced == [token]):
+            return k, word
+    raise AssertionError("the answer has no one-token word")
+
+
+def test_bad_words_are_never_written_where_the_answer_would_write_them(client, server, tiny_llama: Path) -> None:
+    """vLLM's ``bad_words``: a word the greedy answer writes, banned, is not written; the answer
+    is the same up to where it stood and goes another way there. Through the official client's
+    ``extra_body`` on chat too. An empty or blank word, or too many, is a 400 naming the field."""
+    url = server[0]
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama))
+    body = {"model": "qv4", "prompt": PROMPTS[1], "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}  # fmt: skip
+    alone = httpx.post(f"{url}/v1/completions", json=body).json()["choices"][0]["token_ids"]
+    k, word = _a_one_token_word(tokenizer, alone)
+    banned = httpx.post(f"{url}/v1/completions", json={**body, "bad_words": [word]})
+    assert banned.status_code == 200, banned.text
+    ids = banned.json()["choices"][0]["token_ids"]
+    assert ids[:k] == alone[:k] and alone[k] not in ids
+    messages = [{"role": "user", "content": PROMPTS[2]}]
+    chat = dict(model="qv4", messages=messages, max_tokens=10, temperature=0, extra_body={"ignore_eos": True})
+    text = client.chat.completions.create(**chat).choices[0].message.content
+    answer = tokenizer.encode(text, add_special_tokens=False)
+    k, word = _a_one_token_word(tokenizer, answer)
+    other = client.chat.completions.create(**{**chat, "extra_body": {"ignore_eos": True, "bad_words": [word]}})
+    assert other.choices[0].message.content != text
+    for bad in ([""], [" \n"], ["w"] * 65, ["\u4e00" * 30]):  # the last: 90 byte-level tokens
+        r = httpx.post(f"{url}/v1/completions", json={**body, "bad_words": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"].startswith("bad_words"), r.text
+
+
 def test_allowed_token_ids_hold_the_answer_and_ruled_out_tokens_show_as_vllm_shows_them(server, tiny_llama: Path) -> None:
     """vLLM's ``allowed_token_ids`` through the API: a sampled answer draws only from the list;
     the alternatives its log-probabilities show beyond the list are -9999.0 (JSON has no -inf;

@@ -94,10 +94,37 @@ def test_allowed_token_ids_hold_their_rows_alone(engine) -> None:
         engine.generate([PROMPT], SamplingParams(max_tokens=2, allowed_token_ids=(10**6,)))
 
 
+def test_bad_words_answer_as_transformers_does(engine, tiny_llama: Path) -> None:
+    """vLLM's ``bad_words`` as token sequences: each greedy answer equals transformers' with the
+    same ``bad_words_ids`` (its ``NoBadWordsLogitsProcessor``), for a one-token word, a two-token
+    and a three-token word taken from the unconstrained answer (so each is about to be written),
+    in one batch with a plain row that answers as it does alone."""
+    from transformers import AutoModelForCausalLM
+
+    steps = 12
+    plain = SamplingParams(max_tokens=steps, temperature=0, min_tokens=steps)
+    alone = engine.generate([PROMPT], plain)[0].token_ids
+    words = [(alone[0],), tuple(alone[3:5]), tuple(alone[6:9])]
+    assert PROMPT[-1] not in (alone[3], alone[6])  # no word begins in the prompt (vLLM reads the output only)
+    params = [SamplingParams(max_tokens=steps, temperature=0, min_tokens=steps, bad_words_token_ids=(w,)) for w in words]
+    *got, beside = (o.token_ids for o in engine.generate([PROMPT] * 4, [*params, plain]))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32).eval()
+    for word, answer in zip(words, got, strict=True):
+        with torch.no_grad():
+            ref = model.generate(
+                torch.tensor([PROMPT]), max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
+                bad_words_ids=[list(word)], pad_token_id=0,
+            )[0, len(PROMPT) :].tolist()  # fmt: skip
+        assert answer == ref != alone, word
+        assert not any(tuple(answer[i : i + len(word)]) == word for i in range(steps))
+    assert beside == alone
+
+
 def test_out_of_range_values_are_refused() -> None:
     for bad in ({"frequency_penalty": 2.5}, {"presence_penalty": -3}, {"repetition_penalty": 0}, {"min_tokens": 65},
                 {"logit_bias": ((3, 101.0),)}, {"logit_bias": ((-1, 1.0),)}, {"allowed_token_ids": (-1,)},
-                {"allowed_token_ids": tuple(range(4097))}):  # fmt: skip
+                {"allowed_token_ids": tuple(range(4097))}, {"bad_words_token_ids": ((),)},
+                {"bad_words_token_ids": ((1, -2),)}, {"bad_words_token_ids": ((1,),) * 129}):  # fmt: skip
         with pytest.raises(SamplingError):
             SamplingParams(max_tokens=64, **bad)  # type: ignore[arg-type]
 
