@@ -130,6 +130,7 @@ class Tokenizer:
         messages: list[dict[str, Any]],
         *,
         tools: list[dict[str, Any]] | None = None,
+        documents: list[dict[str, str]] | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         variables: dict[str, Any] | None = None,
@@ -138,7 +139,8 @@ class Tokenizer:
     ) -> list[int]:
         """The conversation through the model's chat template, as token ids, with the ``tools``
         the answer may call (OpenAI's ``tools`` entries; a template that does not describe tools
-        leaves them out). ``variables`` are extra names the template may read (vLLM's
+        leaves them out) and the ``documents`` a retrieval template writes (vLLM's ``documents``,
+        Hugging Face's argument of that name). ``variables`` are extra names the template may read (vLLM's
         ``chat_template_kwargs``); none may be
         ``messages`` or one of ``apply_chat_template``'s own arguments (``tokenize``,
         ``chat_template``, ...), which would change what is rendered or with what template. A
@@ -154,7 +156,7 @@ class Tokenizer:
             raise TemplateVariableError(f"chat_template_kwargs: {', '.join(taken)} cannot be set here")
         try:
             out = self.hf.apply_chat_template(
-                messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt,
+                messages, tools=tools, documents=documents, tokenize=False, add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message, **variables,
             )  # fmt: skip
         except (TemplateError, TypeError) as err:  # TypeError: a variable that shadows one of the template's functions

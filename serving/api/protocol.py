@@ -494,6 +494,13 @@ class ChatTemplating(_Strict):
     tools: list[ChatTool] | None = Field(
         default=None, max_length=MAX_TOOLS, description="functions the chat template describes to the model"
     )
+    documents: list[dict[str, str]] | None = Field(
+        default=None, description="vLLM extension: documents for a template that writes them (retrieval), as {title, text}"
+    )
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = Field(
+        default=None,
+        description="for a template that reads it, as vLLM hands it over (enable_thinking too, unless in chat_template_kwargs)",
+    )
 
     @field_validator("tools")
     @classmethod
@@ -510,13 +517,20 @@ class ChatTemplating(_Strict):
         return self
 
     def template_input(self) -> dict[str, Any]:
-        """``Tokenizer.chat``'s arguments: the turns and the template controls."""
+        """``Tokenizer.chat``'s arguments: the turns and the template controls. ``reasoning_effort``
+        reaches the template as vLLM hands it over: as itself, and as ``enable_thinking`` (off for
+        ``"none"``) for templates that know only that switch, unless ``chat_template_kwargs`` set it."""
+        variables = dict(self.chat_template_kwargs or {})
+        if self.reasoning_effort is not None:
+            variables["reasoning_effort"] = self.reasoning_effort
+            variables.setdefault("enable_thinking", self.reasoning_effort != "none")
         return {
             "messages": [m.template_message() for m in self.messages],
             "tools": [t.template_tool() for t in self.tools] if self.tools else None,
+            "documents": self.documents,
             "add_generation_prompt": self.add_generation_prompt,
             "continue_final_message": self.continue_final_message,
-            "variables": self.chat_template_kwargs or {},
+            "variables": variables,
             "add_special_tokens": self.add_special_tokens,
         }
 

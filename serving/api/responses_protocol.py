@@ -8,7 +8,8 @@ replica does.
 
 Not served, each a 400 naming the field: stored responses (``previous_response_id``,
 ``conversation``; ``store`` is accepted and nothing is kept, as vLLM does without its store),
-background runs, tools other than functions, non-text inputs, and ``truncation: "auto"``.
+background runs, tools other than functions, non-text inputs, reasoning summaries, and
+``truncation: "auto"``.
 """
 
 from __future__ import annotations
@@ -133,6 +134,15 @@ class TextConfig(_Strict):
     verbosity: Literal["medium"] | None = Field(default=None, description="only the default")
 
 
+class Reasoning(_Strict):
+    """``reasoning``: the effort, handed to the chat template as chat's ``reasoning_effort``.
+    Summaries need a reasoning parser, which this server does not have."""
+
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: None = Field(default=None, description="only null: no reasoning is read out of the answer")
+    generate_summary: None = Field(default=None, description="only null (summary's older name)")
+
+
 class ResponsesRequest(_Strict):
     model: str
     input: list[InputItem] = Field(min_length=1, description="text (the user's turn), or the conversation's items")
@@ -150,7 +160,7 @@ class ResponsesRequest(_Strict):
     truncation: Literal["disabled"] | None = Field(default=None, description='only "disabled": a prompt too long is a 400')
     store: bool | None = Field(default=None, description="accepted; nothing is stored")
     background: Literal[False] | None = None
-    reasoning: None = Field(default=None, description="only null: not a reasoning model's server")
+    reasoning: Reasoning | None = Field(default=None, description="its effort reaches the chat template")
     previous_response_id: None = Field(default=None, description="only null: responses are not stored")
     metadata: dict[str, str] | None = None
     user: str | None = None
@@ -223,6 +233,7 @@ class ResponsesRequest(_Strict):
             "prompt_cache_key": self.prompt_cache_key,
             "metadata": self.metadata,
             "service_tier": self.service_tier,
+            "reasoning_effort": self.reasoning.effort if self.reasoning is not None else None,
             **{k: getattr(self, k) for k in VLLM_SAMPLING},
         }
         if self.logprobs():

@@ -83,7 +83,8 @@ class ResponseShape:
             "parallel_tool_calls": req.parallel_tool_calls is not False,
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt is not None else {"type": "text"}},
             "truncation": "disabled", "store": False, "background": False, "previous_response_id": None,
-            "reasoning": None, "metadata": req.metadata or {}, "user": req.user, "service_tier": "default",
+            "reasoning": req.reasoning.model_dump() if req.reasoning is not None else None,
+            "metadata": req.metadata or {}, "user": req.user, "service_tier": "default",
         }  # fmt: skip
 
 

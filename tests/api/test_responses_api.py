@@ -19,6 +19,7 @@ from engine_helpers import metered_app
 from pydantic import BaseModel, ConfigDict, Field
 
 from loraplane.serving.api.loopback import serve_app
+from loraplane.serving.api.responses_protocol import ResponsesRequest
 
 ASK = "what is a LoRA adapter?"
 WEATHER = {
@@ -67,6 +68,13 @@ def test_a_text_answer_is_the_chat_completion_it_stands_for(client: openai.OpenA
     assert message.type == "message" and message.role == "assistant" and message.content[0].type == "output_text"
     assert (answer.usage.input_tokens, answer.usage.output_tokens) == (chat.usage.prompt_tokens, chat.usage.completion_tokens)
     assert answer.usage.total_tokens == answer.usage.input_tokens + answer.usage.output_tokens
+    # reasoning.effort is chat's reasoning_effort, for the template (this one reads no such variable).
+    effort = client.responses.create(
+        model="qv4", instructions="be brief", input=ASK, max_output_tokens=12, temperature=0, reasoning={"effort": "low"}
+    )
+    assert effort.reasoning.effort == "low" and effort.output_text == answer.output_text
+    as_chat = ResponsesRequest.model_validate({"model": "qv4", "input": ASK, "reasoning": {"effort": "high"}}).chat()
+    assert as_chat.reasoning_effort == "high"
     if chat.choices[0].finish_reason == "length":  # cut at max_output_tokens, as OpenAI says it
         assert answer.status == "incomplete" and answer.incomplete_details.reason == "max_output_tokens"
     else:
@@ -165,7 +173,7 @@ def test_what_is_not_served_is_a_400_naming_the_field(server: tuple[str, Path]) 
     body = {"model": "qv4", "input": ASK, "max_output_tokens": 4}
     for bad, field in (
         ({**body, "previous_response_id": "resp_1"}, "previous_response_id"),
-        ({**body, "reasoning": {"effort": "low"}}, "reasoning"),
+        ({**body, "reasoning": {"effort": "low", "summary": "auto"}}, "reasoning.summary"),
         ({**body, "truncation": "auto"}, "truncation"),
         ({**body, "background": True}, "background"),
         ({**body, "tools": [{"type": "web_search"}]}, "tools"),

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pydantic
 import pytest
 
+from loraplane.serving.api.protocol import ChatCompletionRequest
 from loraplane.serving.tokenizer import TemplateVariableError, Tokenizer
 
 TURNS = [{"role": "user", "content": "hi"}]
@@ -20,6 +22,29 @@ def tokenizer(tiny_llama: Path) -> Tokenizer:
 def test_variables_reach_the_template(tokenizer: Tokenizer) -> None:
     tokenizer.hf.chat_template = "{% if greeting %}{{ greeting }} {% endif %}{{ messages[0]['content'] }}"
     assert tokenizer.hf.decode(tokenizer.chat(TURNS, add_generation_prompt=False, variables={"greeting": "hello"})) == "hello hi"
+
+
+def test_documents_and_reasoning_effort_reach_the_template_as_vllm_hands_them_over(tokenizer: Tokenizer) -> None:
+    """vLLM's chat ``documents`` (Hugging Face's argument of that name) and ``reasoning_effort``
+    (as itself, and as ``enable_thinking``, off for "none", unless ``chat_template_kwargs`` set
+    it), from a request body to the rendered prompt."""
+    tokenizer.hf.chat_template = (
+        "{% for d in documents or [] %}[{{ d['title'] }}: {{ d['text'] }}]{% endfor %}"
+        "{{ reasoning_effort | default('-') }} {{ enable_thinking | default('-') }} {{ messages[0]['content'] }}"
+    )
+
+    def rendered(**body: object) -> str:
+        req = ChatCompletionRequest.model_validate({"model": "m", "messages": TURNS, "add_generation_prompt": False, **body})
+        return str(tokenizer.hf.decode(tokenizer.chat(**req.template_input())))
+
+    assert rendered() == "- - hi"
+    docs = [{"title": "a", "text": "one"}, {"title": "b", "text": "two"}]
+    assert rendered(documents=docs, reasoning_effort="low") == "[a: one][b: two]low True hi"
+    assert rendered(reasoning_effort="none") == "none False hi"
+    assert rendered(reasoning_effort="high", chat_template_kwargs={"enable_thinking": False}) == "high False hi"
+    for bad in ({"reasoning_effort": "extreme"}, {"documents": [{"title": 1}]}, {"chat_template_kwargs": {"documents": []}}):
+        with pytest.raises((pydantic.ValidationError, TemplateVariableError)):
+            rendered(**bad)
 
 
 @pytest.mark.parametrize("name", ["messages", "tokenize", "chat_template", "tools", "add_generation_prompt"])
