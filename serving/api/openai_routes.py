@@ -209,7 +209,7 @@ async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, serve
             body["prompt_logprobs"] = prompt_logprobs_field(engine, outs[0], req.prompt_logprobs)
         return JSONResponse(body)
 
-    def delta_of(out: RequestOutput, delta: str, sent: Sent) -> dict[str, Any]:
+    def delta_of(index: int, out: RequestOutput, delta: str, sent: Sent) -> dict[str, Any]:
         """A chunk's ``delta``: its new text, or the calls it adds to; a choice's first carries its
         role (and what ``echo`` puts first)."""
         before = out.text[: len(out.text) - len(delta)]
@@ -220,7 +220,7 @@ async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, serve
                 head = {"role": "assistant", "content": req.echoed() + text}
             return {**head, "tool_calls": made} if made else head
         if tools is not None:
-            calls = tools.delta_calls(before, delta, sent.first)
+            calls = tools.delta_calls(index, delta, sent.first)
             head = {"role": "assistant", "content": req.echoed() or None} if sent.first else {}
             return {**head, "tool_calls": calls} if calls else head
         if sent.first:
@@ -228,7 +228,7 @@ async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, serve
         return {"content": delta} if delta else {}
 
     def event(index: int, out: RequestOutput, delta: str, sent: Sent) -> dict[str, Any]:
-        return {"index": index, "delta": delta_of(out, delta, sent), "finish_reason": finished(out),
+        return {"index": index, "delta": delta_of(index, out, delta, sent), "finish_reason": finished(out),
                 "logprobs": logprobs_of(out, sent.logprobs), **token_ids(out, sent.tokens)}  # fmt: skip
 
     return streamed(req, {**base, "object": "chat.completion.chunk"}, request, event, first=prompt_ids)

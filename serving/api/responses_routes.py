@@ -26,7 +26,7 @@ from loraplane.serving.api.openai_routes import resolve_model, token_entries
 from loraplane.serving.api.protocol import new_id, now
 from loraplane.serving.api.responses_protocol import ResponsesRequest
 from loraplane.serving.api.streaming import finish_reason
-from loraplane.serving.api.tool_calls import ToolAnswer, calls_completed_by, new_call_id
+from loraplane.serving.api.tool_calls import ToolAnswer, new_call_id
 from loraplane.serving.api.tool_parsers import AutoAnswer
 from loraplane.serving.engine.outputs import RequestOutput
 from loraplane.serving.engine.sequence import TokenLogprob
@@ -178,9 +178,8 @@ async def _stream(
             yield {"type": "response.output_text.delta", "item_id": message_id, "output_index": 0, "content_index": 0,
                    "delta": new_text, "logprobs": new_logprobs}  # fmt: skip
         else:
-            async for event in _call_events(tools, output, text, delta):
+            async for event in _call_events(tools, output, delta):
                 yield event
-            text += delta
     assert out is not None, "a request has at least one output"
     status = _status(out)
     if tools is None:
@@ -209,7 +208,7 @@ async def _stream(
     yield {"type": ended, "response": shape.body(status, output, _usage(request.meter))}
 
 
-async def _call_events(tools: ToolAnswer, output: list[dict[str, Any]], before: str, delta: str) -> AsyncIterator[dict[str, Any]]:
+async def _call_events(tools: ToolAnswer, output: list[dict[str, Any]], delta: str) -> AsyncIterator[dict[str, Any]]:
     """A chunk's events for function calls: a named call opened at once and its arguments
     streamed; ``"required"``'s calls each opened and closed whole once written."""
     if tools.named is not None:
@@ -221,7 +220,7 @@ async def _call_events(tools: ToolAnswer, output: list[dict[str, Any]], before: 
             yield {"type": "response.function_call_arguments.delta", "item_id": output[0]["id"], "output_index": 0,
                    "delta": delta}  # fmt: skip
         return
-    for _, name, arguments in calls_completed_by(before, delta):
+    for _, name, arguments in tools.completed_calls(0, delta):
         async for event in _whole_call(output, name, arguments):
             yield event
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -67,35 +67,72 @@ def new_call_id() -> str:
 def whole_calls(text: str) -> tuple[list[tuple[str, str]], bool]:
     """The calls of ``"required"``'s answer text so far, each its name and its arguments as the
     model wrote them, and whether the array is closed. A call still being written is not among
-    them, so a stream gives each call once it is whole, and an answer cut short gives the calls
-    it finished. Read by spans (``_value_end``), not by decoding and re-encoding the arguments,
-    which would change their text (a number's digits, ``1e999`` to ``Infinity``) and recurse as
-    deep as they nest."""
-    calls: list[tuple[str, str]] = []
-    at = _skip_space(text, 0)
-    if not text.startswith("[", at):
-        return calls, False
-    at += 1
-    while True:
-        call = _call_at(text, _skip_space(text, at))
-        if call is None:
-            return calls, False
-        name, arguments, at = call
-        calls.append((name, arguments))
-        at = _skip_space(text, at)
-        if text.startswith("]", at):
-            return calls, True
-        if not text.startswith(",", at):
-            return calls, False
-        at += 1
+    them, so an answer cut short gives the calls it finished."""
+    stream = CallStream()
+    calls = [(name, arguments) for _, name, arguments in stream.feed(text)]
+    return calls, stream.closed
 
 
-def calls_completed_by(before: str, delta: str) -> list[tuple[int, str, str]]:
-    """The calls of ``"required"``'s array that ``delta`` completes, each with its index: what a
-    stream's chunk adds (chat's and the Responses API's streams both ask it)."""
-    done, _ = whole_calls(before)
-    now, _ = whole_calls(before + delta)
-    return [(i, name, arguments) for i, (name, arguments) in enumerate(now) if i >= len(done)]
+class CallStream:
+    """``"required"``'s array read as it is written, chunk by chunk: each character is looked at
+    once (its depth, and whether it is inside a string) and each call is read once, when its
+    object closes, so a stream costs the event loop its answer's length, not that length times
+    the number of chunks, which would stall every other stream on a long answer. A call is read
+    by spans (``_call_at``), not by decoding and re-encoding its arguments, which would change
+    their text (a number's digits, ``1e999`` to ``Infinity``) and recurse as deep as they nest.
+    Anything but calls separated by commas (and whitespace) inside the array ends the reading
+    there."""
+
+    def __init__(self) -> None:
+        self.count = 0  # the calls read so far
+        self.closed = False  # the array's closing bracket was written
+        self._depth = 0
+        self._in_string = self._escaped = self._broken = False
+        self._after_call = False  # the last thing in the array was a call (not "[" or a comma)
+        self._call: list[str] | None = None  # the pieces of the call being written, from its "{"
+
+    def feed(self, delta: str) -> list[tuple[int, str, str]]:
+        """The calls ``delta`` completes, each with its index in the array."""
+        done: list[tuple[int, str, str]] = []
+        start = 0  # where the call being written starts in this delta
+        for i, ch in enumerate(delta):
+            if self._broken or self.closed:
+                break
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif ch == "\\":
+                    self._escaped = True
+                elif ch == '"':
+                    self._in_string = False
+            elif ch in " \t\r\n":
+                continue
+            elif self._depth == 0:
+                self._depth, self._broken = 1, ch != "["
+            elif self._depth == 1:  # between calls: a call, then a comma or the end, and so on
+                if ch == "," and self._after_call:
+                    self._after_call = False
+                elif ch == "]" and self._after_call:
+                    self._depth, self.closed = 0, True
+                elif ch == "{" and not self._after_call:
+                    self._depth, self._call, start = 2, [], i
+                else:
+                    self._broken = True
+            elif ch == '"':
+                self._in_string = True
+            elif ch in "[{":
+                self._depth += 1
+            elif ch in "]}":
+                self._depth -= 1
+                if self._depth == 1:
+                    call = _call_at("".join(self._call or []) + delta[start : i + 1], 0)
+                    self._call, self._broken, self._after_call = None, call is None, True
+                    if call is not None:
+                        done.append((self.count, call[0], call[1]))
+                        self.count += 1
+        if self._call is not None:
+            self._call.append(delta[start:])
+        return done
 
 
 def _call_at(text: str, at: int) -> tuple[str, str, int] | None:
@@ -187,12 +224,14 @@ def call_entry(index: int, name: str, arguments: str) -> dict[str, Any]:
     return {"index": index, "id": new_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-@dataclass(frozen=True)
+@dataclass
 class ToolAnswer:
     """How a request's answers become calls: of the ``named`` function, or (None) as many as
-    ``"required"``'s array holds."""
+    ``"required"``'s array holds. One per request: a stream reads each choice's array as it
+    goes."""
 
     named: str | None
+    _streams: dict[int, CallStream] = field(default_factory=dict, repr=False, compare=False)
 
     def calls(self, text: str) -> list[dict[str, Any]]:
         """``message.tool_calls`` of a whole answer."""
@@ -208,11 +247,17 @@ class ToolAnswer:
         ``length`` says the calls were cut short."""
         return "tool_calls" if reason == "stop" and self.named is None and whole_calls(text)[1] else reason
 
-    def delta_calls(self, before: str, delta: str, first: bool) -> list[dict[str, Any]]:
+    def completed_calls(self, choice: int, delta: str) -> list[tuple[int, str, str]]:
+        """The calls of ``"required"``'s array that a choice's chunk completes, each with its
+        index (chat's and the Responses API's streams both ask it), read by the choice's own
+        ``CallStream``."""
+        return self._streams.setdefault(choice, CallStream()).feed(delta)
+
+    def delta_calls(self, choice: int, delta: str, first: bool) -> list[dict[str, Any]]:
         """A chunk's ``delta.tool_calls``: a named call's arguments as they are written (its id
         and name in the first chunk); ``"required"``'s calls each whole once written."""
         if self.named is not None:
             if first:
                 return [call_entry(0, self.named, delta)]
             return [{"index": 0, "function": {"arguments": delta}}] if delta else []
-        return [call_entry(i, name, arguments) for i, name, arguments in calls_completed_by(before, delta)]
+        return [call_entry(i, name, arguments) for i, name, arguments in self.completed_calls(choice, delta)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 import re
 import shutil
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from loraplane.serving.api.app import create_app
 from loraplane.serving.api.loopback import serve_app
+from loraplane.serving.api.tool_calls import CallStream, whole_calls
 from loraplane.serving.api.tool_parsers import TOOL_PARSERS
 
 # A template that describes tools and writes calls, as Qwen's and Hermes' do (the tiny model's
@@ -332,6 +334,36 @@ def test_a_parser_splits_text_from_calls_and_streams_only_what_cannot_be_a_call(
     final = read.answered(text, True)
     assert all(a == b[: len(a)] for a, b in itertools.pairwise([*shown, final]))
     assert final == (content or "")
+
+
+REQUIRED_ANSWERS = [
+    '[{"name": "f", "parameters": {"a": 1}}]',
+    ' [ {"parameters": {"s": "a } ] \\" [ {", "n": [1, {"b": 1e999}]}, "name": "g"} ,{"name": "f", "parameters": {}} ] ',
+    '[{"name": "f", "parameters": {"t": "\\\\"}}, {"name": "h", "parameters": {"u": "\\u00e9"}}',  # not closed
+    '[{"name": "f", "parameters": {"a": 1}}, {"name": "g", "parameters": {"b":',  # cut inside a call
+    '[{"name": "f", "parameters": {"a": 1}} {"name": "g", "parameters": {}}]',  # no comma: the reading ends
+    '{"name": "f", "parameters": {}}',  # not an array
+    '[{"name": "f", "parameters": {}},]',  # a comma before the end
+    "[]",
+]
+
+
+@pytest.mark.parametrize("text", REQUIRED_ANSWERS)
+def test_required_calls_are_read_as_written_whatever_the_chunks(text: str) -> None:
+    """``"required"``'s array read by ``CallStream``: in any chunks (one character each, or
+    random pieces), the calls come once each, in order, when their object closes, with their
+    arguments exactly as the model wrote them; the array is closed only by its own bracket."""
+    expected, closed = whole_calls(text)
+    for name, arguments in expected:
+        assert arguments in text and isinstance(json.loads(arguments.replace("1e999", "1")), dict) and name
+    rng = random.Random(0)
+    for cuts in ([*range(len(text))], sorted(rng.sample(range(len(text)), k=min(7, len(text)))), []):
+        stream, got = CallStream(), []
+        for a, b in itertools.pairwise([0, *cuts, len(text)]):
+            got += stream.feed(text[a:b])
+        assert got == [(i, *call) for i, call in enumerate(expected)] and stream.closed == closed
+    assert [len(whole_calls(t)[0]) for t in REQUIRED_ANSWERS] == [1, 2, 2, 1, 1, 0, 1, 0]
+    assert [whole_calls(t)[1] for t in REQUIRED_ANSWERS] == [True, True, False, False, False, False, False, False]
 
 
 def test_answers_from_the_clients_own_helpers_are_sent_back_as_they_come(client: openai.OpenAI) -> None:
