@@ -16,6 +16,7 @@ from loraplane.cli.options import (
     tenants_option,
 )
 from loraplane.cli.usage import make_metering, usage_options
+from loraplane.serving.api.response_store import DEFAULT_MAX_BYTES, DEFAULT_MAX_RESPONSES
 from loraplane.serving.api.tool_parsers import TOOL_PARSERS
 
 
@@ -73,6 +74,15 @@ from loraplane.serving.api.tool_parsers import TOOL_PARSERS
     "--max-pending-requests", default=256, type=click.IntRange(min=1),
     help="Beyond this, answer 503 (shed load) to the tenants over their share of it.",
 )  # fmt: skip
+@click.option(
+    "--max-stored-responses", default=DEFAULT_MAX_RESPONSES, show_default=True, type=click.IntRange(min=0),
+    help="Responses API: at most this many responses kept in memory (and at most --stored-responses-mib), least "
+    "recently used out, for previous_response_id and GET /v1/responses/{id}; 0 keeps none (store is then false).",
+)  # fmt: skip
+@click.option(
+    "--stored-responses-mib", default=DEFAULT_MAX_BYTES >> 20, show_default=True, type=click.IntRange(min=0),
+    help="Responses API: the stored responses' bound in MiB of JSON.",
+)  # fmt: skip
 def serve(
     model: str,
     host: str,
@@ -88,6 +98,8 @@ def serve(
     admin_hosts: frozenset[str],
     tenants_path: Path | None,
     max_pending_requests: int,
+    max_stored_responses: int,
+    stored_responses_mib: int,
     metrics_port: int | None,
     **flags: Any,
 ) -> None:
@@ -97,6 +109,7 @@ def serve(
     from pydantic import ValidationError
 
     from loraplane.serving.api.app import create_app
+    from loraplane.serving.api.response_store import ResponseStore
     from loraplane.serving.api.tenants import TenantConfig, Tenants, load_tenants
     from loraplane.serving.config import EngineConfig
     from loraplane.serving.engine.builder import build_engine
@@ -138,6 +151,7 @@ def serve(
         lambda: build_engine(config), admin_token=admin_token, stats_token=stats_token or None, tenants=tenants,
         max_pending_requests=max_pending_requests, metering=metering,
         admin_hosts=admin_hosts, tool_call_parser=tool_call_parser if enable_auto_tool_choice else None,
+        responses=ResponseStore(max_stored_responses, stored_responses_mib << 20),
     )  # fmt: skip
     if metrics_port is not None:
         from loraplane.serving.api.metrics_port import serve_metrics

@@ -23,6 +23,7 @@ from loraplane.serving.api.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from loraplane.serving.api.deps import ServerState
 from loraplane.serving.api.errors import APIError, api_error_handler, http_error_handler, validation_error_handler
 from loraplane.serving.api.metrics_port import view as metrics_view
+from loraplane.serving.api.response_store import ResponseStore
 from loraplane.serving.api.tenants import Tenants
 from loraplane.serving.api.tool_parsers import TOOL_PARSERS
 from loraplane.serving.api.usage_metrics import UsageCollector
@@ -41,6 +42,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     admin_hosts: frozenset[str] = frozenset(),
     tool_call_parser: str | None = None,
+    responses: ResponseStore | None = None,
 ) -> FastAPI:
     """``max_pending_requests`` bounds the requests queued or running in the engine; beyond it the
     server sheds load with 503 and ``Retry-After`` instead of queueing without bound, from the
@@ -49,11 +51,21 @@ def create_app(
     ``stats_token`` may read ``/admin/stats`` and nothing else (the router's token).
     ``admin_hosts``: this replica's own addresses, which a signed admin call must name.
     ``tool_call_parser``: the model's tool-call format (``tool_calls.TOOL_PARSERS``), which lets
-    requests leave the choice between text and calls to the model (``tool_choice: "auto"``)."""
+    requests leave the choice between text and calls to the model (``tool_choice: "auto"``).
+    ``responses``: where the Responses API keeps stored responses (by default its bounds'
+    defaults)."""
     meters = metering or Metering("local")
     parser = TOOL_PARSERS[tool_call_parser]() if tool_call_parser is not None else None
     state = ServerState(
-        make_engine, admin_token, max_pending_requests, tenants or Tenants(None), meters, stats_token, admin_hosts, parser
+        make_engine,
+        admin_token,
+        max_pending_requests,
+        tenants or Tenants(None),
+        meters,
+        stats_token,
+        admin_hosts,
+        parser,
+        responses,
     )
 
     @asynccontextmanager

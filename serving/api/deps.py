@@ -17,6 +17,7 @@ from fastapi import Depends, Request
 from loraplane.serving.api.async_engine import AsyncEngine
 from loraplane.serving.api.errors import APIError, require_admin
 from loraplane.serving.api.load_shedding import PendingRequests
+from loraplane.serving.api.response_store import ResponseStore
 from loraplane.serving.api.tenants import TenantConfig, Tenants
 from loraplane.serving.api.tool_parsers import ToolParser
 from loraplane.serving.engine.llm_engine import LLMEngine
@@ -32,7 +33,7 @@ class ServerState:
     def __init__(
         self, make_engine: Callable[[], LLMEngine], admin_token: str | None, max_pending_requests: int, tenants: Tenants,
         metering: Metering, stats_token: str | None = None, admin_hosts: frozenset[str] = frozenset(),
-        tool_parser: ToolParser | None = None,
+        tool_parser: ToolParser | None = None, responses: ResponseStore | None = None,
     ) -> None:  # fmt: skip
         """``admin_hosts``: this replica's own addresses; a signed admin call must name one of them
         (the operator passes the pod's IP), so one captured elsewhere cannot be replayed here."""
@@ -43,6 +44,7 @@ class ServerState:
         self.load_error: str | None = None
         self.pending = PendingRequests(max_pending_requests)  # accepted requests not yet finished
         self.tool_parser = tool_parser  # reads "auto" tool calls back (vLLM's --tool-call-parser)
+        self.responses = responses if responses is not None else ResponseStore()  # the Responses API's stored ones
 
     def start(self) -> None:
         def load() -> None:

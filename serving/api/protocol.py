@@ -608,8 +608,9 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+def new_id(prefix: str, sep: str = "-") -> str:
+    """An id as OpenAI spells its kind's: ``chatcmpl-…``, and the Responses API's ``resp_…``."""
+    return f"{prefix}{sep}{uuid.uuid4().hex[:24]}"
 
 
 def now() -> int:

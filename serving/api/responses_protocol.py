@@ -6,10 +6,9 @@ is a ``response_format``. Validation builds that chat request (``chat()``), so b
 one set of rules, bounds and error messages, and the router's edge checks a Responses body as a
 replica does.
 
-Not served, each a 400 naming the field: stored responses (``previous_response_id``,
-``conversation``; ``store`` is accepted and nothing is kept, as vLLM does without its store),
-background runs, tools other than functions, non-text inputs, reasoning summaries, and
-``truncation: "auto"``.
+Stored responses (``store``, ``previous_response_id``) are the route's (``response_store``).
+Not served, each a 400 naming the field: ``conversation``, background runs, tools other than
+functions, non-text inputs, reasoning summaries, and ``truncation: "auto"``.
 """
 
 from __future__ import annotations
@@ -158,10 +157,12 @@ class ResponsesRequest(_Strict):
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool | None = None
     truncation: Literal["disabled"] | None = Field(default=None, description='only "disabled": a prompt too long is a 400')
-    store: bool | None = Field(default=None, description="accepted; nothing is stored")
+    store: bool | None = Field(default=None, description="false: not kept (OpenAI's default is true)")
     background: Literal[False] | None = None
     reasoning: Reasoning | None = Field(default=None, description="its effort reaches the chat template")
-    previous_response_id: None = Field(default=None, description="only null: responses are not stored")
+    previous_response_id: str | None = Field(
+        default=None, min_length=1, max_length=256, description="a stored response of the caller's to go on from"
+    )
     metadata: dict[str, str] | None = None
     user: str | None = None
     safety_identifier: str | None = None
@@ -210,6 +211,16 @@ class ResponsesRequest(_Strict):
         if head == "messages" and rest and isinstance(rest[0], int):
             rest[0] -= 1 if self.instructions else 0
         return (CHAT_NAMES.get(head, head), *rest)
+
+    def going_on_from(self, previous: list[dict[str, Any]]) -> ResponsesRequest:
+        """This request after a stored conversation's items (``previous_response_id``): the same
+        request with those items before its input, checked again as a whole."""
+        body = self.model_dump(by_alias=True, exclude_unset=True)
+        return ResponsesRequest.model_validate({**body, "input": [*previous, *body["input"]]})
+
+    def items(self) -> list[dict[str, Any]]:
+        """The input as items, as a stored response keeps them."""
+        return [item.model_dump(by_alias=True, exclude_unset=True) for item in self.input]
 
     def chat(self) -> ChatCompletionRequest:
         """The same request as a chat completion: the turns, tools and settings it stands for."""

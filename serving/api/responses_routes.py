@@ -15,17 +15,21 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 from loraplane.serving.api.choices import Choices
 from loraplane.serving.api.cleanup_response import CleanupResponse
-from loraplane.serving.api.deps import Caller, Engine, Server
+from loraplane.serving.api.deps import Caller, Engine, Server, ServerState
 from loraplane.serving.api.disconnect import cancel_on_disconnect
+from loraplane.serving.api.errors import APIError, invalid_request
 from loraplane.serving.api.generation import auto_tools, failure, final, meter_for, run, sampling, templated
 from loraplane.serving.api.metering import RequestMeter
 from loraplane.serving.api.openai_routes import resolve_model, token_entries
 from loraplane.serving.api.protocol import new_id, now
+from loraplane.serving.api.response_store import ResponseStore, StoredResponse
 from loraplane.serving.api.responses_protocol import ResponsesRequest
 from loraplane.serving.api.streaming import finish_reason
+from loraplane.serving.api.tenants import TenantConfig
 from loraplane.serving.api.tool_calls import ToolAnswer, new_call_id
 from loraplane.serving.api.tool_parsers import AutoAnswer
 from loraplane.serving.engine.outputs import RequestOutput
@@ -56,15 +60,23 @@ def _message(item_id: str, status: str, content: list[dict[str, Any]]) -> dict[s
 
 
 def _function_call(name: str, arguments: str, status: str) -> dict[str, Any]:
-    return {"type": "function_call", "id": new_id("fc"), "call_id": new_call_id(), "name": name, "arguments": arguments,
+    return {"type": "function_call", "id": new_id("fc", "_"), "call_id": new_call_id(), "name": name, "arguments": arguments,
             "status": status}  # fmt: skip
 
 
 class ResponseShape:
-    """The ``response`` object of one request, as it stands (in progress, or ended by ``out``)."""
+    """The ``response`` object of one request, as it stands (in progress, or ended by ``out``),
+    and its keeping once it has ended (``ended``) when it is stored."""
 
-    def __init__(self, req: ResponsesRequest, rid: str) -> None:
-        self.req, self.rid, self.created = req, rid, now()
+    def __init__(self, req: ResponsesRequest, rid: str, keep: Callable[[dict[str, Any]], None] | None) -> None:
+        self.req, self.rid, self.created, self.keep = req, rid, now(), keep
+
+    def ended(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any]) -> dict[str, Any]:
+        """The response as it ended (completed or incomplete), kept when stored."""
+        body = self.body(status, output, usage)
+        if self.keep is not None:
+            self.keep(body)
+        return body
 
     def body(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None,
              error: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
@@ -82,10 +94,57 @@ class ResponseShape:
                             else req.tool_choice or ("auto" if req.tools else "none")),
             "parallel_tool_calls": req.parallel_tool_calls is not False,
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt is not None else {"type": "text"}},
-            "truncation": "disabled", "store": False, "background": False, "previous_response_id": None,
+            "truncation": "disabled", "store": self.keep is not None, "background": False,
+            "previous_response_id": req.previous_response_id,
             "reasoning": req.reasoning.model_dump() if req.reasoning is not None else None,
             "metadata": req.metadata or {}, "user": req.user, "service_tier": "default",
         }  # fmt: skip
+
+
+def _going_on(store: ResponseStore, owner: str | None, req: ResponsesRequest) -> ResponsesRequest:
+    """The request after the conversation of the stored response it names; an id that is not
+    the caller's stored response is OpenAI's 400 ``previous_response_not_found``."""
+    rid = req.previous_response_id
+    stored = store.get(owner, rid) if rid is not None else None
+    if stored is None:
+        raise APIError(400, f"Previous response with id '{rid}' not found.", code="previous_response_not_found",
+                       param="previous_response_id")  # fmt: skip
+    try:
+        return req.going_on_from(stored.items)
+    except ValidationError as err:  # the whole conversation is checked again
+        raise invalid_request(err.errors()) from None
+
+
+def _keeper(store: ResponseStore, owner: str | None, req: ResponsesRequest) -> Callable[[dict[str, Any]], None]:
+    """What keeps the response once it ends: its body, and its conversation as items (the items
+    it went on from and its input, then its output)."""
+    items = req.items()
+
+    def keep(body: dict[str, Any]) -> None:
+        store.put(owner, body, [*items, *body["output"]])
+
+    return keep
+
+
+def _stored(server: ServerState, tenant: TenantConfig | None, response_id: str) -> StoredResponse:
+    stored = server.responses.get(tenant.name if tenant is not None else None, response_id)
+    if stored is None:
+        raise APIError(404, f"Response with id '{response_id}' not found.", code="not_found", param="response_id")
+    return stored
+
+
+@router.get("/v1/responses/{response_id}")
+async def retrieve(response_id: str, tenant: Caller, server: Server) -> Any:
+    """A stored response of the caller's, as it ended."""
+    return _stored(server, tenant, response_id).body
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete(response_id: str, tenant: Caller, server: Server) -> Any:
+    """Forget a stored response of the caller's: it can no longer be read or gone on from."""
+    _stored(server, tenant, response_id)
+    server.responses.delete(tenant.name if tenant is not None else None, response_id)
+    return {"id": response_id, "object": "response", "deleted": True}
 
 
 def _status(out: RequestOutput) -> str:
@@ -95,16 +154,20 @@ def _status(out: RequestOutput) -> str:
 @router.post("/v1/responses")
 @cancel_on_disconnect
 async def responses(req: ResponsesRequest, engine: Engine, tenant: Caller, server: Server, raw_request: Request) -> Any:
+    owner = tenant.name if tenant is not None else None
+    if req.previous_response_id is not None:
+        req = _going_on(server.responses, owner, req)
     chat = req.chat()
     adapter = resolve_model(engine, chat.model, tenant)
     auto = auto_tools(server, chat)
     prompt = await templated(engine, chat, limit=engine.engine.max_model_len)
     limit = chat.max_completion_tokens or max(1, engine.engine.max_model_len - len(prompt))
     params = await sampling(engine, chat, limit, (chat.top_logprobs or 0) if chat.logprobs else None)
-    rid = new_id("resp")
+    rid = new_id("resp", "_")
     meter = meter_for(server, rid, "/v1/responses", req.model, adapter, tenant)
     request = await run(server, engine, [prompt], params, 1, meter, tenant, chat.cache_salt)
-    shape, tools = ResponseShape(req, rid), chat.tool_answer()
+    keep = _keeper(server.responses, owner, req) if req.store is not False and server.responses.enabled else None
+    shape, tools = ResponseShape(req, rid, keep), chat.tool_answer()
     entries = token_entries(engine, False)
     logprobs = req.logprobs()
 
@@ -114,14 +177,16 @@ async def responses(req: ResponsesRequest, engine: Engine, tenant: Caller, serve
         if tools is None:
             text_logprobs = entries(out.logprobs) if logprobs else None
             content, made = auto.parser.parse(out.text) if auto is not None else (out.text, [])
-            output = [_message(new_id("msg"), status, [_text_part(content or "", text_logprobs)])] if content or not made else []
+            output = (
+                [_message(new_id("msg", "_"), status, [_text_part(content or "", text_logprobs)])] if content or not made else []
+            )
             output += [_function_call(name, arguments, status) for name, arguments in made]
         else:
             # "required"'s calls are each whole; a named call cut short is as incomplete as the answer.
             made_status = status if tools.named is not None else "completed"
             output = [_function_call(c["function"]["name"], c["function"]["arguments"], made_status)
                       for c in tools.calls(out.text)]  # fmt: skip
-        return JSONResponse(shape.body(status, output, _usage(meter)))
+        return JSONResponse(shape.ended(status, output, _usage(meter)))
 
     events = _stream(shape, request, tools or auto, entries if logprobs else None)
     return CleanupResponse(_sse(events), request.close, media_type="text/event-stream")
@@ -148,7 +213,7 @@ async def _stream(
     yield {"type": "response.in_progress", "response": shape.body("in_progress", [], None)}
     output: list[dict[str, Any]] = []
     text, text_logprobs, out = "", list[dict[str, Any]](), None
-    message_id = new_id("msg")
+    message_id = new_id("msg", "_")
 
     def opened() -> list[dict[str, Any]]:
         """The message item's opening events, once."""
@@ -205,7 +270,7 @@ async def _stream(
                        "name": item["name"], "arguments": item["arguments"]}  # fmt: skip
                 yield {"type": "response.output_item.done", "output_index": index, "item": item}
     ended = "response.incomplete" if status == "incomplete" else "response.completed"
-    yield {"type": ended, "response": shape.body(status, output, _usage(request.meter))}
+    yield {"type": ended, "response": shape.ended(status, output, _usage(request.meter))}
 
 
 async def _call_events(tools: ToolAnswer, output: list[dict[str, Any]], delta: str) -> AsyncIterator[dict[str, Any]]:

@@ -106,8 +106,11 @@ async def _admitted(
         state.tenants.finish(tenant, {"adapter": adapter, "prompt_tokens": prompt_tokens,
                                       "completion_tokens": completion_tokens}, reservation)  # fmt: skip
 
+    headers = forwarded_headers(request)
+    going_on = payload.get("previous_response_id") if path == RESPONSES else None  # validated: a string or null
     try:
-        return await state.forward().post(path, payload, forwarded_headers(request), done, ask_usage=path != RESPONSES)
+        home = await state.forward().home_of(going_on, headers) if going_on is not None else None
+        return await state.forward().post(path, payload, headers, done, ask_usage=path != RESPONSES, prefer=home)
     except BaseException:  # refused, or cancelled (the client went away) before an answer began
         done(None)  # the reservation goes back; an answer under way calls done itself, once
         raise

@@ -22,6 +22,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from fastapi import Response
@@ -30,6 +31,7 @@ from loraplane.serving.api.cleanup_response import CleanupResponse
 from loraplane.serving.api.errors import APIError, error_body
 from loraplane.serving.router.metrics import RouterMetrics
 from loraplane.serving.router.policy import Router
+from loraplane.serving.router.response_homes import ResponseHomes
 from loraplane.serving.router.table import Replica, ReplicaTable
 
 RETRY_ELSEWHERE = {502, 503, 504}
@@ -43,16 +45,20 @@ class Forwarder:
     def __init__(self, table: ReplicaTable, router: Router, metrics: RouterMetrics, client: httpx.AsyncClient) -> None:
         self.table, self.router, self.metrics, self.client = table, router, metrics, client
         self._closing: set[asyncio.Task[None]] = set()  # upstream responses closing after their client left
+        self.homes = ResponseHomes()  # the replica keeping each stored response it has seen
 
     async def _open(
-        self, path: str, body: bytes, headers: dict[str, str], model: str, streaming: bool
+        self, path: str, body: bytes, headers: dict[str, str], model: str, streaming: bool, prefer: str | None
     ) -> tuple[Replica, httpx.Response, AsyncIterator[bytes] | None]:
         """The replica that took the request, its response and, for a stream it accepted, the
-        stream's body with its first chunk already read (None otherwise)."""
+        stream's body with its first chunk already read (None otherwise). ``prefer``: a replica
+        tried first when it is up (the one keeping the stored response the request goes on from)."""
         tried: set[str] = set()
         failures: list[str] = []
         while True:
-            route = self.router.choose(model, [r for r in self.table.up() if r.name not in tried])
+            left = [r for r in self.table.up() if r.name not in tried]
+            preferred = [r for r in left if r.name == prefer]
+            route = (preferred[0], "stored_response") if preferred else self.router.choose(model, left)
             if route is None:
                 why = "; ".join(failures) or "none is up"
                 raise APIError(503, f"no serving replica could take the request ({why})", type_="server_error",
@@ -103,12 +109,44 @@ class Forwarder:
                 self.table.mark_down(replica, repr(err))
         return None
 
+    async def ask_each(
+        self, method: str, path: str, headers: dict[str, str], first: str | None
+    ) -> tuple[Replica, httpx.Response] | None:
+        """A call about one stored response: the replica ``first`` (the one known to keep it),
+        then the others that are up, until one answers other than 404. The replica that answered
+        and its answer (the last 404 when none keeps it); None when none answers."""
+        replicas = sorted(self.table.up(), key=lambda r: (r.name != first, r.in_flight))
+        answer = None
+        for replica in replicas:
+            try:
+                answer = replica, await self.client.request(method, f"{replica.url}{path}", headers=headers)
+            except httpx.TransportError as err:
+                self.table.mark_down(replica, repr(err))
+                continue
+            if answer[1].status_code != 404:
+                break
+        return answer
+
+    async def home_of(self, response_id: str, headers: dict[str, str]) -> str | None:
+        """The replica keeping a stored response: known, or found by asking (with the caller's
+        key, so only the caller's own response is found)."""
+        home = self.homes.home(response_id)
+        if home is None:
+            found = await self.ask_each("GET", f"/v1/responses/{quote(response_id, safe='')}", headers, None)
+            if found is not None and found[1].status_code == 200:
+                home = found[0].name
+                self.homes.learn(response_id, home)
+        return home
+
     async def post(
-        self, path: str, payload: dict[str, Any], headers: dict[str, str], done: Done, *, ask_usage: bool = True
-    ) -> Response:
+        self, path: str, payload: dict[str, Any], headers: dict[str, str], done: Done, *, ask_usage: bool = True,
+        prefer: str | None = None,
+    ) -> Response:  # fmt: skip
         """Forward a generation. ``ask_usage``: a stream carries its usage only when asked
         (chat and completions' ``stream_options``), so it is asked for, and the usage chunk
-        relayed only to a caller that asked too; the Responses API's final event always has it."""
+        relayed only to a caller that asked too; the Responses API's final event always has it.
+        ``prefer``: the replica tried first. The ids of the Responses API's answers are learned
+        (``homes``), for the requests that go on from them."""
         model = payload.get("model")
         if not isinstance(model, str):
             raise APIError(400, "model: a model name is required", code="invalid_request", param="model")
@@ -118,7 +156,7 @@ class Forwarder:
             options = dict(payload.get("stream_options") or {})
             strip_usage = not options.get("include_usage")
             payload = {**payload, "stream_options": {**options, "include_usage": True}}
-        replica, response, body_stream = await self._open(path, json.dumps(payload).encode(), headers, model, streaming)
+        replica, response, body_stream = await self._open(path, json.dumps(payload).encode(), headers, model, streaming, prefer)
         passed = {k: v for k, v in response.headers.items() if k.lower() in PASSED_HEADERS}
         passed[REPLICA_HEADER] = replica.name
         if body_stream is not None:
@@ -145,9 +183,12 @@ class Forwarder:
         usage = None
         if response.status_code == 200:
             try:
-                usage = json.loads(content).get("usage")
+                answer = json.loads(content)
+                usage = answer.get("usage")
             except (ValueError, AttributeError):
-                usage = None
+                answer = None
+            if isinstance(answer, dict) and answer.get("object") == "response" and isinstance(answer.get("id"), str):
+                self.homes.learn(answer["id"], replica.name)
         done(usage)
         return Response(content, status_code=response.status_code, headers=passed)
 
@@ -161,6 +202,8 @@ class Forwarder:
                 pending += chunk
                 while b"\n\n" in pending:
                     event, pending = pending.split(b"\n\n", 1)
+                    if event.startswith(CREATED_EVENT) and (rid := _response_id(event)) is not None:
+                        self.homes.learn(rid, replica.name)
                     found = _usage_of(event)
                     if found is not None:
                         settlement.usage = found
@@ -216,7 +259,18 @@ async def _first_chunk_read(response: httpx.Response) -> AsyncIterator[bytes]:
     return rest()
 
 
+CREATED_EVENT = b"event: response.created\n"
 ENDING_EVENTS = (b"event: response.completed\n", b"event: response.incomplete\n", b"event: response.failed\n")
+
+
+def _response_id(event: bytes) -> str | None:
+    """The id of the response a Responses stream's ``response.created`` event opens."""
+    _, _, data_line = event.partition(b"\ndata: ")
+    try:
+        rid = json.loads(data_line)["response"]["id"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return rid if isinstance(rid, str) else None
 
 
 def _usage_of(event: bytes) -> dict[str, Any] | None:

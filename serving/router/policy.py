@@ -5,7 +5,9 @@ The decisions are:
 - ``device_hit`` / ``host_hit``: a replica that holds the adapter in that tier took it;
 - ``hashed``: nobody holds it warm (or the warm ones are full) and the ring's home for it did;
 - ``overflow``: the home was above the load bound, the next replica on the ring took it;
-- ``round_robin``: the round-robin policy, warm or not.
+- ``round_robin``: the round-robin policy, warm or not;
+- ``stored_response``: the replica that keeps the stored response a Responses API request goes
+  on from (``previous_response_id``; chosen by the forwarder, before the policy).
 
 The load is the router's own count of requests in flight to each replica, the same load model as
 ``loraplane sim --replicas`` so that the benchmark can put the two side by side.
@@ -20,7 +22,7 @@ from loraplane.routing import BoundedLoadRing
 from loraplane.serving.router.table import Replica
 
 Policy = Literal["affinity", "round-robin"]
-DECISIONS = ("device_hit", "host_hit", "hashed", "overflow", "round_robin")
+DECISIONS = ("device_hit", "host_hit", "hashed", "overflow", "round_robin", "stored_response")
 
 
 class Router:

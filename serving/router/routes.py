@@ -40,6 +40,34 @@ async def responses(request: Request, state: State) -> Response:
     return await relay(state, request, "/v1/responses")
 
 
+@router.get("/v1/responses/{response_id}")
+async def stored_response(response_id: str, request: Request, state: State) -> Response:
+    return await _ask_keeper(state, request, "GET", response_id)
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_stored_response(response_id: str, request: Request, state: State) -> Response:
+    return await _ask_keeper(state, request, "DELETE", response_id)
+
+
+async def _ask_keeper(state: RouterState, request: Request, method: str, response_id: str) -> Response:
+    """A stored response's call, at the replica that keeps it (known, or found by asking each),
+    with the caller's key: a replica answers only for the caller's own responses."""
+    state.tenants.authenticate(request.headers.get("authorization"))
+    forward = state.forward()
+    found = await forward.ask_each(
+        method, f"/v1/responses/{quote(response_id, safe='')}", forwarded_headers(request), forward.homes.home(response_id)
+    )
+    if found is None:
+        raise _no_replica()
+    replica, answer = found
+    if answer.status_code == 200 and method == "GET":
+        forward.homes.learn(response_id, replica.name)
+    elif answer.status_code == 200:
+        forward.homes.forget(response_id)
+    return Response(answer.content, status_code=answer.status_code, media_type="application/json")
+
+
 async def _ask_any(state: RouterState, request: Request, path: str, body: bytes | None = None) -> Response:
     state.tenants.authenticate(request.headers.get("authorization"))
     r = await state.forward().ask_any(path, forwarded_headers(request), body)

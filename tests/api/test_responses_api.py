@@ -15,11 +15,14 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from engine_helpers import metered_app
+from engine_helpers import metered_app, tiny_engine
 from pydantic import BaseModel, ConfigDict, Field
 
+from loraplane.serving.api.app import create_app
 from loraplane.serving.api.loopback import serve_app
+from loraplane.serving.api.response_store import ResponseStore
 from loraplane.serving.api.responses_protocol import ResponsesRequest
+from loraplane.serving.api.tenants import TenantConfig, Tenants
 
 ASK = "what is a LoRA adapter?"
 WEATHER = {
@@ -61,8 +64,8 @@ def test_a_text_answer_is_the_chat_completion_it_stands_for(client: openai.OpenA
         model="qv4", messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": ASK}],
         max_completion_tokens=12, temperature=0,
     )  # fmt: skip
-    assert answer.object == "response" and answer.id.startswith("resp") and answer.model == "qv4"
-    assert answer.store is False  # nothing is kept, whatever the request asked
+    assert answer.object == "response" and answer.id.startswith("resp_") and answer.model == "qv4"
+    assert answer.store is True and answer.previous_response_id is None  # kept, as OpenAI's default
     assert answer.output_text == chat.choices[0].message.content
     (message,) = answer.output
     assert message.type == "message" and message.role == "assistant" and message.content[0].type == "output_text"
@@ -156,6 +159,86 @@ def test_function_calls_and_their_results_sent_back(client: openai.OpenAI, strea
     assert client.responses.create(model="qv4", input=again, max_output_tokens=4).output_text is not None
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_previous_response_id_goes_on_from_the_stored_conversation(client: openai.OpenAI, stream: bool) -> None:
+    """OpenAI's stored conversations: a response going on from another reads the same prompt as
+    the whole conversation sent again (its instructions not carried over), greedy the same
+    answer; a call and its result go on the same way. Streamed responses are kept too, and read
+    back as the stream ended them."""
+    first_kwargs = {"model": "qv4", "instructions": "be brief", "input": ASK, "max_output_tokens": 6, "temperature": 0}
+    first = _through_helper(client, **first_kwargs) if stream else client.responses.create(**first_kwargs)
+    assert client.responses.retrieve(first.id).model_dump() == first.model_dump()
+    kwargs = {"model": "qv4", "input": "and why?", "max_output_tokens": 6, "temperature": 0}
+    going_on = client.responses.create(previous_response_id=first.id, **kwargs)
+    turns = [{"role": "user", "content": ASK}, *[m.model_dump() for m in first.output], {"role": "user", "content": "and why?"}]
+    whole = client.responses.create(**{**kwargs, "input": turns})
+    assert going_on.previous_response_id == first.id and going_on.output_text == whole.output_text
+    assert going_on.usage.input_tokens == whole.usage.input_tokens > first.usage.input_tokens
+    # A chain: the third reads the first two turns through the second alone.
+    third = client.responses.create(previous_response_id=going_on.id, **{**kwargs, "input": "go on"})
+    again = [*turns, *[m.model_dump() for m in going_on.output], {"role": "user", "content": "go on"}]
+    assert third.usage.input_tokens == client.responses.create(**{**kwargs, "input": again}).usage.input_tokens
+    # A call kept, its result sent on its own.
+    call = client.responses.create(model="qv4", input="weather?", tools=[WEATHER], max_output_tokens=60,
+                                   tool_choice={"type": "function", "name": "get_weather"})  # fmt: skip
+    (made,) = call.output
+    result = [{"type": "function_call_output", "call_id": made.call_id, "output": "sunny"}]
+    after = client.responses.create(model="qv4", previous_response_id=call.id, input=result, tools=[WEATHER],
+                                    tool_choice="none", max_output_tokens=4)  # fmt: skip
+    sent = client.responses.create(model="qv4", input=[{"role": "user", "content": "weather?"}, made.model_dump(), *result],
+                                   tools=[WEATHER], tool_choice="none", max_output_tokens=4)  # fmt: skip
+    assert after.usage.input_tokens == sent.usage.input_tokens
+
+
+def test_stored_responses_are_read_deleted_and_kept_only_when_asked(client: openai.OpenAI) -> None:
+    kept = client.responses.create(model="qv4", input=ASK, max_output_tokens=4)
+    client.responses.delete(kept.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(kept.id)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="qv4", input="more", previous_response_id=kept.id, max_output_tokens=4)
+    error = refused.value.body
+    assert error["code"] == "previous_response_not_found" and error["param"] == "previous_response_id"
+    unkept = client.responses.create(model="qv4", input=ASK, max_output_tokens=4, store=False)
+    assert unkept.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unkept.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(unkept.id)
+
+
+def test_a_tenant_cannot_read_continue_or_delete_anothers_response(tiny_llama: Path, tmp_path: Path) -> None:
+    tenants = Tenants([TenantConfig(name="a", api_keys=["key-a"]), TenantConfig(name="b", api_keys=["key-b"])])
+    app = create_app(lambda: tiny_engine(tiny_llama, tmp_path / "cache", {}, max_model_len=256), tenants=tenants)
+    with serve_app(app) as url:
+        a, b = (openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0) for key in ("key-a", "key-b"))
+        base = a.models.list().data[0].id
+        mine = a.responses.create(model=base, input=ASK, max_output_tokens=4)
+        with pytest.raises(openai.NotFoundError):
+            b.responses.retrieve(mine.id)
+        with pytest.raises(openai.NotFoundError):
+            b.responses.delete(mine.id)
+        with pytest.raises(openai.BadRequestError):
+            b.responses.create(model=base, input="more", previous_response_id=mine.id, max_output_tokens=4)
+        assert a.responses.retrieve(mine.id).output_text == mine.output_text  # still there, untouched
+
+
+def test_the_store_keeps_the_most_recently_used_within_its_bounds() -> None:
+    store = ResponseStore(max_responses=3, max_bytes=10_000)
+    body = lambda rid: {"id": rid, "output": []}  # noqa: E731
+    for rid in ("r1", "r2", "r3"):
+        assert store.put("t", body(rid), [{"role": "user", "content": rid}])
+    assert store.get("t", "r1") is not None and store.get("u", "r1") is None  # r1 used: r2 is now the oldest
+    store.put("t", body("r4"), [])
+    assert [store.get("t", r) is not None for r in ("r1", "r2", "r3", "r4")] == [True, False, True, True]
+    big = [{"role": "user", "content": "x" * 4_000}]
+    store.put("t", body("r5"), big)
+    store.put("t", body("r6"), big)  # 8,000 bytes and more: the others go, oldest first
+    assert len(store) <= 3 and store.bytes <= 10_000 and store.get("t", "r6") is not None
+    assert not store.put("t", body("r7"), [{"content": "x" * 20_000}])  # over the bound alone: not kept
+    assert not ResponseStore(max_responses=0).put("t", body("r8"), [])
+
+
 def test_log_probabilities_when_included(client: openai.OpenAI) -> None:
     answer = client.responses.create(
         model="qv4", input=ASK, max_output_tokens=6, top_logprobs=2, include=["message.output_text.logprobs"]
@@ -172,7 +255,7 @@ def test_log_probabilities_when_included(client: openai.OpenAI) -> None:
 def test_what_is_not_served_is_a_400_naming_the_field(server: tuple[str, Path]) -> None:
     body = {"model": "qv4", "input": ASK, "max_output_tokens": 4}
     for bad, field in (
-        ({**body, "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({**body, "previous_response_id": "resp_1"}, "previous_response_id"),  # never issued
         ({**body, "reasoning": {"effort": "low", "summary": "auto"}}, "reasoning.summary"),
         ({**body, "truncation": "auto"}, "truncation"),
         ({**body, "background": True}, "background"),

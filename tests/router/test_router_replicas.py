@@ -211,8 +211,42 @@ def test_the_responses_api_goes_through_and_its_tokens_count(fleet: Fleet, strea
         else:
             assert acme.responses.create(**ask).output_text == expected
         assert complete(url, fleet.keys["acme"], "qv4").status_code == 429  # its 30+ tokens were counted
-        with pytest.raises(openai.BadRequestError):  # checked at the edge as at a replica
-            acme.responses.create(model="qv4", input="x", previous_response_id="resp_1")
+        with pytest.raises(openai.BadRequestError):  # checked at the edge as at a replica, before the quota
+            acme.responses.create(model="qv4", input="x", truncation="auto")
+
+
+def test_stored_responses_are_reached_at_the_replica_that_keeps_them(fleet: Fleet, router: str) -> None:
+    """Replicas keep their stored responses: a request going on from one reaches the replica that
+    keeps it, whatever the routing policy would choose (round-robin here), streamed or not;
+    reading and deleting it too. A router that never saw the id (another one, or restarted)
+    finds it by asking. Another tenant's key finds nothing."""
+    acme, globex = fleet.keys["acme"], fleet.keys["globex"]
+    headers = {"Authorization": f"Bearer {acme}"}
+    going_on = {"model": "qv4", "input": "and then?", "max_output_tokens": 3}
+    with router_for(fleet, policy="round-robin") as spread:
+        first = httpx.post(f"{spread}/v1/responses", headers=headers, json={**going_on, "input": "hello"}, timeout=120)
+        assert first.status_code == 200, first.text
+        home, rid = first.headers["x-loraplane-replica"], first.json()["id"]
+        going_on["previous_response_id"] = rid
+        for stream in (False, True, False, True):
+            r = httpx.post(f"{spread}/v1/responses", headers=headers, json={**going_on, "stream": stream}, timeout=120)
+            assert r.status_code == 200 and r.headers["x-loraplane-replica"] == home, r.text
+        plain = [complete(spread, acme, "qv4").headers["x-loraplane-replica"] for _ in range(3)]
+        assert len(set(plain)) == 3  # without a stored response to go on from, the policy spreads them
+    with router_for(fleet) as fresh:  # has never seen the id
+        client = openai.OpenAI(base_url=f"{fresh}/v1", api_key=acme, max_retries=0)
+        assert client.responses.retrieve(rid).id == rid
+        after = client.responses.create(**going_on)
+        assert after.previous_response_id == rid
+        assert client.responses.retrieve(after.id).output_text == after.output_text
+        with pytest.raises(openai.NotFoundError):
+            openai.OpenAI(base_url=f"{fresh}/v1", api_key=globex, max_retries=0).responses.retrieve(rid)
+    client = openai.OpenAI(base_url=f"{router}/v1", api_key=acme, max_retries=0)
+    client.responses.delete(rid)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(rid)
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(**going_on)
 
 
 def test_a_replica_that_answers_garbage_does_not_stop_the_upkeep(fleet: Fleet) -> None:
