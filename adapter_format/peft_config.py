@@ -32,6 +32,15 @@ MATCH_SECONDS = 0.05
 PATTERN_BUDGET_SECONDS = 1.0
 MAX_PATTERN_CHARS = 256
 MAX_PATTERNS = 1024
+# PEFT's LoRA variants, by their config fields (PEFT 0.21's fields tagged ``is_lora_variant``, and
+# QALoRA's), and its initialisations that are variants too: each changes what a layer computes.
+VARIANT_FIELDS = (
+    "alora_invocation_tokens", "arrow_config", "kasa_config", "monteclora_config", "use_bdlora", "use_qalora", "velora_config",
+)  # fmt: skip
+VARIANT_INITS = ("mica",)
+# Initialisations that change the base's weights (PiSSA, CorDA, OLoRA, LoftQ): such an adapter
+# is trained against that changed base, and PEFT changes the base again when it loads one.
+BASE_CHANGING_INITS = ("pissa", "corda", "olora", "loftq")
 Rank = Annotated[int, Field(gt=0, le=MAX_RANK)]
 Alpha = Annotated[float, Field(gt=0, le=MAX_ALPHA, allow_inf_nan=False)]
 
@@ -99,6 +108,21 @@ class PeftLoraConfig(BaseModel):
         problems = []
         if self.use_dora:
             problems.append("DoRA (use_dora) is not supported by the gathered kernels")
+        extra = self.model_extra or {}
+        variants = [name for name in VARIANT_FIELDS if extra.get(name)]
+        if variants or extra.get("init_lora_weights") in VARIANT_INITS:
+            named = ", ".join(variants) or f"init_lora_weights={extra['init_lora_weights']!r}"
+            problems.append(
+                f"{named}: a PEFT LoRA variant whose layers compute other than x A^T B^T, which is all that is served"
+            )
+        init = extra.get("init_lora_weights")
+        if isinstance(init, str) and init.lower().startswith(BASE_CHANGING_INITS):
+            problems.append(
+                f"init_lora_weights={init!r} trains against a changed base (PEFT changes the base's weights again when it "
+                "loads such an adapter); save it with path_initial_model_for_weight_conversion, which makes it a plain LoRA"
+            )
+        if extra.get("layer_replication"):
+            problems.append("layer_replication changes the base's layers")
         if self.bias != "none":
             problems.append(f"trained biases (bias={self.bias!r}) are not supported")
         if self.modules_to_save:

@@ -294,6 +294,19 @@ def test_truncated_and_garbage_safetensors(tmp_path: Path) -> None:
 def test_bad_config(tmp_path: Path) -> None:
     expect(ErrorCode.BAD_CONFIG, make_adapter(tmp_path / "a", config={"r": 0}), "r: Input should be greater than 0")
     expect(ErrorCode.BAD_CONFIG, make_adapter(tmp_path / "b", config={"use_dora": True}), "DoRA")
+    # PEFT's other LoRA variants, its initialisations that change the base, layer replication; as
+    # PEFT saves the plain ones, with each of these null or false, they are served.
+    for i, (extra, match) in enumerate((
+        ({"alora_invocation_tokens": [5, 6]}, "alora_invocation_tokens: a PEFT LoRA variant"),
+        ({"use_qalora": True}, "use_qalora"), ({"arrow_config": {"top_k": 2}}, "arrow_config"),
+        ({"init_lora_weights": "mica"}, "init_lora_weights='mica'"),
+        ({"init_lora_weights": "pissa_niter_16"}, "path_initial_model_for_weight_conversion"),
+        ({"init_lora_weights": "olora"}, "changed base"), ({"layer_replication": [[0, 2]]}, "layer_replication"),
+    )):  # fmt: skip
+        expect(ErrorCode.BAD_CONFIG, make_adapter(tmp_path / f"variant{i}", config=extra), match)
+    plain = {"use_qalora": False, "alora_invocation_tokens": None, "arrow_config": None, "layer_replication": None,
+             "init_lora_weights": True, "use_bdlora": None, "kasa_config": None}  # fmt: skip
+    validate_adapter_dir(make_adapter(tmp_path / "plain", config=plain), BASE, ValidationLimits())
     expect(ErrorCode.BAD_CONFIG, make_adapter(tmp_path / "c", config={"peft_type": "IA3"}), "not LORA")
     folder = make_adapter(tmp_path / "d")
     (folder / "adapter_config.json").write_text("{not json")

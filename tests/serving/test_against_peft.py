@@ -78,6 +78,41 @@ def test_per_module_ranks_and_alphas_match_peft(
     assert tokens == ref_tokens
 
 
+def test_a_pissa_adapter_is_served_once_peft_made_it_a_plain_lora(tiny_llama: Path, tmp_path: Path) -> None:
+    """PiSSA (``init_lora_weights="pissa"``) trains against a base PEFT changes, and changes again
+    when it loads the adapter: saved as trained, it is refused by name. Saved as PEFT converts it
+    (``path_initial_model_for_weight_conversion``: a plain LoRA of twice the rank on the original
+    base), it is served and matches PEFT's logits on that base."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from loraplane.adapter_format.errors import AdapterValidationError
+
+    torch.manual_seed(3)
+    untouched = tmp_path / "initial"
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(str(tiny_llama)),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights="pissa"),
+    )
+    model.peft_config["default"].init_lora_weights = True  # the starting point, as PEFT's docs save it
+    model.save_pretrained(str(untouched))
+    model.peft_config["default"].init_lora_weights = "pissa"
+    with torch.no_grad():  # "training": the adapter moves away from its start
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(str(tmp_path / "trained"))
+    model.save_pretrained(str(tmp_path / "converted"), path_initial_model_for_weight_conversion=str(untouched))
+    with pytest.raises(AdapterValidationError, match="path_initial_model_for_weight_conversion"):
+        tiny_engine(tiny_llama, tmp_path / "cache0", {"pissa": tmp_path / "trained"})
+    adapters = {"pissa": tmp_path / "converted"}
+    requests = list(zip(_prompts(3, 320, seed=5), ["pissa", None, "pissa"], strict=True))
+    ref_tokens, ref_logits = hf_greedy(tiny_llama, adapters, requests, STEPS)
+    tokens, logits = engine_greedy(tiny_engine(tiny_llama, tmp_path / "cache", adapters), requests, STEPS, eos_id=2)
+    assert max((ours - ref).abs().max().item() for ours, ref in zip(logits, ref_logits, strict=True)) < 1e-4
+    assert tokens == ref_tokens
+
+
 @pytest.mark.slow
 def test_embedded_smollm2_mixed_batch_matches_peft(tmp_path: Path) -> None:
     from loraplane.serving.config import EngineConfig
