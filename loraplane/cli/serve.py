@@ -49,7 +49,8 @@ from loraplane.serving.api.tool_parsers import TOOL_PARSERS
 )  # fmt: skip
 @click.option(
     "--tool-call-parser", type=click.Choice(sorted(TOOL_PARSERS)),
-    help="The model's own tool-call format (vLLM's names): hermes for Hermes and Qwen, llama3_json for Llama 3.1 and 3.2.",
+    help="The model's own tool-call format (vLLM's names): hermes for Hermes and Qwen, llama3_json for Llama 3.1 and 3.2, "
+    "pythonic for Llama 3.2 and 4's Python-style calls.",
 )  # fmt: skip
 @click.option(
     "--api-key", envvar=["LORAPLANE_API_KEY", "VLLM_API_KEY"],

@@ -6,6 +6,7 @@ before the calls is the answer's content and a stream never shows markup that be
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from abc import ABC, abstractmethod
@@ -104,7 +105,48 @@ class Llama3JsonParser(ToolParser):
         return text
 
 
-TOOL_PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (HermesParser, Llama3JsonParser)}
+class PythonicParser(ToolParser):
+    """Llama 3.2's and Llama 4's Python-style calls: the answer is one list of calls with keyword
+    arguments, ``[get_weather(city="paris", days=3), ping()]`` (between ``<|python_start|>`` and
+    ``<|python_end|>`` when special tokens are kept), or it is text. Read with Python's own
+    parser, each argument a literal (``ast.literal_eval``: nothing is run); an argument that is
+    not a literal JSON can hold, or a list that is not only such calls, makes the answer text."""
+
+    name = "pythonic"
+    START, END = "<|python_start|>", "<|python_end|>"
+
+    def parse(self, text: str) -> tuple[str | None, list[tuple[str, str]]]:
+        body = text.strip().removeprefix(self.START).removesuffix(self.END).strip()
+        if not body.startswith("["):
+            return text, []
+        try:
+            calls = self._calls(ast.parse(body, mode="eval").body)
+        except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
+            return text, []
+        return (None, calls) if calls else (text, [])
+
+    @staticmethod
+    def _calls(node: ast.expr) -> list[tuple[str, str]]:
+        if not isinstance(node, ast.List):
+            raise ValueError("not a list")
+        calls = []
+        for call in node.elts:
+            if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name) or call.args:
+                raise ValueError("not a call with keyword arguments")
+            if any(k.arg is None for k in call.keywords):  # **kwargs
+                raise ValueError("not a keyword argument")
+            arguments = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+            calls.append((call.func.id, json.dumps(arguments, ensure_ascii=False, allow_nan=False)))
+        return calls
+
+    def visible(self, text: str) -> str:
+        head = text.lstrip()
+        if not head or head.startswith(("[", self.START)) or self.START.startswith(head):
+            return ""  # may be calls: held until the answer ends
+        return text
+
+
+TOOL_PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (HermesParser, Llama3JsonParser, PythonicParser)}
 
 
 @dataclass(frozen=True)

@@ -320,6 +320,16 @@ def test_auto_reads_the_models_own_calls_back(auto_server: str) -> None:
          [("f", "{}"), ("g", '{"b": [1]}')]),
         ("llama3_json", "The answer is {not a call}", "The answer is {not a call}", []),
         ("llama3_json", '{"name": "f"', '{"name": "f"', []),
+        ("pythonic", '[get_weather(city="paris", days=3), ping()]', None,
+         [("get_weather", '{"city": "paris", "days": 3}'), ("ping", "{}")]),
+        ("pythonic", '<|python_start|>[f(a=[1, {"b": None}], c=True, d=-2.5)]<|python_end|>', None,
+         [("f", '{"a": [1, {"b": null}], "c": true, "d": -2.5}')]),
+        ("pythonic", "[f(x=__import__('os').system('id'))]", "[f(x=__import__('os').system('id'))]", []),  # not a literal
+        ("pythonic", "[f(1)]", "[f(1)]", []),  # a positional argument
+        ("pythonic", "[f(x=1e999)]", "[f(x=1e999)]", []),  # no JSON number
+        ("pythonic", "[1, 2] are numbers", "[1, 2] are numbers", []),
+        ("pythonic", "call f(x=1) later", "call f(x=1) later", []),
+        ("pythonic", "[" * 5000, "[" * 5000, []),  # nested past the parser
     ],
 )  # fmt: skip
 def test_a_parser_splits_text_from_calls_and_streams_only_what_cannot_be_a_call(
