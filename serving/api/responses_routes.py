@@ -184,8 +184,7 @@ async def responses(req: ResponsesRequest, engine: Engine, tenant: Caller, serve
         else:
             # "required"'s calls are each whole; a named call cut short is as incomplete as the answer.
             made_status = status if tools.named is not None else "completed"
-            output = [_function_call(c["function"]["name"], c["function"]["arguments"], made_status)
-                      for c in tools.calls(out.text)]  # fmt: skip
+            output = [_function_call(name, arguments, made_status) for name, arguments in tools.made(out.text)]
         return JSONResponse(shape.ended(status, output, _usage(meter)))
 
     events = _stream(shape, request, tools or auto, entries if logprobs else None)

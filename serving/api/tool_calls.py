@@ -233,13 +233,13 @@ class ToolAnswer:
     named: str | None
     _streams: dict[int, CallStream] = field(default_factory=dict, repr=False, compare=False)
 
+    def made(self, text: str) -> list[tuple[str, str]]:
+        """A whole answer's calls, each its name and its arguments' text."""
+        return [(self.named, text)] if self.named is not None else whole_calls(text)[0]
+
     def calls(self, text: str) -> list[dict[str, Any]]:
         """``message.tool_calls`` of a whole answer."""
-        if self.named is not None:
-            found = [(self.named, text)]
-        else:
-            found, _ = whole_calls(text)
-        return message_calls(found)
+        return message_calls(self.made(text))
 
     def finish_reason(self, text: str, reason: str | None) -> str | None:
         """vLLM's: ``"required"``'s calls end as ``tool_calls`` (when their array was closed, not
