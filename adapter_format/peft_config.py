@@ -37,10 +37,11 @@ MAX_PATTERNS = 1024
 VARIANT_FIELDS = (
     "alora_invocation_tokens", "arrow_config", "kasa_config", "monteclora_config", "use_bdlora", "use_qalora", "velora_config",
 )  # fmt: skip
+VARIANT_CONFIGS = ("arrow_config", "kasa_config", "monteclora_config", "use_bdlora", "velora_config")
 VARIANT_INITS = ("mica",)
-# Initialisations that change the base's weights (PiSSA, CorDA, OLoRA, LoftQ): such an adapter
-# is trained against that changed base, and PEFT changes the base again when it loads one.
-BASE_CHANGING_INITS = ("pissa", "corda", "olora", "loftq")
+# Initialisations that change the base's weights (PiSSA, CorDA, OLoRA, LoftQ, LoRA-GA): such an
+# adapter is trained against that changed base, and PEFT changes the base again when it loads one.
+BASE_CHANGING_INITS = ("pissa", "corda", "olora", "loftq", "lora_ga")
 Rank = Annotated[int, Field(gt=0, le=MAX_RANK)]
 Alpha = Annotated[float, Field(gt=0, le=MAX_ALPHA, allow_inf_nan=False)]
 
@@ -109,7 +110,11 @@ class PeftLoraConfig(BaseModel):
         if self.use_dora:
             problems.append("DoRA (use_dora) is not supported by the gathered kernels")
         extra = self.model_extra or {}
-        variants = [name for name in VARIANT_FIELDS if extra.get(name)]
+        # PEFT makes a config object of any mapping given, ``{}`` too, and that turns the variant
+        # on; the flags and the token list turn it on when true or not empty.
+        variants = [
+            name for name in VARIANT_FIELDS if (extra.get(name) is not None if name in VARIANT_CONFIGS else extra.get(name))
+        ]
         if variants or extra.get("init_lora_weights") in VARIANT_INITS:
             named = ", ".join(variants) or f"init_lora_weights={extra['init_lora_weights']!r}"
             problems.append(

@@ -212,9 +212,8 @@ async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, serve
     def delta_of(index: int, out: RequestOutput, delta: str, sent: Sent) -> dict[str, Any]:
         """A chunk's ``delta``: its new text, or the calls it adds to; a choice's first carries its
         role (and what ``echo`` puts first)."""
-        before = out.text[: len(out.text) - len(delta)]
         if auto is not None:  # the text that cannot be a call yet, then the calls whole at the end
-            text, made = auto.delta(before, out.text, out.finished)
+            text, made = auto.delta(out.text[: len(out.text) - len(delta)], out.text, out.finished)
             head: dict[str, Any] = {"content": text} if text else {}
             if sent.first:
                 head = {"role": "assistant", "content": req.echoed() + text}

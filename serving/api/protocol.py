@@ -32,7 +32,9 @@ MAX_N = 16
 MAX_CHOICES = 64
 MAX_PROMPTS = 64
 MAX_TOOLS = 128  # OpenAI's bound
-MAX_BAD_WORDS = 64  # the engine's bound (each word is matched against every step's output)
+# The engine's bound (sampling_params.MAX_BAD_WORDS; each word is matched at every step), restated
+# here because the router, which checks bodies with these models, may not import the engine.
+MAX_BAD_WORDS = 64
 BadWord = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 TOKEN_ID_KEY = re.compile(r"[0-9]{1,9}")
 

@@ -137,7 +137,7 @@ class Reasoning(_Strict):
     """``reasoning``: the effort, handed to the chat template as chat's ``reasoning_effort``.
     Summaries need a reasoning parser, which this server does not have."""
 
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     summary: None = Field(default=None, description="only null: no reasoning is read out of the answer")
     generate_summary: None = Field(default=None, description="only null (summary's older name)")
 

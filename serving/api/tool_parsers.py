@@ -7,9 +7,11 @@ before the calls is the answer's content and a stream never shows markup that be
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +26,16 @@ class ToolParser(ABC):
     be a call. ``visible`` only grows as the answer does, so a stream's text deltas add up."""
 
     name = ""
+    parse: Callable[[str], tuple[str | None, list[tuple[str, str]]]]
+
+    def __init__(self) -> None:
+        # An answer is read when it ends for its content, its calls and its finish reason, and
+        # reading a long one is not free (the pythonic parser runs Python's parser): once each.
+        self.parse = functools.lru_cache(maxsize=16)(self.read)
 
     @abstractmethod
-    def parse(self, text: str) -> tuple[str | None, list[tuple[str, str]]]: ...
+    def read(self, text: str) -> tuple[str | None, list[tuple[str, str]]]:
+        """``parse`` itself, uncached."""
 
     @abstractmethod
     def visible(self, text: str) -> str: ...
@@ -40,7 +49,19 @@ class ToolParser(ABC):
 
 
 def _arguments(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return value if isinstance(value, str) else json_text(value)
+
+
+def json_text(value: Any) -> str:
+    """A value as JSON text, non-ASCII written as itself (as vLLM writes arguments), except where
+    the value holds a lone surrogate (``"\\ud800"`` in the model's text): that has no UTF-8, so it
+    is escaped. No NaN or infinity: JSON has none (a ``ValueError``)."""
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, allow_nan=False)
+    return text
 
 
 class HermesParser(ToolParser):
@@ -51,7 +72,7 @@ class HermesParser(ToolParser):
     START = "<tool_call>"
     CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
-    def parse(self, text: str) -> tuple[str | None, list[tuple[str, str]]]:
+    def read(self, text: str) -> tuple[str | None, list[tuple[str, str]]]:
         start = text.find(self.START)
         if start < 0:
             return text, []
@@ -83,7 +104,7 @@ class Llama3JsonParser(ToolParser):
     name = "llama3_json"
     TAG = "<|python_tag|>"
 
-    def parse(self, text: str) -> tuple[str | None, list[tuple[str, str]]]:
+    def read(self, text: str) -> tuple[str | None, list[tuple[str, str]]]:
         body = text.strip().removeprefix(self.TAG).lstrip()
         if not body.startswith("{"):
             return text, []
@@ -115,7 +136,7 @@ class PythonicParser(ToolParser):
     name = "pythonic"
     START, END = "<|python_start|>", "<|python_end|>"
 
-    def parse(self, text: str) -> tuple[str | None, list[tuple[str, str]]]:
+    def read(self, text: str) -> tuple[str | None, list[tuple[str, str]]]:
         body = text.strip().removeprefix(self.START).removesuffix(self.END).strip()
         if not body.startswith("["):
             return text, []
@@ -136,7 +157,7 @@ class PythonicParser(ToolParser):
             if any(k.arg is None for k in call.keywords):  # **kwargs
                 raise ValueError("not a keyword argument")
             arguments = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
-            calls.append((call.func.id, json.dumps(arguments, ensure_ascii=False, allow_nan=False)))
+            calls.append((call.func.id, json_text(arguments)))
         return calls
 
     def visible(self, text: str) -> str:

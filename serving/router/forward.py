@@ -37,6 +37,7 @@ from loraplane.serving.router.table import Replica, ReplicaTable
 RETRY_ELSEWHERE = {502, 503, 504}
 PASSED_HEADERS = ("content-type", "retry-after")
 REPLICA_HEADER = "x-loraplane-replica"
+LOOKUP_TIMEOUT = 10.0  # seconds for a replica to answer about one stored response
 
 Done = Callable[[dict[str, Any] | None], None]  # called once with the answer's usage (None if unknown)
 
@@ -84,7 +85,9 @@ class Forwarder:
                 if response is not None:
                     await response.aclose()
                 raise
-            more = any(r.name not in tried for r in self.table.up())
+            # The replica keeping a stored response is the only one that can answer a request going
+            # on from it: its 5xx (busy, say) goes back to be retried, not elsewhere to be a 400.
+            more = decision != "stored_response" and any(r.name not in tried for r in self.table.up())
             if response.status_code in RETRY_ELSEWHERE and more:
                 await response.aclose()
                 replica.in_flight -= 1
@@ -113,19 +116,25 @@ class Forwarder:
         self, method: str, path: str, headers: dict[str, str], first: str | None
     ) -> tuple[Replica, httpx.Response] | None:
         """A call about one stored response: the replica ``first`` (the one known to keep it),
-        then the others that are up, until one answers other than 404. The replica that answered
-        and its answer (the last 404 when none keeps it); None when none answers."""
+        then the others that are up, until one answers below 400 or with a 4xx other than 404.
+        The replica that answered and its answer; when none did, a 5xx if one answered so (the
+        keeper may be busy: the caller retries), else the last 404; None when none answers.
+        Each is given ``LOOKUP_TIMEOUT`` seconds, so one stuck replica does not hold the call."""
         replicas = sorted(self.table.up(), key=lambda r: (r.name != first, r.in_flight))
-        answer = None
+        failed = missing = None
         for replica in replicas:
             try:
-                answer = replica, await self.client.request(method, f"{replica.url}{path}", headers=headers)
+                answer = await self.client.request(method, f"{replica.url}{path}", headers=headers, timeout=LOOKUP_TIMEOUT)
             except httpx.TransportError as err:
                 self.table.mark_down(replica, repr(err))
                 continue
-            if answer[1].status_code != 404:
-                break
-        return answer
+            if answer.status_code == 404:
+                missing = replica, answer
+            elif answer.status_code >= 500:
+                failed = failed or (replica, answer)
+            else:
+                return replica, answer
+        return failed or missing
 
     async def home_of(self, response_id: str, headers: dict[str, str]) -> str | None:
         """The replica keeping a stored response: known, or found by asking (with the caller's

@@ -299,12 +299,13 @@ def test_bad_config(tmp_path: Path) -> None:
     for i, (extra, match) in enumerate((
         ({"alora_invocation_tokens": [5, 6]}, "alora_invocation_tokens: a PEFT LoRA variant"),
         ({"use_qalora": True}, "use_qalora"), ({"arrow_config": {"top_k": 2}}, "arrow_config"),
+        ({"velora_config": {}}, "velora_config"), ({"init_lora_weights": "lora_ga"}, "changed base"),
         ({"init_lora_weights": "mica"}, "init_lora_weights='mica'"),
         ({"init_lora_weights": "pissa_niter_16"}, "path_initial_model_for_weight_conversion"),
         ({"init_lora_weights": "olora"}, "changed base"), ({"layer_replication": [[0, 2]]}, "layer_replication"),
     )):  # fmt: skip
         expect(ErrorCode.BAD_CONFIG, make_adapter(tmp_path / f"variant{i}", config=extra), match)
-    plain = {"use_qalora": False, "alora_invocation_tokens": None, "arrow_config": None, "layer_replication": None,
+    plain = {"use_qalora": False, "alora_invocation_tokens": [], "arrow_config": None, "layer_replication": None,
              "init_lora_weights": True, "use_bdlora": None, "kasa_config": None}  # fmt: skip
     validate_adapter_dir(make_adapter(tmp_path / "plain", config=plain), BASE, ValidationLimits())
     expect(ErrorCode.BAD_CONFIG, make_adapter(tmp_path / "c", config={"peft_type": "IA3"}), "not LORA")

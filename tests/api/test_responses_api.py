@@ -223,20 +223,29 @@ def test_a_tenant_cannot_read_continue_or_delete_anothers_response(tiny_llama: P
         assert a.responses.retrieve(mine.id).output_text == mine.output_text  # still there, untouched
 
 
-def test_the_store_keeps_the_most_recently_used_within_its_bounds() -> None:
-    store = ResponseStore(max_responses=3, max_bytes=10_000)
+def test_the_store_keeps_what_was_used_last_and_a_flood_pushes_out_its_own() -> None:
+    """Bounded by count and bytes (of the JSON kept). When full, the tenant holding the most gives
+    up its least recently used response, so one tenant's flood never empties a quieter one's."""
+    store = ResponseStore(max_responses=4, max_bytes=20_000)
     body = lambda rid: {"id": rid, "output": []}  # noqa: E731
     for rid in ("r1", "r2", "r3"):
         assert store.put("t", body(rid), [{"role": "user", "content": rid}])
-    assert store.get("t", "r1") is not None and store.get("u", "r1") is None  # r1 used: r2 is now the oldest
-    store.put("t", body("r4"), [])
+    assert store.get("t", "r1") is not None and store.get("u", "r1") is None  # r1 used: r2 is t's oldest
+    store.put("quiet", body("q1"), [])
+    store.put("t", body("r4"), [])  # five: t holds the most, its oldest goes
     assert [store.get("t", r) is not None for r in ("r1", "r2", "r3", "r4")] == [True, False, True, True]
-    big = [{"role": "user", "content": "x" * 4_000}]
-    store.put("t", body("r5"), big)
-    store.put("t", body("r6"), big)  # 8,000 bytes and more: the others go, oldest first
-    assert len(store) <= 3 and store.bytes <= 10_000 and store.get("t", "r6") is not None
-    assert not store.put("t", body("r7"), [{"content": "x" * 20_000}])  # over the bound alone: not kept
-    assert not ResponseStore(max_responses=0).put("t", body("r8"), [])
+    for i in range(50):
+        store.put("t", body(f"flood{i}"), [])
+    assert store.get("quiet", "q1") is not None and len(store) == 4
+    big = [{"role": "user", "content": "x" * 6_000}]
+    for rid in ("b1", "b2", "b3", "b4"):
+        store.put("t", body(rid), big)  # over the bytes bound: t's oldest go first
+    assert store.bytes <= 20_000 and store.get("t", "b4") is not None and store.get("quiet", "q1") is not None
+    assert not store.put("t", body("huge"), [{"content": "x" * 30_000}])  # over the bound alone: not kept
+    assert not ResponseStore(max_responses=0).put("t", body("off"), [])
+    answer = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hi", "logprobs": [{}]}]}
+    store.put("t", body("lp"), [answer])  # the conversation needs no log-probabilities
+    assert store.get("t", "lp").items == [{**answer, "content": [{"type": "output_text", "text": "hi"}]}]
 
 
 def test_log_probabilities_when_included(client: openai.OpenAI) -> None:

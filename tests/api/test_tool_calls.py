@@ -330,6 +330,10 @@ def test_auto_reads_the_models_own_calls_back(auto_server: str) -> None:
         ("pythonic", "[1, 2] are numbers", "[1, 2] are numbers", []),
         ("pythonic", "call f(x=1) later", "call f(x=1) later", []),
         ("pythonic", "[" * 5000, "[" * 5000, []),  # nested past the parser
+        ("pythonic", '[f(a="é", b="\\ud800")]', None, [("f", '{"a": "\\u00e9", "b": "\\ud800"}')]),  # no UTF-8 for b
+        ("pythonic", '[f(a="é")]', None, [("f", '{"a": "é"}')]),
+        ("hermes", '<tool_call>{"name": "f", "arguments": {"a": NaN}}</tool_call>',
+         '<tool_call>{"name": "f", "arguments": {"a": NaN}}</tool_call>', []),  # no JSON number
     ],
 )  # fmt: skip
 def test_a_parser_splits_text_from_calls_and_streams_only_what_cannot_be_a_call(
