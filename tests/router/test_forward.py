@@ -182,3 +182,47 @@ def test_a_stream_cut_off_in_a_send_settles_with_the_usage_relayed_so_far() -> N
     asyncio.run(scenario())
     assert table.replicas["r0"].in_flight == 0
     assert settled == [usage]
+
+
+def keeper_and_other(answers: dict[str, int]) -> tuple[Forwarder, list[str]]:
+    """Two replicas whose every answer has the status ``answers`` gives them (the body says which)."""
+    asked: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.host)
+        return httpx.Response(answers[request.url.host], json={"id": "resp_1", "object": "response", "replica": request.url.host})
+
+    table = ReplicaTable()
+    table.set_members({"r0": "http://r0", "r1": "http://r1"})
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    return Forwarder(table, Router("round-robin"), RouterMetrics(table, CollectorRegistry()), client), asked
+
+
+def test_a_busy_keeper_of_a_stored_response_is_answered_back_not_passed_over() -> None:
+    """A request going on from a stored response goes to the replica keeping it. Its 503 (busy)
+    goes back to the caller, who retries: any other replica would answer that the response does
+    not exist, a 400 the caller would not retry. Without a keeper, a 503 is retried elsewhere."""
+    payload = {"model": "m", "input": "more", "previous_response_id": "resp_1"}
+    forwarder, asked = keeper_and_other({"r0": 200, "r1": 503})
+    answer = asyncio.run(forwarder.post("/v1/responses", payload, {}, lambda usage: None, ask_usage=False, prefer="r1"))
+    assert answer.status_code == 503 and asked == ["r1"]
+    asked.clear()
+    answer = asyncio.run(forwarder.post("/v1/responses", payload, {}, lambda usage: None, ask_usage=False))
+    assert answer.status_code == 200 and asked[-1] == "r0"
+
+
+def test_a_stored_response_is_looked_up_past_replicas_that_do_not_keep_it() -> None:
+    """Which replica keeps an id it has not seen: the router asks each, the one answering 200
+    keeps it (and is remembered); one busy replica's 5xx does not hide the keeper behind it, and
+    when nobody answers 200 the busy one's 5xx is what the caller gets, to retry."""
+    forwarder, asked = keeper_and_other({"r0": 503, "r1": 200})
+    assert asyncio.run(forwarder.home_of("resp_1", {})) == "r1" and set(asked) == {"r0", "r1"}
+    asked.clear()
+    assert asyncio.run(forwarder.home_of("resp_1", {})) == "r1" and asked == []  # remembered
+    forwarder, asked = keeper_and_other({"r0": 503, "r1": 404})
+    found = asyncio.run(forwarder.ask_each("GET", "/v1/responses/resp_1", {}, None))
+    assert found is not None and found[1].status_code == 503
+    forwarder, _ = keeper_and_other({"r0": 404, "r1": 404})
+    found = asyncio.run(forwarder.ask_each("GET", "/v1/responses/resp_1", {}, None))
+    assert found is not None and found[1].status_code == 404
+    assert asyncio.run(forwarder.home_of("resp_1", {})) is None
