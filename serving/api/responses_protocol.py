@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, PrivateAttr, Tag, ValidationError, field_validator, model_validator
 
-from loraplane.serving.api.protocol import ChatCompletionRequest, _Strict, text_parts_only
+from loraplane.serving.api.protocol import ChatCompletionRequest, _Strict, new_id, text_parts_only
 
 # The vLLM sampling fields a Responses body may carry as well (vLLM's own Responses request takes them).
 VLLM_SAMPLING = (
@@ -219,8 +219,10 @@ class ResponsesRequest(_Strict):
         return ResponsesRequest.model_validate({**body, "input": [*previous, *body["input"]]})
 
     def items(self) -> list[dict[str, Any]]:
-        """The input as items, as a stored response keeps them."""
-        return [item.model_dump(by_alias=True, exclude_unset=True) for item in self.input]
+        """The input as items, as a stored response keeps them and ``input_items`` lists them:
+        each with its type, id and status, a message's text as parts (``input_text``, or an
+        answer's ``output_text``). An item sent with an id keeps it."""
+        return [_stored_item(item) for item in self.input]
 
     def chat(self) -> ChatCompletionRequest:
         """The same request as a chat completion: the turns, tools and settings it stands for."""
@@ -281,3 +283,17 @@ class ResponsesRequest(_Strict):
             else:
                 turns.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
         return turns
+
+
+def _stored_item(item: MessageItem | FunctionCallItem | FunctionCallOutputItem) -> dict[str, Any]:
+    data = item.model_dump(by_alias=True, exclude_none=True)
+    data["status"] = item.status or "completed"
+    if isinstance(item, MessageItem):
+        answer = item.role == "assistant"
+        if isinstance(item.content, str):
+            part: dict[str, Any] = {"type": "output_text" if answer else "input_text", "text": item.content}
+            data["content"] = [{**part, "annotations": []} if answer else part]
+        data.update(type="message", id=item.id or new_id("msg", "_"))
+    else:
+        data["id"] = item.id or new_id("fc" if isinstance(item, FunctionCallItem) else "fco", "_")
+    return data

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
@@ -137,6 +137,26 @@ def _stored(server: ServerState, tenant: TenantConfig | None, response_id: str) 
 async def retrieve(response_id: str, tenant: Caller, server: Server) -> Any:
     """A stored response of the caller's, as it ended."""
     return _stored(server, tenant, response_id).body
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def input_items(
+    response_id: str, tenant: Caller, server: Server, order: Literal["asc", "desc"] = "desc",
+    limit: Annotated[int, Query(ge=1, le=100)] = 20, after: str | None = None,
+) -> Any:  # fmt: skip
+    """OpenAI's list of the items a stored response was given (the conversation it went on from
+    included), newest first unless ``order=asc``, ``limit`` at a time after the item ``after``."""
+    stored = _stored(server, tenant, response_id)
+    items = stored.items[: len(stored.items) - len(stored.body["output"])]
+    items = items[::-1] if order == "desc" else items
+    if after is not None:
+        ids = [item.get("id") for item in items]
+        if after not in ids:
+            raise APIError(400, f"after: no input item {after!r} in response {response_id!r}", param="after")
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}  # fmt: skip
 
 
 @router.delete("/v1/responses/{response_id}")

@@ -45,19 +45,24 @@ async def stored_response(response_id: str, request: Request, state: State) -> R
     return await _ask_keeper(state, request, "GET", response_id)
 
 
+@router.get("/v1/responses/{response_id}/input_items")
+async def stored_input_items(response_id: str, request: Request, state: State) -> Response:
+    return await _ask_keeper(state, request, "GET", response_id, "/input_items")
+
+
 @router.delete("/v1/responses/{response_id}")
 async def delete_stored_response(response_id: str, request: Request, state: State) -> Response:
     return await _ask_keeper(state, request, "DELETE", response_id)
 
 
-async def _ask_keeper(state: RouterState, request: Request, method: str, response_id: str) -> Response:
-    """A stored response's call, at the replica that keeps it (known, or found by asking each),
-    with the caller's key: a replica answers only for the caller's own responses."""
+async def _ask_keeper(state: RouterState, request: Request, method: str, response_id: str, then: str = "") -> Response:
+    """A stored response's call (``then``: a path under it), at the replica that keeps it (known,
+    or found by asking each), with the caller's key and query: a replica answers only for the
+    caller's own responses."""
     state.tenants.authenticate(request.headers.get("authorization"))
     forward = state.forward()
-    found = await forward.ask_each(
-        method, f"/v1/responses/{quote(response_id, safe='')}", forwarded_headers(request), forward.homes.home(response_id)
-    )
+    path = f"/v1/responses/{quote(response_id, safe='')}{then}" + (f"?{request.url.query}" if request.url.query else "")
+    found = await forward.ask_each(method, path, forwarded_headers(request), forward.homes.home(response_id))
     if found is None:
         raise _no_replica()
     replica, answer = found

@@ -174,6 +174,16 @@ def test_previous_response_id_goes_on_from_the_stored_conversation(client: opena
     whole = client.responses.create(**{**kwargs, "input": turns})
     assert going_on.previous_response_id == first.id and going_on.output_text == whole.output_text
     assert going_on.usage.input_tokens == whole.usage.input_tokens > first.usage.input_tokens
+    # OpenAI's list of what each was given, the conversation it went on from included: each item
+    # with its id, the same id all along the chain; newest first unless asked, a page at a time.
+    (asked,) = client.responses.input_items.list(first.id).data
+    given = client.responses.input_items.list(going_on.id, order="asc").data
+    assert [i.id for i in given] == [asked.id, first.output[0].id, given[2].id] and given[2].role == "user"
+    assert [i.content[0].text for i in given] == [ASK, first.output_text, "and why?"]
+    page = client.responses.input_items.list(going_on.id, limit=2)
+    assert [i.id for i in page.data] == [given[2].id, given[1].id] and page.has_more
+    rest = client.responses.input_items.list(going_on.id, limit=2, after=page.last_id)
+    assert [i.id for i in rest.data] == [asked.id] and not rest.has_more
     # A chain: the third reads the first two turns through the second alone.
     third = client.responses.create(previous_response_id=going_on.id, **{**kwargs, "input": "go on"})
     again = [*turns, *[m.model_dump() for m in going_on.output], {"role": "user", "content": "go on"}]

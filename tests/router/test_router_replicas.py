@@ -236,6 +236,7 @@ def test_stored_responses_are_reached_at_the_replica_that_keeps_them(fleet: Flee
     with router_for(fleet) as fresh:  # has never seen the id
         client = openai.OpenAI(base_url=f"{fresh}/v1", api_key=acme, max_retries=0)
         assert client.responses.retrieve(rid).id == rid
+        assert [i.content[0].text for i in client.responses.input_items.list(rid).data] == ["hello"]
         after = client.responses.create(**going_on)
         assert after.previous_response_id == rid
         assert client.responses.retrieve(after.id).output_text == after.output_text
