@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 # A prefix of this many characters per allowed token is encoded first; tokens are rarely longer
 # than a few characters, so a prompt beyond the context shows it there. The margin covers the
@@ -53,20 +53,23 @@ class Tokenizer:
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
-    def encode_last(self, text: str, keep: int, *, add_special_tokens: bool = True) -> list[int]:
-        """``text``'s last ``keep`` tokens, as vLLM's ``truncate_prompt_tokens`` keeps them (Hugging
-        Face's truncation from the left): the special tokens the tokenizer adds, such as a Llama
-        tokenizer's BOS, stay where they go and count towards ``keep``. Through the fast
-        tokenizer's own encode and post-processor, because the truncation side is the shared
-        tokenizer's state, which concurrent encodes must not change under each other; a slow
-        tokenizer keeps the last ``keep`` of its ids."""
+    def encode_kept(
+        self, text: str, keep: int, *, side: Literal["left", "right"] = "left", add_special_tokens: bool = True
+    ) -> list[int]:
+        """``keep`` of ``text``'s tokens, as vLLM's ``truncate_prompt_tokens`` keeps them (Hugging
+        Face's truncation): the last ones (``side`` left, vLLM's default) or the first (right).
+        The special tokens the tokenizer adds, such as a Llama tokenizer's BOS, stay where they go
+        and count towards ``keep``. Through the fast tokenizer's own encode and post-processor,
+        because the truncation side is the shared tokenizer's state, which concurrent encodes
+        must not change under each other; a slow tokenizer keeps ``keep`` of its ids."""
         backend = getattr(self.hf, "_tokenizer", None)
         if backend is None or not add_special_tokens:
-            return self.encode(text, add_special_tokens=add_special_tokens)[-keep:]
+            ids = self.encode(text, add_special_tokens=add_special_tokens)
+            return ids[-keep:] if side == "left" else ids[:keep]
         processor = backend.post_processor
         specials = processor.num_special_tokens_to_add(False) if processor is not None else 0
         encoding = backend.encode(text, add_special_tokens=False)
-        encoding.truncate(max(keep - specials, 0), direction="left")
+        encoding.truncate(max(keep - specials, 0), direction=side)
         return list(backend.post_process(encoding, None, True).ids)
 
     def encode_within(self, text: str, limit: int, *, add_special_tokens: bool = True) -> list[int]:

@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator, Sequence
+from typing import Literal
 
 from loraplane.serving.api.async_engine import AsyncEngine
 from loraplane.serving.api.choices import Choice, Choices
@@ -30,6 +31,7 @@ from loraplane.serving.lora.entries import AdapterNotFound, AdapterUnavailable
 from loraplane.serving.tokenizer import PromptTooLong, TemplateVariableError
 
 Request = CompletionRequest | ChatCompletionRequest
+Side = Literal["left", "right"]  # which tokens truncation drops: vLLM's truncation_side
 COMPILE_DEADLINE_SECONDS = 10.0  # a response_format schema's compile, queueing included
 
 
@@ -128,20 +130,28 @@ def kept_tokens(truncate: int | None, limit: int) -> int | None:
     return limit if truncate == -1 else truncate
 
 
+def kept(ids: list[int], keep: int | None, side: Side) -> list[int]:
+    """``keep`` of the ids, the last (left truncation) or the first (right); all when None."""
+    if keep is None:
+        return ids
+    return ids[-keep:] if side == "left" else ids[:keep]
+
+
 async def tokenised(
-    engine: AsyncEngine, prompts: list[str | list[int]], *, add_special_tokens: bool = True, truncate: int | None = None
-) -> list[list[int]]:
+    engine: AsyncEngine, prompts: list[str | list[int]], *, add_special_tokens: bool = True, truncate: int | None = None,
+    side: Side = "left",
+) -> list[list[int]]:  # fmt: skip
     """Each prompt as token ids, encoded off the event loop and the engine thread; one longer
-    than the context is a 400 before most of it is encoded, unless ``truncate`` keeps its last
-    tokens (then it is encoded whole, which the body's size bounds)."""
+    than the context is a 400 before most of it is encoded, unless ``truncate`` keeps ``side``'s
+    tokens of it (then it is encoded whole, which the body's size bounds)."""
     tokenizer, limit = engine.engine.tokenizer, engine.engine.max_model_len
     keep = kept_tokens(truncate, limit)
 
     def encode(p: str | list[int]) -> list[int]:
         if isinstance(p, list):
-            return p[-keep:] if keep is not None else p
+            return kept(p, keep, side)
         if keep is not None:
-            return tokenizer.encode_last(p, keep, add_special_tokens=add_special_tokens)
+            return tokenizer.encode_kept(p, keep, side=side, add_special_tokens=add_special_tokens)
         return tokenizer.encode_within(p, limit, add_special_tokens=add_special_tokens)
 
     try:
@@ -151,12 +161,12 @@ async def tokenised(
 
 
 async def templated(
-    engine: AsyncEngine, req: ChatTemplating, *, limit: int | None = None, truncate: int | None = None
+    engine: AsyncEngine, req: ChatTemplating, *, limit: int | None = None, truncate: int | None = None, side: Side = "left"
 ) -> list[int]:
     """The conversation through the chat template, as token ids, templated and encoded off the
-    event loop and the engine thread; one beyond ``limit`` tokens (unless ``truncate`` keeps its
-    last ones), a template variable that is not one, or a conversation the template refuses is a
-    400."""
+    event loop and the engine thread; one beyond ``limit`` tokens (unless ``truncate`` keeps
+    ``side``'s tokens of it), a template variable that is not one, or a conversation the template
+    refuses is a 400."""
     keep = kept_tokens(truncate, engine.engine.max_model_len)
     try:
         ids = await asyncio.to_thread(engine.engine.tokenizer.chat, **req.template_input(), limit=None if keep else limit)
@@ -166,7 +176,7 @@ async def templated(
         raise APIError(400, str(err), param="chat_template_kwargs") from None
     except ValueError as err:  # no chat template, or one that refuses these turns
         raise APIError(400, str(err), param="messages") from None
-    return ids[-keep:] if keep else ids
+    return kept(ids, keep, side)
 
 
 def meter_for(

@@ -118,7 +118,11 @@ async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, se
     rid, created = new_id("cmpl"), now()
     meter = meter_for(server, rid, "/v1/completions", req.model, adapter, tenant)
     prompts = await tokenised(
-        engine, req.prompts(), add_special_tokens=req.add_special_tokens, truncate=req.truncate_prompt_tokens
+        engine,
+        req.prompts(),
+        add_special_tokens=req.add_special_tokens,
+        truncate=req.truncate_prompt_tokens,
+        side=req.truncation_side or "left",
     )
     request = await run(server, engine, prompts, params, req.n, meter, tenant, req.cache_salt)
     shown = token_namer(engine, req.return_tokens_as_token_ids)
@@ -160,7 +164,9 @@ async def completions(req: CompletionRequest, engine: Engine, tenant: Caller, se
 async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, server: Server, raw_request: Request) -> Any:
     adapter = resolve_model(engine, req.model, tenant)
     auto = auto_tools(server, req)
-    prompt = await templated(engine, req, limit=engine.engine.max_model_len, truncate=req.truncate_prompt_tokens)
+    prompt = await templated(
+        engine, req, limit=engine.engine.max_model_len, truncate=req.truncate_prompt_tokens, side=req.truncation_side or "left"
+    )
     limit = req.max_completion_tokens or req.max_tokens or max(1, engine.engine.max_model_len - len(prompt))
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = await sampling(engine, req, limit, logprobs, prompt_logprobs=req.prompt_logprobs)

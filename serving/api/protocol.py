@@ -177,6 +177,9 @@ class _Sampling(_Strict):
     truncate_prompt_tokens: int | None = Field(
         default=None, ge=-1, description="vLLM extension: keep the prompt's last k tokens (-1: max_model_len)"
     )
+    truncation_side: Literal["left", "right"] | None = Field(
+        default=None, description="vLLM extension: truncate_prompt_tokens keeps the last tokens (left, the default) or the first"
+    )
     prompt_logprobs: int | None = Field(
         default=None, ge=0, le=20,
         description="vLLM extension: each prompt token's log-probability, rank and this many alternatives",

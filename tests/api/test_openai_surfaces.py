@@ -540,7 +540,7 @@ def test_vllms_structured_outputs_hold_the_text_to_a_regex_a_choice_or_a_grammar
     assert r.status_code == 400 and "structured_outputs" in r.json()["error"]["message"]
 
 
-def test_vllms_truncate_prompt_tokens_keeps_the_prompts_last_tokens(server) -> None:
+def test_vllms_truncate_prompt_tokens_keeps_the_prompts_last_tokens_or_first(server) -> None:
     """vLLM's ``truncate_prompt_tokens``: a prompt longer than the context is answered from its last
     k tokens (the ids the model was given, echoed and counted), where without it the request is a
     400; chat truncates the templated conversation; -1 keeps the context; more than the context
@@ -558,12 +558,19 @@ def test_vllms_truncate_prompt_tokens_keeps_the_prompts_last_tokens(server) -> N
     assert r["choices"][0]["text"].startswith(kept)
     ids = httpx.post(f"{url}/v1/completions", json={**body, "prompt": whole[:40], "truncate_prompt_tokens": 5}).json()
     assert ids["choices"][0]["prompt_token_ids"] == whole[35:40]
+    # vLLM's truncation_side "right" keeps the first tokens instead, text or ids.
+    for prompt in (long, whole[:40]):
+        first = httpx.post(f"{url}/v1/completions", json={**body, "prompt": prompt, "truncate_prompt_tokens": 6,
+                                                          "truncation_side": "right"}).json()  # fmt: skip
+        assert first["choices"][0]["prompt_token_ids"] == whole[:6]
     context = httpx.post(f"{url}/v1/completions", json={**body, "max_tokens": 1, "truncate_prompt_tokens": -1})
     assert context.status_code == 400 and context.json()["error"]["code"] == "context_length_exceeded"  # 256 + 1
     messages = [{"role": "user", "content": long}]
     templated = httpx.post(f"{url}/tokenize", json={"model": "qv4", "messages": messages}).json()["tokens"]
     chat = {"model": "qv4", "messages": messages, "max_tokens": 2, "return_token_ids": True, "truncate_prompt_tokens": 7}
     assert httpx.post(f"{url}/v1/chat/completions", json=chat).json()["prompt_token_ids"] == templated[-7:]
+    right = {**chat, "truncation_side": "right"}
+    assert httpx.post(f"{url}/v1/chat/completions", json=right).json()["prompt_token_ids"] == templated[:7]
     for bad in (0, 257, -2):
         r = httpx.post(f"{url}/v1/completions", json={**body, "truncate_prompt_tokens": bad})
         assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens", r.text

@@ -87,6 +87,9 @@ def test_truncation_keeps_the_bos_as_vllms_does(tokenizer: Tokenizer) -> None:
     text = "the quick brown fox jumps over the lazy dog"
     plain = tokenizer.encode(text, add_special_tokens=False)
     assert len(plain) > 6
-    assert tokenizer.encode_last(text, 5) == [bos, *plain[-4:]]
-    assert tokenizer.encode_last(text, 5, add_special_tokens=False) == plain[-5:]
-    assert tokenizer.encode_last(text, 100) == tokenizer.encode(text) == [bos, *plain]
+    assert tokenizer.encode_kept(text, 5) == [bos, *plain[-4:]]
+    assert tokenizer.encode_kept(text, 5, add_special_tokens=False) == plain[-5:]
+    assert tokenizer.encode_kept(text, 100) == tokenizer.encode(text) == [bos, *plain]
+    # vLLM's truncation_side "right": the first k, the BOS still first and counted.
+    assert tokenizer.encode_kept(text, 5, side="right") == [bos, *plain[:4]]
+    assert tokenizer.encode_kept(text, 5, side="right", add_special_tokens=False) == plain[:5]
