@@ -158,5 +158,12 @@ def test_serve_takes_vllms_command_line(tmp_path: Path, monkeypatch) -> None:  #
     assert run("serve", "--tool-call-parser", "llama3_json")[0] == 0 and made[-1][1]["tool_call_parser"] is None
     code, output = run("serve", "--enable-auto-tool-choice")
     assert code == 2 and "--tool-call-parser" in output
-    code, output = run("serve", "--enable-auto-tool-choice", "--tool-call-parser", "pythonic")
+    assert run("serve", "--enable-auto-tool-choice", "--tool-call-parser", "pythonic")[0] == 0
+    assert made[-1][1]["tool_call_parser"] == "pythonic"
+    code, output = run("serve", "--enable-auto-tool-choice", "--tool-call-parser", "mistral")  # a format not read here
     assert code == 2 and "--tool-call-parser" in output
+    # The Responses API's stored responses: kept by default, within the flags' bounds; 0 keeps none.
+    assert run("serve")[0] == 0 and made[-1][1]["responses"].enabled
+    assert run("serve", "--max-stored-responses", "5", "--stored-responses-mib", "2")[0] == 0
+    assert (made[-1][1]["responses"].max_responses, made[-1][1]["responses"].max_bytes) == (5, 2 << 20)
+    assert run("serve", "--max-stored-responses", "0")[0] == 0 and not made[-1][1]["responses"].enabled
