@@ -19,6 +19,16 @@ PREFIX_CHARS_PER_TOKEN = 8
 CUT_WORD_MARGIN = 64
 
 
+Side = Literal["left", "right"]  # which end truncation keeps from: vLLM's truncation_side (left keeps the last)
+
+
+def kept(ids: list[int], keep: int | None, side: Side = "left") -> list[int]:
+    """``keep`` of the ids: the last (left truncation) or the first (right); all when None."""
+    if keep is None:
+        return ids
+    return ids[-keep:] if side == "left" else ids[:keep]
+
+
 class PromptTooLong(ValueError):
     """A prompt with more tokens than the model can take."""
 
@@ -53,9 +63,7 @@ class Tokenizer:
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
-    def encode_kept(
-        self, text: str, keep: int, *, side: Literal["left", "right"] = "left", add_special_tokens: bool = True
-    ) -> list[int]:
+    def encode_kept(self, text: str, keep: int, *, side: Side = "left", add_special_tokens: bool = True) -> list[int]:
         """``keep`` of ``text``'s tokens, as vLLM's ``truncate_prompt_tokens`` keeps them (Hugging
         Face's truncation): the last ones (``side`` left, vLLM's default) or the first (right).
         The special tokens the tokenizer adds, such as a Llama tokenizer's BOS, stay where they go
@@ -64,8 +72,7 @@ class Tokenizer:
         must not change under each other; a slow tokenizer keeps ``keep`` of its ids."""
         backend = getattr(self.hf, "_tokenizer", None)
         if backend is None or not add_special_tokens:
-            ids = self.encode(text, add_special_tokens=add_special_tokens)
-            return ids[-keep:] if side == "left" else ids[:keep]
+            return kept(self.encode(text, add_special_tokens=add_special_tokens), keep, side)
         processor = backend.post_processor
         specials = processor.num_special_tokens_to_add(False) if processor is not None else 0
         encoding = backend.encode(text, add_special_tokens=False)

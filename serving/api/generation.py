@@ -12,7 +12,6 @@ import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator, Sequence
-from typing import Literal
 
 from loraplane.serving.api.async_engine import AsyncEngine
 from loraplane.serving.api.choices import Choice, Choices
@@ -24,14 +23,13 @@ from loraplane.serving.api.tenants import TenantConfig
 from loraplane.serving.api.tool_parsers import AutoAnswer
 from loraplane.serving.engine.llm_engine import ContextLengthExceeded, RequestError
 from loraplane.serving.engine.outputs import RequestOutput
-from loraplane.serving.engine.sampling_params import MAX_BAD_WORD_TOKENS, SamplingError, SamplingParams
+from loraplane.serving.engine.sampling_params import SamplingError, SamplingParams
 from loraplane.serving.engine.sequence import FinishReason
 from loraplane.serving.engine.structured import GrammarError, Guide
 from loraplane.serving.lora.entries import AdapterNotFound, AdapterUnavailable
-from loraplane.serving.tokenizer import PromptTooLong, TemplateVariableError
+from loraplane.serving.tokenizer import PromptTooLong, Side, TemplateVariableError, kept
 
 Request = CompletionRequest | ChatCompletionRequest
-Side = Literal["left", "right"]  # which tokens truncation drops: vLLM's truncation_side
 COMPILE_DEADLINE_SECONDS = 10.0  # a response_format schema's compile, queueing included
 
 
@@ -65,21 +63,19 @@ async def sampling(
             guide=guide,
         )
     except SamplingError as err:
-        raise APIError(400, str(err)) from None
+        raise APIError(400, str(err), param=err.param) from None
 
 
 async def bad_words_ids(engine: AsyncEngine, words: list[str]) -> tuple[tuple[int, ...], ...]:
     """vLLM's ``bad_words`` as the token sequences the engine rules out, encoded off the event
-    loop; a word that spells no token is a 400 naming the field."""
+    loop; a word that spells no token is a 400 naming the field (one of too many tokens is
+    ``SamplingParams``' to refuse)."""
     if not words:
         return ()
     try:
-        ids = await asyncio.to_thread(engine.engine.tokenizer.bad_words_ids, words)
+        return await asyncio.to_thread(engine.engine.tokenizer.bad_words_ids, words)
     except ValueError as err:
         raise APIError(400, str(err), param="bad_words") from None
-    if any(len(word) > MAX_BAD_WORD_TOKENS for word in ids):
-        raise APIError(400, f"bad_words: a word is more than {MAX_BAD_WORD_TOKENS} tokens", param="bad_words")
-    return ids
 
 
 async def guide_for(engine: AsyncEngine, req: Request) -> Guide | None:
@@ -128,13 +124,6 @@ def kept_tokens(truncate: int | None, limit: int) -> int | None:
             400, f"truncate_prompt_tokens: {truncate} is more than max_model_len ({limit})", param="truncate_prompt_tokens"
         )
     return limit if truncate == -1 else truncate
-
-
-def kept(ids: list[int], keep: int | None, side: Side) -> list[int]:
-    """``keep`` of the ids, the last (left truncation) or the first (right); all when None."""
-    if keep is None:
-        return ids
-    return ids[-keep:] if side == "left" else ids[:keep]
 
 
 async def tokenised(
@@ -195,7 +184,9 @@ async def first_output(stream: AsyncIterator[RequestOutput]) -> RequestOutput | 
         return None
     except ContextLengthExceeded as err:
         raise APIError(400, str(err), code="context_length_exceeded") from None  # the prompt or max_tokens
-    except (RequestError, SamplingError) as err:
+    except SamplingError as err:
+        raise APIError(400, str(err), param=err.param) from None
+    except RequestError as err:
         raise APIError(400, str(err)) from None
     except AdapterNotFound as err:
         raise APIError(404, str(err), code="model_not_found", param="model") from None

@@ -18,6 +18,7 @@ in-memory store is: a client that must not lose a conversation sends it whole (`
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -27,10 +28,28 @@ DEFAULT_MAX_RESPONSES = 10_000
 DEFAULT_MAX_BYTES = 128 << 20
 
 
-@dataclass(frozen=True)
 class StoredResponse:
-    body: dict[str, Any]  # the response object, as it ended
-    items: list[dict[str, Any]]  # the conversation as input items, its output last
+    """One kept response, decoded as far as a caller reads it (``GET`` wants the body, going on
+    from it the items)."""
+
+    def __init__(self, encoded: tuple[bytes, bytes]) -> None:
+        self._encoded = encoded
+
+    @functools.cached_property
+    def body(self) -> dict[str, Any]:
+        """The response object, as it ended."""
+        body: dict[str, Any] = json.loads(self._encoded[0])
+        return body
+
+    @functools.cached_property
+    def items(self) -> list[dict[str, Any]]:
+        """The conversation as input items, its output last."""
+        items: list[dict[str, Any]] = json.loads(self._encoded[1])
+        return items
+
+    def input_items(self) -> list[dict[str, Any]]:
+        """The items it was given: all but its output."""
+        return self.items[: len(self.items) - len(self.body["output"])]
 
 
 @dataclass
@@ -80,7 +99,7 @@ class ResponseStore:
         if shelf is None or encoded is None:
             return None
         shelf.entries.move_to_end(response_id)
-        return StoredResponse(json.loads(encoded[0]), json.loads(encoded[1]))
+        return StoredResponse(encoded)
 
     def delete(self, tenant: str | None, response_id: str) -> bool:
         shelf = self._shelves.get(tenant)

@@ -129,8 +129,12 @@ def _keeper(store: ResponseStore, owner: str | None, req: ResponsesRequest) -> C
 def _stored(server: ServerState, tenant: TenantConfig | None, response_id: str) -> StoredResponse:
     stored = server.responses.get(tenant.name if tenant is not None else None, response_id)
     if stored is None:
-        raise APIError(404, f"Response with id '{response_id}' not found.", code="not_found", param="response_id")
+        raise _not_found(response_id)
     return stored
+
+
+def _not_found(response_id: str) -> APIError:
+    return APIError(404, f"Response with id '{response_id}' not found.", code="not_found", param="response_id")
 
 
 @router.get("/v1/responses/{response_id}")
@@ -146,8 +150,7 @@ async def input_items(
 ) -> Any:  # fmt: skip
     """OpenAI's list of the items a stored response was given (the conversation it went on from
     included), newest first unless ``order=asc``, ``limit`` at a time after the item ``after``."""
-    stored = _stored(server, tenant, response_id)
-    items = stored.items[: len(stored.items) - len(stored.body["output"])]
+    items = _stored(server, tenant, response_id).input_items()
     items = items[::-1] if order == "desc" else items
     if after is not None:
         ids = [item.get("id") for item in items]
@@ -162,8 +165,8 @@ async def input_items(
 @router.delete("/v1/responses/{response_id}")
 async def delete(response_id: str, tenant: Caller, server: Server) -> Any:
     """Forget a stored response of the caller's: it can no longer be read or gone on from."""
-    _stored(server, tenant, response_id)
-    server.responses.delete(tenant.name if tenant is not None else None, response_id)
+    if not server.responses.delete(tenant.name if tenant is not None else None, response_id):
+        raise _not_found(response_id)
     return {"id": response_id, "object": "response", "deleted": True}
 
 

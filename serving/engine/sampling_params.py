@@ -12,7 +12,11 @@ LogitsProcessor = Callable[[list[int], Any], Any]
 
 
 class SamplingError(ValueError):
-    pass
+    """A setting out of its range; ``param`` names it (the API's 400 says which field)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 # Below this a temperature divides the logits into infinities: it is greedy in all but name (vLLM
@@ -63,42 +67,51 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
-            raise SamplingError(f"max_tokens must be at least 1, got {self.max_tokens}")
+            raise SamplingError(f"max_tokens must be at least 1, got {self.max_tokens}", param="max_tokens")
         if not 0 <= self.temperature <= 2:
-            raise SamplingError(f"temperature must be in [0, 2], got {self.temperature}")
+            raise SamplingError(f"temperature must be in [0, 2], got {self.temperature}", param="temperature")
         if not 0 < self.top_p <= 1:
-            raise SamplingError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise SamplingError(f"top_p must be in (0, 1], got {self.top_p}", param="top_p")
         if not 0 <= self.min_p <= 1:
-            raise SamplingError(f"min_p must be in [0, 1], got {self.min_p}")
+            raise SamplingError(f"min_p must be in [0, 1], got {self.min_p}", param="min_p")
         if self.top_k < 0:
-            raise SamplingError(f"top_k must be 0 (off) or positive, got {self.top_k}")
+            raise SamplingError(f"top_k must be 0 (off) or positive, got {self.top_k}", param="top_k")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise SamplingError(f"logprobs must be in [0, 20], got {self.logprobs}")
+            raise SamplingError(f"logprobs must be in [0, 20], got {self.logprobs}", param="logprobs")
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
-            raise SamplingError(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
+            raise SamplingError(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}", param="prompt_logprobs")
         for name in ("frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
             if not -MAX_PENALTY <= value <= MAX_PENALTY:
-                raise SamplingError(f"{name} must be in [-2, 2], got {value}")
+                raise SamplingError(f"{name} must be in [-2, 2], got {value}", param=name)
         if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:
-            raise SamplingError(f"repetition_penalty must be in [0.01, 2], got {self.repetition_penalty}")
+            raise SamplingError(
+                f"repetition_penalty must be in [0.01, 2], got {self.repetition_penalty}", param="repetition_penalty"
+            )
         if not 0 <= self.min_tokens <= self.max_tokens:
-            raise SamplingError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+            raise SamplingError(
+                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}", param="min_tokens"
+            )
         if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
-            raise SamplingError(f"logit_bias may bias at most {MAX_LOGIT_BIAS_ENTRIES} tokens")
+            raise SamplingError(f"logit_bias may bias at most {MAX_LOGIT_BIAS_ENTRIES} tokens", param="logit_bias")
         for token, bias in self.logit_bias:
             if token < 0 or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
-                raise SamplingError(f"logit_bias: token {token} must be a token id with a bias in [-100, 100], got {bias}")
+                raise SamplingError(
+                    f"logit_bias: token {token} must be a token id with a bias in [-100, 100], got {bias}", param="logit_bias"
+                )
         if len(self.allowed_token_ids) > MAX_ALLOWED_TOKEN_IDS or any(t < 0 for t in self.allowed_token_ids):
-            raise SamplingError(f"allowed_token_ids: at most {MAX_ALLOWED_TOKEN_IDS} token ids, none negative")
+            raise SamplingError(
+                f"allowed_token_ids: at most {MAX_ALLOWED_TOKEN_IDS} token ids, none negative", param="allowed_token_ids"
+            )
         if len(self.bad_words_token_ids) > 2 * MAX_BAD_WORDS or any(
             not 0 < len(w) <= MAX_BAD_WORD_TOKENS or min(w) < 0 for w in self.bad_words_token_ids
         ):
             raise SamplingError(
-                f"bad_words: at most {MAX_BAD_WORDS} words of 1 to {MAX_BAD_WORD_TOKENS} tokens each, no token id negative"
+                f"bad_words: at most {MAX_BAD_WORDS} words of 1 to {MAX_BAD_WORD_TOKENS} tokens each, no token id negative",
+                param="bad_words",
             )
         if any(not s for s in self.stop):
-            raise SamplingError("stop strings must not be empty")
+            raise SamplingError("stop strings must not be empty", param="stop")
         if self.seed is not None and not 0 <= self.seed < SEED_RANGE:
             # Any integer is a valid seed to a client; the generator takes 64 bits of it.
             object.__setattr__(self, "seed", self.seed % SEED_RANGE)
