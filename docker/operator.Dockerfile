@@ -9,10 +9,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # The source is bind-mounted (read-write, for setuptools' build folder, discarded after the step),
-# so no layer keeps it. The operator extra carries everything, the webhook's certificate included
-# (operator/webhook_tls.py).
+# so no layer keeps it. One folder per part (see pyproject.toml): the command with its operator
+# extra and every part that extra reaches, all given at once so that pip meets each `loraplane-*`
+# requirement from its folder and never looks for one on an index. No part here needs torch.
 RUN --mount=type=bind,source=.,target=/src,rw \
-    pip install "/src[operator]"
+    cd /src && pip install "./cli[operator]" ./operator ./adapter_format ./admin_api ./eviction ./node_cache ./routing ./sim ./usage
 
 # Numeric, so that Kubernetes' runAsNonRoot can check it without reading /etc/passwd.
 RUN useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin loraplane

