@@ -709,8 +709,8 @@ def part_overhead(ctx: Ctx) -> dict[str, Any]:
 
     from loraplane.adapter_format import LLAMA_TARGETS
     from loraplane.kernels import LoraSlots
+    from loraplane.kernels.lora_batch import LoraBatch
     from loraplane.serving.lora.synthetic import seed_ranks
-    from loraplane.serving.model.context import LoraBatch
     from loraplane.serving.model.layers import LoraLinear, fp8_gemm_supported
 
     shape = LLAMA_8B if ctx.cuda else TOY

@@ -31,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 from loraplane.eviction import ONLINE_POLICY_NAMES
-from loraplane.serving.api.admin_view import replica_stats
+from loraplane.serving.api.admin.view import replica_stats
 from loraplane.serving.bench.engine_replay import Arrival, Record
 from loraplane.serving.bench.engine_replay import replay as engine_replay
 from loraplane.serving.bench.report import percentile

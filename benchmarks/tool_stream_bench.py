@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from loraplane.serving.api.tool_calls import CallStream, whole_calls
+from loraplane.serving.api.openai.tools.calls import CallStream, whole_calls
 from loraplane.serving.bench.engine_replay import machine
 
 

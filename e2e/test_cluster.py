@@ -24,7 +24,7 @@ import pytest
 import yaml
 from scenario import daily_promotion, example_manifests, status_of, wait_for
 
-from loraplane.serving.api.loopback import free_port
+from loraplane.serving.http.loopback import free_port
 
 pytestmark = [
     pytest.mark.cluster,

@@ -122,8 +122,8 @@ def test_serve_takes_vllms_command_line(tmp_path: Path, monkeypatch) -> None:  #
     import uvicorn
 
     from loraplane.serving.api import app
-    from loraplane.serving.api.errors import APIError
     from loraplane.serving.engine import builder
+    from loraplane.serving.http.errors import APIError
 
     monkeypatch.delenv("LORAPLANE_ADMIN_TOKEN", raising=False)
     monkeypatch.delenv("LORAPLANE_API_KEY", raising=False)

@@ -28,7 +28,7 @@ from loraplane.admin_api import (
     VerifyRequest,
 )
 from loraplane.serving.api.app import create_app
-from loraplane.serving.api.loopback import serve_app
+from loraplane.serving.http.loopback import serve_app
 from loraplane.serving.lora.entries import AdapterSpec
 from loraplane.usage import UsageRollup
 

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from loraplane.admin_api.engine_sizing import BATCH_DEFAULTS
 from loraplane.cli import main
 from loraplane.operator.api.basemodel import BaseModelSpec
-from loraplane.operator.children import engine_config
+from loraplane.operator.children.base_model import engine_config
 from loraplane.serving.config import EngineConfig
 
 SPEC = {"source": {"uri": "embedded"}}

@@ -30,9 +30,9 @@ from loraplane.admin_api.auth import (
     signed_request_matches,
 )
 from loraplane.admin_api.client import UNPROVEN, AdminClient, ReplicaError
-from loraplane.operator import adapter_flow, cluster, replica_proof
+from loraplane.operator.runtime import adapter_flow, cluster, replica_proof
 from loraplane.serving.api.app import create_app
-from loraplane.serving.api.loopback import serve_app
+from loraplane.serving.http.loopback import serve_app
 
 ADMIN, STATS = "admin-secret-token", "stats-secret-token"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from engine_helpers import tiny_engine
 
-from loraplane.serving.api.async_engine import AsyncEngine
+from loraplane.serving.engine.async_engine import AsyncEngine
 from loraplane.serving.engine.sampling_params import SamplingParams
 
 

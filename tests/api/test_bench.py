@@ -17,13 +17,13 @@ from engine_helpers import tiny_engine
 
 from loraplane.cli import main
 from loraplane.serving.api.app import create_app
-from loraplane.serving.api.loopback import serve_app
-from loraplane.serving.api.tenants import Tenants, load_tenants
 from loraplane.serving.bench.deployment import Deployment, _wait_ready, child_command
 from loraplane.serving.bench.run import bench_in_process
 from loraplane.serving.bench.workload import BenchRequest, zipf_requests
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.llm_engine import LLMEngine
+from loraplane.serving.http.loopback import serve_app
+from loraplane.serving.http.tenants import Tenants, load_tenants
 from loraplane.serving.lora.entries import AdapterSpec
 
 
@@ -115,14 +115,24 @@ def test_a_server_whose_engine_cannot_start_says_so_and_is_not_waited_for(tmp_pa
             bystander.kill()
 
 
-def test_a_spawned_server_does_not_take_the_repositorys_folders_for_packages() -> None:
-    """Run from the repository root, a child ``python -m`` would import the top-level ``kernels/``
-    as a package named ``kernels``, which transformers 5.25 takes for Hugging Face's hub kernels
-    (the spawned servers' engines then failed to start). The harnesses' command line must not."""
+def test_nothing_at_the_repository_root_shadows_a_package() -> None:
+    """From the repository root, with the root on ``sys.path`` as ``python -c`` puts it (and as the
+    harnesses' children ran before), ``import operator, kernels`` gets the standard library's
+    ``operator`` and Hugging Face's ``kernels`` (transformers 5.25 requires it and imports it), not
+    our folders: every part lives in ``<part>/src/loraplane/<part>``, so no root folder is a
+    package. (Before, the root ``kernels/`` was, and a spawned server's engine failed to start.)"""
     root = Path(__file__).resolve().parents[2]
-    probe = ["-c", "import importlib.util; print(importlib.util.find_spec('kernels') is None)"]
-    command = child_command("serve")
-    command[command.index("-m") :] = probe
-    assert subprocess.run(command, cwd=root, capture_output=True, text=True, check=True).stdout.strip() == "True"
-    plain = [sys.executable, *probe]  # what the harnesses ran before: the folder is found
-    assert subprocess.run(plain, cwd=root, capture_output=True, text=True, check=True).stdout.strip() == "False"
+    probe = (
+        "import json, operator, kernels, importlib.metadata as m; "
+        "from transformers.utils.import_utils import is_kernels_available as hub; "
+        "print(json.dumps([operator.__file__, getattr(kernels, '__file__', None), "
+        "[d.metadata['Name'] for d in m.distributions() if d.metadata['Name'] == 'kernels'], hub()]))"
+    )
+    for command in ([sys.executable, "-c", probe], [*child_command("serve")[:2], "-c", probe]):
+        out = subprocess.run(command, cwd=root, capture_output=True, text=True, check=True).stdout
+        operator_file, kernels_file, installed, hub_kernels = json.loads(out)
+        assert Path(operator_file).name == "operator.py" and not Path(operator_file).is_relative_to(root)
+        # Hugging Face's when installed (transformers 5.25 requires it); otherwise at most an empty
+        # namespace, which transformers does not take for hub kernels.
+        assert (kernels_file is not None and "site-packages" in kernels_file) if installed else kernels_file is None
+        assert installed or not hub_kernels

@@ -12,7 +12,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from loraplane.serving.api.disconnect import CLIENT_CLOSED_REQUEST, cancel_on_disconnect
+from loraplane.serving.http.disconnect import CLIENT_CLOSED_REQUEST, cancel_on_disconnect
 
 
 def request_with(receive: Any) -> Request:

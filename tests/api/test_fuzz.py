@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
 from loraplane.serving.api.app import create_app
-from loraplane.serving.api.loopback import serve_app
-from loraplane.serving.api.tenants import TenantConfig, Tenants
+from loraplane.serving.http.loopback import serve_app
+from loraplane.serving.http.tenants import TenantConfig, Tenants
 from loraplane.serving.lora.entries import AdapterSpec
 from loraplane.serving.router.app import create_router_app
 from loraplane.serving.router.config import RouterConfig

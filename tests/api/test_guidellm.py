@@ -14,7 +14,7 @@ import pytest
 from engine_helpers import tiny_engine
 
 from loraplane.serving.api.app import create_app
-from loraplane.serving.api.loopback import serve_app
+from loraplane.serving.http.loopback import serve_app
 
 pytestmark = pytest.mark.slow
 

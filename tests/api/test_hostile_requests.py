@@ -15,8 +15,8 @@ import pytest
 from engine_helpers import Built, tiny_engine
 
 from loraplane.serving.api.app import create_app
-from loraplane.serving.api.loopback import serve_app
-from loraplane.serving.api.tenants import TenantConfig, Tenants
+from loraplane.serving.http.loopback import serve_app
+from loraplane.serving.http.tenants import TenantConfig, Tenants
 
 TENANTS = [TenantConfig(name="steady", api_keys=["key-steady"]), TenantConfig(name="hostile", api_keys=["key-hostile"])]
 HOSTILE = [
@@ -142,7 +142,7 @@ def test_a_schema_that_compiles_too_long_is_a_400_and_delays_nobody(server: str,
     more stuck compiles than the default thread pool has threads, each of their requests is a 400
     naming the field, and another tenant's plain request (tokenised on the default pool) is served
     while they are still stuck."""
-    from loraplane.serving.api import generation
+    from loraplane.serving.api.openai.completions import generation
     from loraplane.serving.engine.structured import Grammars
 
     real, release, started = Grammars.compile, threading.Event(), threading.Semaphore(0)

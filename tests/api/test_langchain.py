@@ -12,7 +12,7 @@ from langchain_openai import ChatOpenAI, OpenAI
 from pydantic import BaseModel, Field
 
 from loraplane.serving.api.app import create_app
-from loraplane.serving.api.loopback import serve_app
+from loraplane.serving.http.loopback import serve_app
 
 
 class Verdict(BaseModel):

@@ -13,8 +13,8 @@ import pytest
 from engine_helpers import Built, tiny_engine
 
 from loraplane.serving.api.app import create_app
-from loraplane.serving.api.loopback import free_port, serve_app
-from loraplane.serving.api.metrics_port import serve_metrics
+from loraplane.serving.http.loopback import free_port, serve_app
+from loraplane.serving.http.metrics_port import serve_metrics
 
 ADMIN = "admin-secret"
 APPS: dict[str, object] = {}

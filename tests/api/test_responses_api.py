@@ -19,10 +19,10 @@ from engine_helpers import metered_app, tiny_engine
 from pydantic import BaseModel, ConfigDict, Field
 
 from loraplane.serving.api.app import create_app
-from loraplane.serving.api.loopback import serve_app
-from loraplane.serving.api.response_store import ResponseStore
-from loraplane.serving.api.responses_protocol import ResponsesRequest
-from loraplane.serving.api.tenants import TenantConfig, Tenants
+from loraplane.serving.api.openai.responses.store import ResponseStore
+from loraplane.serving.http.loopback import serve_app
+from loraplane.serving.http.protocol.responses import ResponsesRequest
+from loraplane.serving.http.tenants import TenantConfig, Tenants
 
 ASK = "what is a LoRA adapter?"
 WEATHER = {

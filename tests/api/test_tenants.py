@@ -16,11 +16,11 @@ import openai
 import pytest
 from engine_helpers import Built, tiny_engine
 
-from loraplane.serving.api import tenants as tenants_module
 from loraplane.serving.api.app import create_app
-from loraplane.serving.api.errors import APIError
-from loraplane.serving.api.loopback import serve_app
-from loraplane.serving.api.tenants import TenantConfig, Tenants, load_tenants
+from loraplane.serving.http import tenants as tenants_module
+from loraplane.serving.http.errors import APIError
+from loraplane.serving.http.loopback import serve_app
+from loraplane.serving.http.tenants import TenantConfig, Tenants, load_tenants
 from loraplane.serving.lora.entries import AdapterSpec
 from loraplane.usage import Metering
 

@@ -22,9 +22,9 @@ from engine_helpers import tiny_engine
 from pydantic import BaseModel, ConfigDict
 
 from loraplane.serving.api.app import create_app
-from loraplane.serving.api.loopback import serve_app
-from loraplane.serving.api.tool_calls import CallStream, whole_calls
-from loraplane.serving.api.tool_parsers import TOOL_PARSERS
+from loraplane.serving.api.openai.tools.calls import CallStream, whole_calls
+from loraplane.serving.api.openai.tools.parsers import TOOL_PARSERS
+from loraplane.serving.http.loopback import serve_app
 
 # A template that describes tools and writes calls, as Qwen's and Hermes' do (the tiny model's
 # own template knows only roles and text).

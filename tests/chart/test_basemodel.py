@@ -12,8 +12,8 @@ import yaml
 from crd_schema import errors
 
 from loraplane.operator.api import BaseModelResource
-from loraplane.operator.children import children
-from loraplane.operator.cluster import ADMIN_TOKEN_KEY, STATS_TOKEN_KEY, admin_secret_name, stats_secret_name
+from loraplane.operator.children.base_model import children
+from loraplane.operator.children.names import ADMIN_TOKEN_KEY, STATS_TOKEN_KEY, admin_secret_name, stats_secret_name
 from loraplane.serving.config import EngineConfig
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "loraplane"

@@ -19,7 +19,7 @@ from crd_schema import ROOT
 from pydantic import ValidationError
 
 from loraplane.cli import main
-from loraplane.operator.chart_values import ChartValues, render, values_schema, values_schema_drifted
+from loraplane.operator.schema.chart_values import ChartValues, render, values_schema, values_schema_drifted
 
 CHART = ROOT / "charts" / "loraplane"
 SCHEMA = CHART / "values.schema.json"

@@ -14,7 +14,7 @@ from crd_schema import ROOT
 
 from loraplane.cli import main
 from loraplane.operator.api import BaseModelSpec
-from loraplane.operator.children import children
+from loraplane.operator.children.base_model import children
 
 DOCKER = ROOT / "docker"
 
@@ -109,7 +109,9 @@ def test_the_serving_image_has_cuda_torch_the_parts_and_the_routers_client() -> 
     pinned = next(r for r in external if r.startswith("torch"))
     assert f'--index-url "${{TORCH_INDEX}}" {pinned}' in pip  # the CUDA build of the pinned version
     # serving's router/discovery.py imports kubernetes for --service: a dependency must bring it.
-    assert "from kubernetes import" in (ROOT / "serving" / "src" / "loraplane" / "serving" / "router" / "discovery.py").read_text()
+    assert (
+        "from kubernetes import" in (ROOT / "serving" / "src" / "loraplane" / "serving" / "router" / "discovery.py").read_text()
+    )
     assert any(r.startswith("kubernetes") for r in external)
 
 

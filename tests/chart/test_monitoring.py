@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from loraplane.node_cache.agent import NodeAgent
 from loraplane.node_cache.app import create_agent_app
 from loraplane.operator.api import BaseModelSpec
-from loraplane.operator.children import children
-from loraplane.serving.api.usage_metrics import UsageCollector
+from loraplane.operator.children.base_model import children
+from loraplane.serving.http.usage_metrics import UsageCollector
 from loraplane.serving.lora.adapter_files import OwnCache
 from loraplane.serving.lora.state_metrics import AdapterStateCollector
 from loraplane.serving.metrics import NONE, OTHER, EngineMetrics

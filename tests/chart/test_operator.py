@@ -12,7 +12,7 @@ import yaml
 from crd_schema import ROOT
 
 from loraplane.cli import main
-from loraplane.operator.settings import OperatorSettings
+from loraplane.operator.runtime.settings import OperatorSettings
 
 WEBHOOK = {"operator": {"webhook": {"enabled": True}}}
 

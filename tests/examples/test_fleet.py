@@ -15,9 +15,9 @@ from typing import Any
 import yaml
 from crd_schema import ROOT, validator
 
-from loraplane.operator.admission import review_adapter
 from loraplane.operator.api import BaseModelResource, LoraAdapterResource
-from loraplane.operator.children import children, engine_config
+from loraplane.operator.children.base_model import children, engine_config
+from loraplane.operator.runtime.admission import review_adapter
 from loraplane.serving.config import EngineConfig
 from loraplane.sim.plan_input import load_plan_input
 from loraplane.sim.planner import make_plan

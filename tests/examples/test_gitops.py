@@ -16,9 +16,9 @@ import pytest
 import yaml
 from crd_schema import ROOT, errors
 
-from loraplane.operator.admission import review_adapter
 from loraplane.operator.api import BaseModelResource, LoraAdapterResource
-from loraplane.operator.children import children
+from loraplane.operator.children.base_model import children
+from loraplane.operator.runtime.admission import review_adapter
 
 GITOPS = ROOT / "examples" / "gitops"
 OVERLAYS = ["staging", "production"]

@@ -8,7 +8,7 @@ recorded; each recorded launch is then compiled by Triton for A100 and H100 with
 adapter slots and KV cache retyped to bf16 and fp16 as a GPU engine holds them (and in float32, as
 recorded), together with the launches an 8B Llama engine makes (recorded from the same launchers
 on ``meta`` tensors). No GPU or driver is needed: Triton ships ``ptxas``. The compiles run in child
-processes without the interpreter (see :mod:`loraplane.kernels.compile_check`); Triton's cache
+processes without the interpreter (see tests/helpers/compile_check.py); Triton's cache
 makes reruns quicker.
 """
 
@@ -17,12 +17,13 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import compile_check
 import pytest
 import torch
+from compile_check import Launch, compile_launches, engine_shapes, record_launches, summary_table, with_dtype
 from engine_helpers import engine_greedy, tiny_engine
 
-from loraplane.kernels import bgmv, compile_check
-from loraplane.kernels.compile_check import Launch, compile_launches, engine_shapes, record_launches, summary_table, with_dtype
+from loraplane.kernels import bgmv
 
 KERNEL_NAMES = {name for _, name in compile_check.ENGINE_KERNELS}
 # bf16 and fp16 as a GPU engine runs by default; float32 too (dtype="float32": IEEE dots in attention).

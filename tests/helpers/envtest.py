@@ -37,7 +37,7 @@ from cryptography.x509.oid import NameOID
 from operator_process import stop
 from waiting import wait_for
 
-from loraplane.serving.api.loopback import free_port
+from loraplane.serving.http.loopback import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("LORAPLANE_KUBE_BIN", REPO / ".kube-bin"))

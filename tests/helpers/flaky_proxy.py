@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
-from loraplane.serving.api.loopback import free_port
+from loraplane.serving.http.loopback import free_port
 
 
 class FlakyProxy:

@@ -14,8 +14,8 @@ import httpx
 from s3_server import ACCESS, SECRET
 from waiting import wait_for
 
-from loraplane.serving.api.loopback import free_port
 from loraplane.serving.bench.deployment import child_command
+from loraplane.serving.http.loopback import free_port
 
 TOKEN = "node-agent-test-token"
 

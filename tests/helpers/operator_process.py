@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from loraplane.serving.api.loopback import free_port
 from loraplane.serving.bench.deployment import child_command
+from loraplane.serving.http.loopback import free_port
 
 
 def start_operator(

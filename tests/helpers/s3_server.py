@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from loraplane.serving.api.loopback import free_port
+from loraplane.serving.http.loopback import free_port
 
 ACCESS, SECRET = "testing-access", "testing-secret"
 

@@ -8,7 +8,7 @@ import base64
 from typing import Any
 from urllib.parse import urlsplit
 
-from loraplane.operator.cluster import ADMIN_TOKEN_KEY, BASE_LABEL, COMPONENT_LABEL, admin_secret_name
+from loraplane.operator.children.names import ADMIN_TOKEN_KEY, BASE_LABEL, COMPONENT_LABEL, admin_secret_name
 
 
 def serving_pod(name: str, namespace: str, base: str, url: str, **metadata: Any) -> dict[str, Any]:

@@ -81,7 +81,7 @@ def test_only_the_agent_itself_can_answer_as_the_agent(agent: NodeAgent) -> None
     serving pod's client believes nothing it says."""
     from loraplane.admin_api.auth import RESPONSE_HEADER
     from loraplane.node_cache.client import AgentClient, AsyncAgentClient, NotTheAgent
-    from loraplane.serving.api.loopback import serve_app
+    from loraplane.serving.http.loopback import serve_app
 
     real_app = create_agent_app(agent, POD, operator_token=OPERATOR)
     with serve_app(real_app, ready_path="/health") as real:

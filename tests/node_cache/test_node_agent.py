@@ -17,7 +17,7 @@ from waiting import wait_for
 
 from loraplane.adapter_format import adapter_digest
 from loraplane.node_cache.base_copy import folder_digest, published_path
-from loraplane.serving.api.admin_view import replica_stats
+from loraplane.serving.api.admin.view import replica_stats
 from loraplane.serving.bench.deployment import child_command
 
 PROMPT = [5, 6, 7, 8]

@@ -11,9 +11,9 @@ import pytest
 from crd_schema import examples
 
 from loraplane.adapter_format import BaseShape
-from loraplane.operator import adapter_check
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.api.loraadapter import LoraAdapterSpec
+from loraplane.operator.runtime import adapter_check
 
 SPEC = LoraAdapterSpec.model_validate(next(d for d in examples() if d["kind"] == "LoraAdapter")["spec"])
 ENGINE = BaseModelSpec.model_validate(next(d for d in examples() if d["kind"] == "BaseModel")["spec"]).engine

@@ -7,7 +7,7 @@ import copy
 import pytest
 from crd_schema import examples
 
-from loraplane.operator.admission import ClusterPolicy, review_adapter, review_base
+from loraplane.operator.runtime.admission import ClusterPolicy, review_adapter, review_base
 
 BASE = next(d for d in examples() if d["kind"] == "BaseModel")["spec"]
 LORA = next(d for d in examples() if d["kind"] == "LoraAdapter")["spec"]

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from loraplane.operator.api.basemodel import BaseModelSpec, BaseModelStatus
 from loraplane.operator.api.loraadapter import LoraAdapterStatus
-from loraplane.operator.children import children
+from loraplane.operator.children.base_model import children
 
 pytestmark = pytest.mark.slow
 NS = "crd-checks"

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from loraplane.admin_api import AdapterState
-from loraplane.operator import base_sync
-from loraplane.operator.adapter_flow import parse_status
 from loraplane.operator.api.loraadapter import LoraAdapterSpec
-from loraplane.operator.base_sync import AdapterView, BaseMemory
-from loraplane.operator.settings import OperatorSettings
+from loraplane.operator.runtime import base_sync
+from loraplane.operator.runtime.adapter_flow import parse_status
+from loraplane.operator.runtime.base_sync import AdapterView, BaseMemory
+from loraplane.operator.runtime.settings import OperatorSettings
 
 
 def _view(*, asked: bool, shown: bool) -> AdapterView:

@@ -11,7 +11,7 @@ import yaml
 from crd_schema import examples
 
 from loraplane.operator.api.basemodel import BaseModelSpec
-from loraplane.operator.children import CONFIG_HASH, children
+from loraplane.operator.children.base_model import CONFIG_HASH, children
 from loraplane.serving.config import EngineConfig
 
 BASE = next(d for d in examples() if d["kind"] == "BaseModel")

@@ -14,9 +14,9 @@ from crd_schema import ROOT
 from pydantic import BaseModel
 
 from loraplane.cli import main
-from loraplane.operator.chart_values import write_values_schema
-from loraplane.operator.crd_docs import NOTES, doc_drifted, fields, render, schema_of
-from loraplane.operator.crdgen import KINDS, write_crds
+from loraplane.operator.schema.chart_values import write_values_schema
+from loraplane.operator.schema.crd_docs import NOTES, doc_drifted, fields, render, schema_of
+from loraplane.operator.schema.crdgen import KINDS, write_crds
 
 DOC = ROOT / "docs" / "crd-reference.md"
 

@@ -15,7 +15,7 @@ from crd_schema import ROOT, crds, errors, examples
 from pydantic import ValidationError
 
 from loraplane.operator.api import BaseModelResource, LoraAdapterResource
-from loraplane.operator.crdgen import drifted
+from loraplane.operator.schema.crdgen import drifted
 
 MODELS = {"BaseModel": BaseModelResource, "LoraAdapter": LoraAdapterResource}
 

@@ -7,8 +7,8 @@ import pytest
 
 from loraplane.admin_api import Counters
 from loraplane.operator.api.loraadapter import AdapterMetrics
-from loraplane.operator.conditions import set_condition
-from loraplane.operator.decisions import Sample, hot_set, metrics, missing, sample, unclaimed, worth_writing
+from loraplane.operator.runtime.conditions import set_condition
+from loraplane.operator.runtime.decisions import Sample, hot_set, metrics, missing, sample, unclaimed, worth_writing
 
 
 def entry(
@@ -109,7 +109,7 @@ def test_a_small_change_waits_for_the_refresh_and_an_idle_adapter_never_writes()
 
 
 def test_node_staging_puts_pins_first_then_the_hot_set_then_prefetch_then_next_versions() -> None:
-    from loraplane.operator.decisions import StagingCandidate, node_staging
+    from loraplane.operator.runtime.decisions import StagingCandidate, node_staging
 
     d = "sha256:" + "0" * 64
     staged = node_staging([
@@ -128,7 +128,7 @@ def test_a_version_waiting_for_promotion_is_staged_beside_the_serving_one() -> N
     from types import SimpleNamespace
 
     from loraplane.operator.api.loraadapter import LoraAdapterSpec, LoraAdapterStatus
-    from loraplane.operator.node_cache_sync import candidates
+    from loraplane.operator.runtime.node_cache_sync import candidates
 
     old, new = "sha256:" + "a" * 64, "sha256:" + "b" * 64
     spec = LoraAdapterSpec.model_validate({"baseModel": "b", "tenant": "t", "source": {"uri": "s3://x/v2", "digest": new}})

@@ -22,9 +22,9 @@ from s3_server import ACCESS, SECRET, moto_server, upload_folder
 from serving_pods import admin_secret, serving_pod
 
 from loraplane.adapter_format import adapter_digest
-from loraplane.operator.cluster import COMPONENT_LABEL, NODE_CACHE_TOKEN_KEY
+from loraplane.operator.children.names import COMPONENT_LABEL, NODE_CACHE_TOKEN_KEY
 from loraplane.serving.api.app import create_app
-from loraplane.serving.api.loopback import serve_app
+from loraplane.serving.http.loopback import serve_app
 
 NS = "team-n"
 TOKEN = "node-agent-test-token"  # node_agent_process's: the BaseModel's admin token, which the agent takes too

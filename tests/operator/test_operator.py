@@ -34,9 +34,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from loraplane.adapter_format import AdapterValidationError, ErrorCode, adapter_digest, file_digest
-from loraplane.operator.cluster import ADMIN_TOKEN_KEY, STATS_TOKEN_KEY, admin_secret_name, stats_secret_name
+from loraplane.operator.children.names import ADMIN_TOKEN_KEY, STATS_TOKEN_KEY, admin_secret_name, stats_secret_name
 from loraplane.serving.api.app import create_app
-from loraplane.serving.api.loopback import serve_app
+from loraplane.serving.http.loopback import serve_app
 
 NS = "team-a"
 ADMIN = "admin-secret"

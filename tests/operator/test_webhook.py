@@ -16,7 +16,7 @@ from crd_schema import examples
 from envtest import Kube, control_plane
 from operator_process import start_operator, stop
 
-from loraplane.serving.api.loopback import free_port
+from loraplane.serving.http.loopback import free_port
 
 pytestmark = pytest.mark.slow
 NS = "hooked"

@@ -14,9 +14,9 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from loraplane.serving.api.disconnect import cancel_on_disconnect
-from loraplane.serving.api.loopback import serve_app
-from loraplane.serving.api.tenants import Tenants, TenantsFile
+from loraplane.serving.http.disconnect import cancel_on_disconnect
+from loraplane.serving.http.loopback import serve_app
+from loraplane.serving.http.tenants import Tenants, TenantsFile
 from loraplane.serving.router.app import create_router_app
 from loraplane.serving.router.config import RouterConfig
 

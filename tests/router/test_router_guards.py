@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from loraplane.serving.api.body_limit import DEFAULT_MAX_BODY_BYTES
-from loraplane.serving.api.loopback import serve_app
-from loraplane.serving.api.tenants import Tenants, TenantsFile
+from loraplane.serving.http.body_limit import DEFAULT_MAX_BODY_BYTES
+from loraplane.serving.http.loopback import serve_app
+from loraplane.serving.http.tenants import Tenants, TenantsFile
 from loraplane.serving.router.app import create_router_app
 from loraplane.serving.router.config import RouterConfig
 

@@ -20,10 +20,10 @@ from fastapi import FastAPI, Request  # at module level: FastAPI resolves the ro
 from impostors import copying_app
 
 from loraplane.admin_api.auth import SignedResponses, tokens_carried
-from loraplane.serving.api.loopback import serve_app
-from loraplane.serving.api.tenants import Tenants, load_tenants
 from loraplane.serving.bench.deployment import Fleet, spawn_replicas
 from loraplane.serving.config import EngineConfig
+from loraplane.serving.http.loopback import serve_app
+from loraplane.serving.http.tenants import Tenants, load_tenants
 from loraplane.serving.router.app import create_router_app
 from loraplane.serving.router.config import RouterConfig
 

@@ -18,7 +18,7 @@ from s3_server import ACCESS, SECRET, moto_server, upload_folder
 
 from loraplane.adapter_format import ErrorCode, adapter_digest
 from loraplane.admin_api import Tier
-from loraplane.serving.api.admin_view import replica_stats
+from loraplane.serving.api.admin.view import replica_stats
 from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.engine.sequence import FinishReason
 from loraplane.serving.lora.entries import AdapterSpec, PinLimitReached

@@ -8,7 +8,7 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from loraplane.serving.api.protocol import ChatCompletionRequest
+from loraplane.serving.http.protocol.chat import ChatCompletionRequest
 from loraplane.serving.tokenizer import TemplateVariableError, Tokenizer
 
 TURNS = [{"role": "user", "content": "hi"}]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from loraplane.kernels import LoraSlots
-from loraplane.serving.model.context import LoraBatch
+from loraplane.kernels.lora_batch import LoraBatch
 from loraplane.serving.model.layers import LoraLinear, fp8_gemm_supported
 
 

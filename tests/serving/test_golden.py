@@ -96,7 +96,7 @@ def test_the_quality_gate_replays_a_candidates_golden_outputs_and_registers_noth
     import httpx
 
     from loraplane.serving.api.app import create_app
-    from loraplane.serving.api.loopback import serve_app
+    from loraplane.serving.http.loopback import serve_app
 
     trainer = tiny_engine(tiny_llama, tmp_path / "train", tiny_adapters)
     good = shutil.copytree(tiny_adapters["all8"], tmp_path / "good")
@@ -130,7 +130,7 @@ def test_a_slow_candidate_fetch_stalls_no_other_request(tiny_llama, tiny_adapter
 
     from loraplane.adapter_format import sources
     from loraplane.serving.api.app import create_app
-    from loraplane.serving.api.loopback import serve_app
+    from loraplane.serving.http.loopback import serve_app
 
     trainer = tiny_engine(tiny_llama, tmp_path / "train", tiny_adapters)
     good = shutil.copytree(tiny_adapters["all8"], tmp_path / "good")

@@ -16,8 +16,8 @@ import pytest
 from engine_helpers import tiny_engine
 
 from loraplane.serving.api.app import create_app
-from loraplane.serving.api.loopback import serve_app
-from loraplane.serving.api.tenants import TenantConfig, Tenants
+from loraplane.serving.http.loopback import serve_app
+from loraplane.serving.http.tenants import TenantConfig, Tenants
 from loraplane.usage import Metering
 from loraplane.usage.report import build_report
 from loraplane.usage.spool import closed_segments

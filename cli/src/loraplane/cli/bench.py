@@ -53,12 +53,12 @@ def bench(
 ) -> None:
     """Drive a server with a Zipf trace over adapters and tenants through the official openai client;
     report throughput, time to first token and inter-token latency, tier hit rates and per-tenant figures."""
-    from loraplane.serving.api.tenants import load_tenants
     from loraplane.serving.bench.deployment import Deployment, remote
     from loraplane.serving.bench.report import format_report
     from loraplane.serving.bench.run import bench_in_process, run_bench
     from loraplane.serving.bench.workload import BenchRequest, zipf_requests
     from loraplane.serving.config import EngineConfig
+    from loraplane.serving.http.tenants import load_tenants
 
     def requests_for(d: Deployment) -> list[BenchRequest]:
         return zipf_requests(

@@ -36,9 +36,9 @@ def _path(flag: str, dest: str, default: str, help: str, *, folder: bool = False
 def crds(folder: Path, doc_path: Path, values_path: Path, copies_folder: Path, check: bool) -> None:
     """Generate the CustomResourceDefinitions, their Markdown reference and the chart's values.schema.json from the
     operator's pydantic models."""
-    from loraplane.operator.chart_values import values_schema_drifted, write_values_schema
-    from loraplane.operator.crd_docs import doc_drifted, write_doc
-    from loraplane.operator.crdgen import drifted, write_crds
+    from loraplane.operator.schema.chart_values import values_schema_drifted, write_values_schema
+    from loraplane.operator.schema.crd_docs import doc_drifted, write_doc
+    from loraplane.operator.schema.crdgen import drifted, write_crds
 
     if check:
         stale = [f"{name} in {folder}" for name in drifted(folder)]
@@ -100,8 +100,8 @@ def operator(
 
     if webhook_port is not None:
         os.environ["LORAPLANE_WEBHOOK_PORT"] = str(webhook_port)  # read by the operator's settings
-        import loraplane.operator.webhook
-    import loraplane.operator.handlers  # noqa: F401  (registers the handlers)
+        import loraplane.operator.runtime.webhook
+    import loraplane.operator.runtime.handlers  # noqa: F401  (registers the handlers)
 
     kopf.configure(verbose=False)  # kopf's log format and levels, as `kopf run` sets them
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per admin call drowns the reconcile log

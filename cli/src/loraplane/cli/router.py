@@ -42,7 +42,7 @@ def router(
     import yaml
     from pydantic import ValidationError
 
-    from loraplane.serving.api.tenants import Tenants, load_tenants
+    from loraplane.serving.http.tenants import Tenants, load_tenants
     from loraplane.serving.router.app import create_router_app
     from loraplane.serving.router.config import RouterConfig
 
@@ -60,7 +60,7 @@ def router(
     except (ValidationError, ValueError, yaml.YAMLError) as err:
         raise click.ClickException(str(err)) from None
     if metrics_port is not None:
-        from loraplane.serving.api.metrics_port import serve_metrics
+        from loraplane.serving.http.metrics_port import serve_metrics
 
         serve_metrics(app.state.metrics, host, metrics_port)
     uvicorn.run(app, host=host, port=port, log_level="info")

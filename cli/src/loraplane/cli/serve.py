@@ -16,8 +16,8 @@ from loraplane.cli.options import (
     tenants_option,
 )
 from loraplane.cli.usage import make_metering, usage_options
-from loraplane.serving.api.response_store import DEFAULT_MAX_BYTES, DEFAULT_MAX_RESPONSES
-from loraplane.serving.api.tool_parsers import TOOL_PARSERS
+from loraplane.serving.api.openai.responses.store import DEFAULT_MAX_BYTES, DEFAULT_MAX_RESPONSES
+from loraplane.serving.api.openai.tools.parsers import TOOL_PARSERS
 
 
 @click.command()
@@ -110,10 +110,10 @@ def serve(
     from pydantic import ValidationError
 
     from loraplane.serving.api.app import create_app
-    from loraplane.serving.api.response_store import ResponseStore
-    from loraplane.serving.api.tenants import TenantConfig, Tenants, load_tenants
+    from loraplane.serving.api.openai.responses.store import ResponseStore
     from loraplane.serving.config import EngineConfig
     from loraplane.serving.engine.builder import build_engine
+    from loraplane.serving.http.tenants import TenantConfig, Tenants, load_tenants
 
     if enable_auto_tool_choice and tool_call_parser is None:  # as vLLM refuses it
         raise click.UsageError("--enable-auto-tool-choice needs --tool-call-parser: the format to read calls back from")
@@ -155,7 +155,7 @@ def serve(
         responses=ResponseStore(max_stored_responses, stored_responses_mib << 20),
     )  # fmt: skip
     if metrics_port is not None:
-        from loraplane.serving.api.metrics_port import serve_metrics
+        from loraplane.serving.http.metrics_port import serve_metrics
 
         serve_metrics(app.state.metrics, host, metrics_port)
     uvicorn.run(app, host=host, port=port, log_level="info")

@@ -127,48 +127,6 @@ def _(
         raise SlotLayoutError(f"x {list(x.shape)}, y {list(y.shape)} do not fit in={in_features}, out={out_features}")
 
 
-def lora(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    slots: LoraSlots | PagedLoraSlots,
-    row_slots: torch.Tensor,
-    seg_starts: torch.Tensor | None,
-    seg_slots: torch.Tensor | None,
-    max_seg_len: int,
-    y_offset: int,
-    backend: str,
-) -> None:
-    """The op for this slot layout: the paged one always runs by rows (it has no segment kernel).
-
-    The CPU backend calls the dispatcher directly: its path is never traced or captured, and a
-    custom op's dispatch costs about 45 us a call on a CPU, some 200 calls a step for a 30-layer
-    model (measured on the embedded base, against 20 us for the whole call without it).
-    Segments given go to the dispatcher's segment path (the engine's runner passes them on the
-    CPU only when a segment is long enough for BLAS, ``cpu.segments_pay``, which the dispatcher
-    checks again for its direct callers); without them the call goes by the rows the engine
-    already built, which the dispatcher would otherwise rebuild from segments in every call, some
-    14 us each."""
-    if backend == "cpu":
-        if seg_starts is not None and seg_slots is not None and not isinstance(slots, PagedLoraSlots):
-            dispatch.add_lora(
-                y, x, slots, seg_starts=seg_starts, seg_slots=seg_slots, y_offset=y_offset, backend="cpu", check=False,
-                max_seg_len=max_seg_len,
-            )  # fmt: skip
-        else:
-            dispatch.add_lora(y, x, slots, row_slots=row_slots, y_offset=y_offset, backend="cpu", check=False)
-        return
-    if isinstance(slots, PagedLoraSlots):
-        torch.ops.loraplane.add_lora_paged(
-            y, x, slots.pool, slots.a_offsets, slots.b_offsets, slots.ranks, slots.scalings, row_slots, y_offset,
-            slots.in_features, slots.out_features, backend,
-        )  # fmt: skip
-        return
-    torch.ops.loraplane.add_lora(
-        y, x, slots.lora_a, slots.lora_b, slots.ranks, slots.scalings, row_slots, seg_starts, seg_slots, y_offset,
-        max_seg_len, backend,
-    )  # fmt: skip
-
-
 @torch.library.custom_op("loraplane::paged_attention", mutates_args=("out",))
 def paged_attention(
     out: torch.Tensor,

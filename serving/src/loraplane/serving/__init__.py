@@ -1,7 +1,8 @@
 """The serving engine, its OpenAI-compatible server and the adapter-affinity router.
 
-Layers, one way (an import-linter contract): demo -> bench, router -> api -> engine -> lora ->
-weights -> model; serving imports kernels, never the reverse. See docs/architecture.md.
+Layers, one way (import-linter contracts): demo -> bench -> api -> http -> engine -> lora -> weights
+-> model; the router reaches only http of those; serving imports kernels, never the reverse. See
+docs/architecture.md.
 """
 
 from importlib.metadata import version

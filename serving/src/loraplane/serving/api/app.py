@@ -18,16 +18,20 @@ from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from loraplane.admin_api.auth import SignedResponses
-from loraplane.serving.api import admin_routes, openai_routes, ops_routes, responses_routes, tokenize_routes
-from loraplane.serving.api.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from loraplane.serving.api import ops_routes
+from loraplane.serving.api.admin import routes as admin_routes
 from loraplane.serving.api.deps import ServerState
-from loraplane.serving.api.errors import APIError, api_error_handler, http_error_handler, validation_error_handler
-from loraplane.serving.api.metrics_port import view as metrics_view
-from loraplane.serving.api.response_store import ResponseStore
-from loraplane.serving.api.tenants import Tenants
-from loraplane.serving.api.tool_parsers import TOOL_PARSERS
-from loraplane.serving.api.usage_metrics import UsageCollector
+from loraplane.serving.api.openai import models_routes, tokenize_routes
+from loraplane.serving.api.openai.completions import routes as completions_routes
+from loraplane.serving.api.openai.responses import routes as responses_routes
+from loraplane.serving.api.openai.responses.store import ResponseStore
+from loraplane.serving.api.openai.tools.parsers import TOOL_PARSERS
 from loraplane.serving.engine.llm_engine import LLMEngine
+from loraplane.serving.http.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from loraplane.serving.http.errors import APIError, api_error_handler, http_error_handler, validation_error_handler
+from loraplane.serving.http.metrics_port import view as metrics_view
+from loraplane.serving.http.tenants import Tenants
+from loraplane.serving.http.usage_metrics import UsageCollector
 from loraplane.usage import Metering
 
 
@@ -64,8 +68,8 @@ def create_app(
         meters,
         stats_token,
         admin_hosts,
-        parser,
-        responses,
+        responses=responses if responses is not None else ResponseStore(),
+        tool_parser=parser,
     )
 
     @asynccontextmanager
@@ -89,6 +93,6 @@ def create_app(
     app.state.metrics = metrics_view(
         lambda: [usage_registry] if state.engine is None else [state.engine.engine.metrics.registry, usage_registry]
     )
-    for part in (ops_routes, openai_routes, responses_routes, tokenize_routes, admin_routes):
+    for part in (ops_routes, models_routes, completions_routes, responses_routes, tokenize_routes, admin_routes):
         app.include_router(part.router)
     return app

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
-from loraplane.serving.api.async_engine import AsyncEngine
-from loraplane.serving.api.errors import APIError, require_admin
 from loraplane.serving.api.load_shedding import PendingRequests
-from loraplane.serving.api.response_store import ResponseStore
-from loraplane.serving.api.tenants import TenantConfig, Tenants
-from loraplane.serving.api.tool_parsers import ToolParser
+from loraplane.serving.engine.async_engine import AsyncEngine
 from loraplane.serving.engine.llm_engine import LLMEngine
+from loraplane.serving.http.errors import APIError, require_admin
+from loraplane.serving.http.tenants import TenantConfig, Tenants
 from loraplane.usage import Metering
+
+if TYPE_CHECKING:  # the routers below read these through the state; they are made by create_app
+    from loraplane.serving.api.openai.responses.store import ResponseStore
+    from loraplane.serving.api.openai.tools.parsers import ToolParser
 
 ENGINE_FAILED = "engine_failed"  # /ready's error code once the engine has failed to start: it never will
 
@@ -33,7 +35,7 @@ class ServerState:
     def __init__(
         self, make_engine: Callable[[], LLMEngine], admin_token: str | None, max_pending_requests: int, tenants: Tenants,
         metering: Metering, stats_token: str | None = None, admin_hosts: frozenset[str] = frozenset(),
-        tool_parser: ToolParser | None = None, responses: ResponseStore | None = None,
+        *, responses: ResponseStore, tool_parser: ToolParser | None = None,
     ) -> None:  # fmt: skip
         """``admin_hosts``: this replica's own addresses; a signed admin call must name one of them
         (the operator passes the pod's IP), so one captured elsewhere cannot be replayed here."""
@@ -44,7 +46,7 @@ class ServerState:
         self.load_error: str | None = None
         self.pending = PendingRequests(max_pending_requests)  # accepted requests not yet finished
         self.tool_parser = tool_parser  # reads "auto" tool calls back (vLLM's --tool-call-parser)
-        self.responses = responses if responses is not None else ResponseStore()  # the Responses API's stored ones
+        self.responses = responses  # the Responses API's stored ones
 
     def start(self) -> None:
         def load() -> None:

@@ -8,7 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from loraplane.serving import __version__
 from loraplane.serving.api.deps import Server
-from loraplane.serving.api.errors import require_admin
+from loraplane.serving.http.errors import require_admin
 
 router = APIRouter()
 

@@ -23,9 +23,9 @@ import yaml
 
 from loraplane.admin_api import LoadLoraRequest, ReplicaStats
 from loraplane.serving.api.deps import ENGINE_FAILED
-from loraplane.serving.api.loopback import free_port
-from loraplane.serving.api.tenants import TenantConfig
 from loraplane.serving.config import EngineConfig
+from loraplane.serving.http.loopback import free_port
+from loraplane.serving.http.tenants import TenantConfig
 
 
 @dataclass
@@ -233,10 +233,9 @@ def spawn_router(
 def child_command(*args: str) -> list[str]:
     """The command line that runs ``loraplane ARGS`` in a child process with this interpreter.
 
-    ``-P`` keeps the working directory off the child's ``sys.path``. Run from the repository root,
-    the top-level folders (``kernels``, ``serving``, ...) would otherwise import as packages of
-    those names: transformers 5.25 imports any importable ``kernels`` as Hugging Face's hub
-    kernels, and a server spawned this way failed to start its engine."""
+    ``-P`` keeps the working directory off the child's ``sys.path``: the child imports what is
+    installed, whatever folder it was started from (the repository's root holds no packages
+    either: each part lives in ``<part>/src/loraplane/<part>``)."""
     return [sys.executable, "-P", "-m", "loraplane.cli", *args]
 
 

@@ -28,10 +28,11 @@ from dataclasses import dataclass
 import torch
 
 from loraplane.adapter_format import LLAMA_TARGETS
+from loraplane.kernels.lora_batch import LoraBatch
 from loraplane.serving import cuda_runtime
 from loraplane.serving.host_side import host_side
 from loraplane.serving.model.attention import KVCache
-from loraplane.serving.model.context import LoraBatch, PagedBatch, StepContext
+from loraplane.serving.model.context import PagedBatch, StepContext
 from loraplane.serving.model.llama import LlamaModel
 
 

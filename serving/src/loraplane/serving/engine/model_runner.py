@@ -2,8 +2,8 @@
 
 Rows are the scheduled tokens of every sequence back to back. A sequence with one new token is
 a decode row; more than one is a prefill span (a prompt, a chunk of one, or the rest after a
-cached prefix). Each row carries its adapter slot, and runs of rows with the same slot form the
-SGMV segments.
+cached prefix). Each row carries its adapter slot; the step's LoRA plan (``kernels.lora_batch``) makes
+the SGMV segments of its runs of equal slots where they pay.
 
 The metadata is built on the host as lists and crosses to the device in one copy
 (:func:`~loraplane.serving.engine.transfers.to_device`), once per step for every layer. What
@@ -15,20 +15,20 @@ decode rows' blocks into one padded batch.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from loraplane.kernels import cpu
+from loraplane.kernels import lora_batch
+from loraplane.kernels.lora_batch import LoraBatch
 from loraplane.serving.engine import prompt_logprobs, transfers
 from loraplane.serving.engine.decode_graphs import DecodeGraphs
 from loraplane.serving.engine.sampler import SampleFailure, Sampler
 from loraplane.serving.engine.sequence import Sequence, TokenLogprob
 from loraplane.serving.lora.slot_table import SlotTable
 from loraplane.serving.model.attention import KVCache
-from loraplane.serving.model.context import LoraBatch, PagedBatch, PrefillSpan, StepContext
+from loraplane.serving.model.context import PagedBatch, PrefillSpan, StepContext
 from loraplane.serving.model.llama import LlamaModel
 
 
@@ -45,19 +45,6 @@ class _Rows:
     tables: list[list[int]] = field(default_factory=list)
     logit_rows: list[int] = field(default_factory=list)
     sampled: list[Sequence] = field(default_factory=list)
-
-
-def _segments(row_slots: list[int]) -> tuple[list[int], list[int]]:
-    """Runs of equal slots: (starts, one more than runs; the slot of each run)."""
-    starts, seg_slots = [0], []
-    for i, s in enumerate(row_slots):
-        if i and s == row_slots[i - 1]:
-            continue
-        if i:
-            starts.append(i)
-        seg_slots.append(s)
-    starts.append(len(row_slots))
-    return starts, seg_slots
 
 
 class ModelRunner:
@@ -77,7 +64,7 @@ class ModelRunner:
         self.graphs = graphs
         self.block_size = cache.block_size
         self.device = model.embed_tokens.weight.device
-        self.activation_dtype = model.embed_tokens.weight.dtype  # what cpu.segments_pay weighs
+        self.activation_dtype = model.embed_tokens.weight.dtype  # what the LoRA plan weighs on the CPU
 
     def _rows(self, items: list[tuple[Sequence, int]]) -> _Rows:
         bs, r = self.block_size, _Rows()
@@ -104,17 +91,8 @@ class ModelRunner:
         contexts are cut from those same tensors."""
         r = self._rows(items)
         bs, num_rows = self.block_size, len(r.ids)
-        used = set(r.row_slots) - {-1}
-        starts, seg_slots = _segments(r.row_slots) if used else ([0], [])
-        max_seg_len = max((b - a for a, b in itertools.pairwise(starts)), default=0)
-        # The adapter kernels get segments where they pay: the Triton segment kernel whenever
-        # runs are longer than one row; the CPU path only for a segment long enough for BLAS
-        # (cpu.segments_pay), the rows built here otherwise. Decided once per step, here: the
-        # layers and ops.lora take what they are given (the dispatcher's own check, there for
-        # its direct callers, agrees with this one).
-        by_segments = bool(used) and len(seg_slots) < num_rows
-        if self.backend == "cpu":
-            by_segments = by_segments and cpu.segments_pay(max_seg_len, self.activation_dtype)
+        plan = lora_batch.plan(r.row_slots, self.backend, self.activation_dtype)
+        starts, seg_slots = (plan.seg_starts, plan.seg_slots) if plan else ([0], [])
         width = max(len(t) for t in r.tables)
         # Padding repeats the sequence's own first block: the CPU path's padded gather reads it
         # (masked), and under unified paging block 0 may hold an adapter's float32 rows, whose
@@ -139,14 +117,14 @@ class ModelRunner:
             transfers.to_device(arrays, self.device)
         )
         lora = None
-        if used:
-            self.slots.wait_for_writes(used)  # adapter copies on their own stream, before the first layer reads them
+        if plan is not None:
+            self.slots.wait_for_writes(plan.used)  # adapter copies on their own stream, before the first layer reads them
             lora = LoraBatch(
                 row_slots=row_slots,
-                seg_starts=seg_starts if by_segments else None,
-                seg_slots=seg_slot_ids if by_segments else None,
-                active_modules=self.slots.active_modules(used),
-                max_seg_len=max_seg_len,
+                seg_starts=seg_starts if plan.by_segments else None,
+                seg_slots=seg_slot_ids if plan.by_segments else None,
+                active_modules=self.slots.active_modules(plan.used),
+                max_seg_len=plan.max_seg_len,
                 backend=self.backend,
             )
         if self.backend == "triton":

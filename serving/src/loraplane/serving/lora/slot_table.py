@@ -14,7 +14,7 @@ Two layouts, one interface (vLLM-style static slots for comparison, S-LoRA-style
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 
 import torch
 
@@ -73,7 +73,7 @@ class SlotTable:
         for used in self.occupied.values():
             used.discard(slot)
 
-    def active_modules(self, batch_slots: set[int]) -> frozenset[str]:
+    def active_modules(self, batch_slots: Set[int]) -> frozenset[str]:
         return frozenset(m for m, used in self.occupied.items() if used & batch_slots)
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from loraplane.kernels.lora_batch import LoraBatch
+
 
 @dataclass(frozen=True)
 class PrefillSpan:
@@ -22,24 +24,6 @@ class PrefillSpan:
     num_new: int
     context_len: int
     block_ids: torch.Tensor
-
-
-@dataclass(frozen=True)
-class LoraBatch:
-    """Which adapter slot each row uses, in both forms the kernels take.
-
-    ``row_slots`` [T] (BGMV) is always set; ``seg_starts``/``seg_slots`` (SGMV) are set when the
-    rows form runs longer than one token (prefill), so the GPU path can use the segment kernel.
-    ``active_modules`` lists the target modules that at least one row's adapter touches; the
-    others skip the adapter kernels entirely.
-    """
-
-    row_slots: torch.Tensor
-    seg_starts: torch.Tensor | None
-    seg_slots: torch.Tensor | None
-    active_modules: frozenset[str]
-    max_seg_len: int = 1  # the longest segment, known on the host: the SGMV grid never reads the device
-    backend: str = "auto"  # the kernels' backend (kernels.dispatch.Backend)
 
 
 @dataclass(frozen=True)
@@ -66,5 +50,5 @@ class StepContext:
     decode_rows: torch.Tensor | None = None
     decode_block_tables: torch.Tensor | None = None
     decode_mask: torch.Tensor | None = None  # [n, 1, 1, max_blocks * block_size], True where a key exists
-    lora: LoraBatch | None = None
+    lora: LoraBatch | None = None  # the step's rows as the adapter kernels read them
     paged: PagedBatch | None = None

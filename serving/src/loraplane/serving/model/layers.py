@@ -1,7 +1,8 @@
 """Norm, rotary embedding and the base-plus-adapter linear layer.
 
 :class:`LoraLinear` is where the brief's equation lives: one shared base matmul for the whole
-batch, then each slice's gathered low-rank product added in place through the kernels. Fused
+batch, then the gathered low-rank products of the slices an adapter targets, added in place by the
+step's :class:`~loraplane.kernels.lora_batch.LoraBatch`. Fused
 projections (q/k/v, gate/up) keep one slot table per slice so an adapter can target ``q_proj``
 without ``k_proj``. Base weights stay unmerged; adapters are never folded into them.
 """
@@ -12,8 +13,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from loraplane.kernels import LoraSlots, PagedLoraSlots, ops
-from loraplane.serving.model.context import LoraBatch
+from loraplane.kernels import LoraSlots, PagedLoraSlots
+from loraplane.kernels.lora_batch import LoraBatch
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn value
 
@@ -101,28 +102,11 @@ class LoraLinear(nn.Module):
             y = F.linear(x, self.base_weight(x.dtype), self.bias)
         if lora is None:
             return y
-        active = [
+        lora.add(y, x, [
             (offset, slots)
             for name, offset, slots in zip(self.slice_names, self.slice_offsets, self.lora, strict=True)
             if slots is not None and name in lora.active_modules
-        ]
-        if not active:
-            return y
-        # A CPU step given segments (the runner gives them only when one is long enough for BLAS)
-        # hands x and y to the segment path as they are: it computes in x's precision and adds
-        # each long segment's block straight into y (activation-sized float32 copies of x and y
-        # per call cost a bfloat16 prefill more than its adapter products). Other steps, short
-        # prompts among decodes included, run in the slots' precision (float32 on the CPU), with
-        # x converted and y widened once for all slices, so each element of a low-precision y is
-        # rounded once.
-        slot_dtype = active[0][1].dtype
-        cpu_prefill = lora.backend == "cpu" and lora.seg_starts is not None
-        xs = x if x.dtype == slot_dtype or cpu_prefill else x.to(slot_dtype)
-        acc = y if y.dtype == slot_dtype or cpu_prefill else y.to(slot_dtype)
-        for offset, slots in active:
-            ops.lora(acc, xs, slots, lora.row_slots, lora.seg_starts, lora.seg_slots, lora.max_seg_len, offset, lora.backend)
-        if acc is not y:
-            y.copy_(acc)
+        ])  # fmt: skip
         return y
 
 

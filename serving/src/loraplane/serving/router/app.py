@@ -15,10 +15,10 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from loraplane.serving.api.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
-from loraplane.serving.api.errors import APIError, api_error_handler, http_error_handler, validation_error_handler
-from loraplane.serving.api.tenants import Tenants
-from loraplane.serving.api.usage_metrics import UsageCollector
+from loraplane.serving.http.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from loraplane.serving.http.errors import APIError, api_error_handler, http_error_handler, validation_error_handler
+from loraplane.serving.http.tenants import Tenants
+from loraplane.serving.http.usage_metrics import UsageCollector
 from loraplane.serving.router.config import RouterConfig
 from loraplane.serving.router.discovery import EndpointSliceWatch, static_members
 from loraplane.serving.router.forward import Forwarder

@@ -13,10 +13,12 @@ from urllib.parse import quote
 from fastapi import Request, Response
 from pydantic import ValidationError
 
-from loraplane.serving.api.errors import APIError, invalid_request
-from loraplane.serving.api.protocol import ChatCompletionRequest, CompletionRequest, new_id
-from loraplane.serving.api.responses_protocol import ResponsesRequest
-from loraplane.serving.api.tenants import TenantConfig, Tenants
+from loraplane.serving.http.errors import APIError, invalid_request
+from loraplane.serving.http.protocol.chat import ChatCompletionRequest
+from loraplane.serving.http.protocol.common import new_id
+from loraplane.serving.http.protocol.completions import CompletionRequest
+from loraplane.serving.http.protocol.responses import ResponsesRequest
+from loraplane.serving.http.tenants import TenantConfig, Tenants
 from loraplane.serving.router.state import RouterState
 
 RESPONSES = "/v1/responses"

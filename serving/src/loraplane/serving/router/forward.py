@@ -27,8 +27,8 @@ from urllib.parse import quote
 import httpx
 from fastapi import Response
 
-from loraplane.serving.api.cleanup_response import CleanupResponse
-from loraplane.serving.api.errors import APIError, error_body
+from loraplane.serving.http.cleanup_response import CleanupResponse
+from loraplane.serving.http.errors import APIError, error_body
 from loraplane.serving.router.metrics import RouterMetrics
 from loraplane.serving.router.policy import Router
 from loraplane.serving.router.response_homes import ResponseHomes

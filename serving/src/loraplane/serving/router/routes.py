@@ -10,8 +10,8 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from loraplane.serving import __version__
-from loraplane.serving.api.disconnect import cancel_on_disconnect
-from loraplane.serving.api.errors import APIError, require_admin
+from loraplane.serving.http.disconnect import cancel_on_disconnect
+from loraplane.serving.http.errors import APIError, require_admin
 from loraplane.serving.router.edge import forwarded_headers, relay
 from loraplane.serving.router.state import RouterState, State
 

@@ -9,7 +9,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from loraplane.serving.api.tenants import Tenants
+from loraplane.serving.http.tenants import Tenants
 from loraplane.serving.router.config import RouterConfig
 from loraplane.serving.router.forward import Forwarder
 from loraplane.serving.router.metrics import RouterMetrics

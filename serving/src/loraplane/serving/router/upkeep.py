@@ -11,7 +11,7 @@ import logging
 import httpx
 
 from loraplane.admin_api import AdminClient, ReplicaError, ReplicaStats
-from loraplane.serving.api.tenants import Tenants
+from loraplane.serving.http.tenants import Tenants
 from loraplane.serving.router.table import Replica, ReplicaTable
 
 log = logging.getLogger(__name__)

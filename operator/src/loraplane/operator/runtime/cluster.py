@@ -1,0 +1,275 @@
+"""Reads and writes of Kubernetes objects other than the one a handler was called for.
+
+kopf hands each handler its own object and patches its status; everything else (the BaseModel an
+adapter names, the serving Pods, Secrets, other adapters' statuses from a BaseModel's timer) goes
+through the official ``kubernetes`` client. It is synchronous, so every call runs in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from loraplane.operator.api import GROUP, VERSION
+from loraplane.operator.children.names import (
+    ADMIN_TOKEN_KEY,
+    BASE_LABEL,
+    COMPONENT_LABEL,
+    NODE_CACHE_TOKEN_KEY,
+    SERVING_PORT,
+    STATS_TOKEN_KEY,
+    admin_secret_name,
+    node_cache_secret_name,
+    stats_secret_name,
+)  # fmt: skip
+
+ADMIN_TOKEN_TTL = 60.0  # seconds a token read from its Secret is reused before it is read again
+
+
+@cache
+def _api() -> client.ApiClient:
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+    return client.ApiClient()
+
+
+def _custom() -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(_api())
+
+
+def _core() -> client.CoreV1Api:
+    return client.CoreV1Api(_api())
+
+
+async def get_custom(namespace: str, plural: str, name: str) -> dict[str, Any] | None:
+    def read() -> dict[str, Any] | None:
+        try:
+            obj: Any = _custom().get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return dict(obj)
+
+    return await asyncio.to_thread(read)
+
+
+async def list_custom(namespace: str, plural: str) -> list[dict[str, Any]]:
+    def read() -> list[dict[str, Any]]:
+        found: Any = _custom().list_namespaced_custom_object(GROUP, VERSION, namespace, plural)
+        return list(found["items"])
+
+    return await asyncio.to_thread(read)
+
+
+async def patch_status(
+    namespace: str, plural: str, name: str, status: dict[str, Any], resource_version: str | None = None
+) -> None:
+    """``resource_version``: write only over that version of the object (else 409), for a patch
+    that replaces a list read from it."""
+    body: dict[str, Any] = {"status": status}
+    if resource_version is not None:
+        body["metadata"] = {"resourceVersion": resource_version}
+
+    def write() -> None:
+        _custom().patch_namespaced_custom_object_status(GROUP, VERSION, namespace, plural, name, body)
+
+    await asyncio.to_thread(write)
+
+
+async def ensure_admin_secret(namespace: str, base: str, owner: Mapping[str, Any]) -> None:
+    """Create the BaseModel's admin-token and stats-token Secrets with random tokens, owned by the
+    BaseModel, unless they exist. An existing one is never rewritten: its replicas already hold
+    that token (and a user may bring their own, from External Secrets or GitOps)."""
+    for name, key, component in (
+        (admin_secret_name(base), ADMIN_TOKEN_KEY, "admin-token"),
+        (stats_secret_name(base), STATS_TOKEN_KEY, "stats-token"),
+        (node_cache_secret_name(base), NODE_CACHE_TOKEN_KEY, "node-cache-token"),
+    ):
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {BASE_LABEL: base, COMPONENT_LABEL: component, "app.kubernetes.io/managed-by": "loraplane"},
+                "ownerReferences": [dict(owner)],
+            },
+            "stringData": {key: secrets.token_urlsafe(36)},
+        }
+        await asyncio.to_thread(_create_unless_present, namespace, body)
+
+
+def _create_unless_present(namespace: str, body: dict[str, Any]) -> None:
+    try:
+        _core().create_namespaced_secret(namespace, body)  # type: ignore[arg-type]  # it serialises dicts as they are
+    except ApiException as err:
+        if err.status != 409:
+            raise
+
+
+_TOKENS: dict[tuple[str, str], tuple[float, str | None]] = {}
+
+
+async def admin_token(namespace: str, base: str) -> str | None:
+    """The bearer token of ``base``'s replicas, from its Secret (None until the operator created it),
+    cached for ``ADMIN_TOKEN_TTL`` so that a sync of many adapters reads it once."""
+    return await _token(namespace, admin_secret_name(base), ADMIN_TOKEN_KEY)
+
+
+async def node_cache_token(namespace: str, base: str) -> str | None:
+    """The token ``base``'s node agents take for staging and state (cached as the admin token)."""
+    return await _token(namespace, node_cache_secret_name(base), NODE_CACHE_TOKEN_KEY)
+
+
+async def _token(namespace: str, secret: str, key: str) -> str | None:
+    now = time.monotonic()
+    cached = _TOKENS.get((namespace, secret))
+    if cached is not None and now - cached[0] < ADMIN_TOKEN_TTL:
+        return cached[1]
+    try:
+        token = (await read_secret(namespace, secret)).get(key) or None
+    except ApiException as err:
+        if err.status != 404:
+            raise
+        return None  # not created yet: not remembered, so the token is read as soon as it exists
+    _TOKENS[(namespace, secret)] = (now, token)
+    return token
+
+
+async def read_secret(namespace: str, name: str) -> dict[str, str]:
+    def read() -> dict[str, str]:
+        secret = _core().read_namespaced_secret(name, namespace)
+        return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+
+    return await asyncio.to_thread(read)
+
+
+RETIRED_LABEL = "loraplane.dev/retired"  # no node carries it: a DaemonSet that selects it runs nowhere
+
+
+async def retire_daemon_set(namespace: str, name: str, retired: bool = True) -> None:
+    """Stop a DaemonSet's pods without deleting it (the operator holds no delete verb: what a
+    BaseModel owns goes with it, by its owner reference): its pods must also run on nodes labelled
+    ``RETIRED_LABEL``, which none is. ``retired`` False takes the label off again (a strategic
+    merge of the full manifest keeps a map key it does not name). Absent, or already so, is fine."""
+
+    def write() -> None:
+        apps = client.AppsV1Api(_api())
+        try:
+            current: Any = apps.read_namespaced_daemon_set(name, namespace)
+        except ApiException as err:
+            if err.status == 404:
+                return
+            raise
+        if (RETIRED_LABEL in (current.spec.template.spec.node_selector or {})) == retired:
+            return
+        patch = {"spec": {"template": {"spec": {"nodeSelector": {RETIRED_LABEL: "true" if retired else None}}}}}
+        apps.patch_namespaced_daemon_set(name, namespace, patch)
+
+    await asyncio.to_thread(write)
+
+
+async def apply_child(manifest: dict[str, Any]) -> None:
+    """Create the object, or patch it to the manifest when it exists (a spec change rolls out)."""
+
+    def write() -> None:
+        kind, ns, name = manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        apps, core, rbac, policy, networking = (
+            client.AppsV1Api(_api()),
+            _core(),
+            client.RbacAuthorizationV1Api(_api()),
+            client.PolicyV1Api(_api()),
+            client.NetworkingV1Api(_api()),
+        )
+        create: Any
+        patch: Any
+        create, patch = {
+            "Deployment": (apps.create_namespaced_deployment, apps.patch_namespaced_deployment),
+            "DaemonSet": (apps.create_namespaced_daemon_set, apps.patch_namespaced_daemon_set),
+            "Service": (core.create_namespaced_service, core.patch_namespaced_service),
+            "ConfigMap": (core.create_namespaced_config_map, core.patch_namespaced_config_map),
+            "ServiceAccount": (core.create_namespaced_service_account, core.patch_namespaced_service_account),
+            "Role": (rbac.create_namespaced_role, rbac.patch_namespaced_role),
+            "RoleBinding": (rbac.create_namespaced_role_binding, rbac.patch_namespaced_role_binding),
+            "PodDisruptionBudget": (
+                policy.create_namespaced_pod_disruption_budget,
+                policy.patch_namespaced_pod_disruption_budget,
+            ),
+            "NetworkPolicy": (networking.create_namespaced_network_policy, networking.patch_namespaced_network_policy),
+        }[kind]
+        try:
+            create(ns, manifest)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            patch(name, ns, manifest)
+
+    await asyncio.to_thread(write)
+
+
+def _http_port(pod: Any, container_name: str, default: int) -> int:
+    """The ``http`` port the pod's container declares (the manifests say 8000 for serving, 8090
+    for the node agent; tests that stand in for the kubelet run each process on its own loopback
+    port)."""
+    for container in pod.spec.containers if pod.spec else []:
+        if container.name == container_name:
+            for port in container.ports or []:
+                if port.name == "http":
+                    return int(port.container_port)
+    return default
+
+
+@dataclass(frozen=True)
+class Replica:
+    name: str
+    url: str
+    node: str | None = None
+    uid: str | None = None  # the pod's: a new pod at a reused name and address proves itself again
+
+
+def _ready(pod: Any) -> bool:
+    conditions = (pod.status.conditions if pod.status else None) or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+async def ready_replicas(namespace: str, base: str) -> list[Replica]:
+    """The serving Pods of ``base`` that report Ready, with their admin URLs, by name."""
+    return await ready_pods(namespace, base, "serving", "serving", SERVING_PORT)
+
+
+async def ready_pods(namespace: str, base: str, component: str, container: str, default_port: int) -> list[Replica]:
+    """``base``'s Ready pods of one component (serving replicas, node agents), by name.
+
+    The URL is always the pod's own IP and its container's ``http`` port: nothing a namespace user
+    can write on a pod (an annotation, a label) sends the admin token elsewhere."""
+
+    def read() -> list[Replica]:
+        selector = f"{BASE_LABEL}={base},{COMPONENT_LABEL}={component}"
+        pods: list[Any] = _core().list_namespaced_pod(namespace, label_selector=selector).items
+        out = []
+        for pod in pods:
+            labels = pod.metadata.labels or {}
+            if labels.get(BASE_LABEL) != base or labels.get(COMPONENT_LABEL) != component or not _ready(pod):
+                continue  # filtered here too: not every API emulator honours label selectors
+            ip = pod.status.pod_ip if pod.status else None
+            if ip:
+                host = f"[{ip}]" if ":" in ip else ip
+                node = pod.spec.node_name if pod.spec else None
+                url = f"http://{host}:{_http_port(pod, container, default_port)}"
+                out.append(Replica(pod.metadata.name, url, node, pod.metadata.uid))
+        return sorted(out, key=lambda r: r.name)
+
+    return await asyncio.to_thread(read)

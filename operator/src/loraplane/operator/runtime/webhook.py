@@ -1,0 +1,42 @@
+"""The validating webhook (`loraplane operator --webhook-port`): kopf serves it and keeps the
+ValidatingWebhookConfiguration in step. A separate module because kopf refuses to start with
+admission handlers but no webhook server, and a cluster without cert plumbing runs without it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from loraplane.operator.api import GROUP, VERSION
+from loraplane.operator.runtime import cluster
+from loraplane.operator.runtime.admission import review_adapter, review_base
+from loraplane.operator.runtime.handlers import SETTINGS, served_name_holder
+from loraplane.operator.runtime.webhook_tls import WebhookServer
+
+
+@kopf.on.startup()
+def serve_webhook(settings: kopf.OperatorSettings, **_: Any) -> None:
+    if SETTINGS.webhook_port is None:
+        raise kopf.PermanentError("the webhook module was loaded without LORAPLANE_WEBHOOK_PORT")
+    settings.admission.server = WebhookServer(port=SETTINGS.webhook_port, host=SETTINGS.webhook_host)
+    settings.admission.managed = f"{GROUP}.admission"
+
+
+@kopf.on.validate(GROUP, VERSION, "loraadapters", id="loraadapters")
+async def admit_adapter(spec: kopf.Spec, name: str | None, namespace: str | None, **kwargs: Any) -> None:
+    ns = namespace or "default"
+    base = await cluster.get_custom(ns, "basemodels", str(spec.get("baseModel", "")))
+    holder = served_name_holder(kwargs["served_names"], ns, name or "", spec)  # the reconcile's index
+    problems = review_adapter(
+        spec, base.get("spec") if base else None, name=name or "", served_by=holder, policy=SETTINGS.policy(ns)
+    )  # fmt: skip
+    if problems:
+        raise kopf.AdmissionError("; ".join(problems), code=422)
+
+
+@kopf.on.validate(GROUP, VERSION, "basemodels", id="basemodels")
+def admit_base(spec: kopf.Spec, **_: Any) -> None:
+    problems = review_base(spec)
+    if problems:
+        raise kopf.AdmissionError("; ".join(problems), code=422)
