@@ -54,6 +54,10 @@ ENGINE_KERNELS: tuple[tuple[str, str], ...] = (
     ("loraplane.kernels.paged_bgmv", "_paged_shrink_kernel"),
     ("loraplane.kernels.paged_bgmv", "_paged_expand_kernel"),
     ("loraplane.kernels.paged_attention", "_paged_attention_kernel"),
+    ("loraplane.kernels.rms_norm", "_rms_norm_kernel"),
+    ("loraplane.kernels.rotary", "_rotary_kernel"),
+    ("loraplane.kernels.activation", "_silu_and_mul_kernel"),
+    ("loraplane.kernels.kv_write", "_kv_write_kernel"),
 )
 CAPABILITIES = (80, 90)  # A100, H100/H200
 
@@ -78,6 +82,10 @@ MODEL_DTYPE_POINTERS: dict[str, tuple[str, ...]] = {
     "_paged_shrink_kernel": (),
     "_paged_expand_kernel": (),
     "_paged_attention_kernel": ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr"),
+    "_rms_norm_kernel": ("x_ptr", "residual_ptr", "weight_ptr", "out_ptr"),
+    "_rotary_kernel": ("q_ptr", "k_ptr"),  # cos and sin stay float32 tables
+    "_silu_and_mul_kernel": ("gate_up_ptr", "out_ptr"),
+    "_kv_write_kernel": ("k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr"),
 }
 
 
@@ -421,7 +429,7 @@ def engine_shapes(shape: ModelShape = LLAMA_8B, dtype: torch.dtype = torch.bfloa
     """The launches an engine step makes at ``shape``, recorded from the real launchers on ``meta``
     tensors (nothing allocated, nothing run): static slots by BGMV (decode) and SGMV (prefill),
     unified paging by the paged kernels, attention over a dense and a page-pool KV cache."""
-    from loraplane.kernels import bgmv, paged_attention, paged_bgmv, sgmv
+    from loraplane.kernels import activation, bgmv, kv_write, paged_attention, paged_bgmv, rms_norm, rotary, sgmv
 
     s = shape
 
@@ -457,9 +465,19 @@ def engine_shapes(shape: ModelShape = LLAMA_8B, dtype: torch.dtype = torch.bfloa
                     bgmv.bgmv_expand(y, out, lora_b, ranks, scalings, row_slots, offset)
                     xf, yf = t(tokens, k, dt=f32), t(tokens, sum(slices), dt=f32)
                     paged_bgmv.paged_add_lora(yf, xf, pool, offsets, offsets, ranks, scalings, row_slots, offset, n)
+            x, hidden = t(tokens, s.hidden), t(tokens, s.hidden)
+            rms_norm.rms_norm(x, t(s.hidden), 1e-5, hidden)
+            rms_norm.rms_norm(x, t(s.hidden), 1e-5, hidden, residual=t(tokens, s.hidden))
+            qkv = t(tokens, q_size + 2 * kv_size)
+            q_view = qkv[:, :q_size].view(tokens, s.num_heads, s.head_dim)
+            k_view = qkv[:, q_size : q_size + kv_size].view(tokens, s.kv_heads, s.head_dim)
+            v_view = qkv[:, q_size + kv_size :].view(tokens, s.kv_heads, s.head_dim)
+            rotary.rotary(q_view, k_view, t(tokens, dt=i32), t(8192, s.head_dim, dt=f32), t(8192, s.head_dim, dt=f32))
+            activation.silu_and_mul(t(tokens, 2 * s.intermediate), t(tokens, s.intermediate))
             q = t(tokens, s.num_heads, s.head_dim)
             tables, starts, lens = t(num_seqs, 128, dt=i32), t(num_seqs + 1, dt=i32), t(num_seqs, dt=i32)
             for cache in caches:
+                kv_write.kv_write(k_view, v_view, cache, cache, t(tokens, dt=i32), t(tokens, dt=i32))
                 out = torch.empty_like(q)
                 paged_attention.paged_attention(
                     q, cache, cache, tables, starts, lens, out, scale=s.head_dim**-0.5, max_query_len=max_query_len

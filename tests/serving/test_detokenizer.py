@@ -111,3 +111,21 @@ def test_text_written_before_min_tokens_is_never_cut_by_a_stop_string(tokenizer:
     for t in tokenizer.hf.encode(" ab d", add_special_tokens=False):
         detok.push(t)
     assert detok.stopped and detok.text == "xx ab c "
+
+
+@settings(max_examples=60, deadline=None)
+@given(ids=st.lists(st.integers(0, 319), min_size=0, max_size=24), skip=st.booleans())
+def test_decode_is_transformers_decode(tokenizer: Tokenizer, ids: list[int], skip: bool) -> None:
+    """The engine decodes through the Rust tokenizer directly (the detokenizer calls it twice a
+    token); the text is what transformers' own decode gives, special tokens skipped or not."""
+    assert tokenizer.decode(ids, skip_special_tokens=skip) == tokenizer.hf.decode(ids, skip_special_tokens=skip)
+
+
+def test_the_embedded_bases_decode_is_transformers_decode() -> None:
+    from loraplane.serving.config import default_cache_dir
+    from loraplane.serving.weights.base import resolve_base
+
+    tok = Tokenizer(resolve_base("embedded", default_cache_dir(), weights=False).folder)
+    rows = [[], [0], list(range(0, 49152, 977)), [1, 2, 3, 9906, 11, 1076, 30, 2]]
+    for ids, skip in itertools.product(rows, (True, False)):
+        assert tok.decode(ids, skip_special_tokens=skip) == tok.hf.decode(ids, skip_special_tokens=skip)

@@ -10,6 +10,10 @@ Semantics (each op is the function of the same name in :mod:`loraplane.kernels.d
         the same with each adapter row read at its offset in the page pool
     paged_attention(out, q, k_cache, v_cache, block_tables, query_starts, seq_lens, scale, max_query_len, backend)
         out = causal attention of each sequence's new queries over its paged context
+    rms_norm(x, weight, eps, out, residual)       out = norm(x), after residual <- x + residual when given
+    rotary(q, k, positions, cos, sin)             q, k rotated in place by each row's position
+    silu_and_mul(gate_up, out)                    out = silu(gate) * up
+    kv_write(k, v, k_cache, v_cache, slot_blocks, slot_offsets)   the step's keys and values into their slots
 
 Why custom ops rather than plain Python calls: a Triton launch on a fake tensor has no data to
 read, so a traced model would fail at the first kernel; the fake implementations below say
@@ -32,6 +36,13 @@ import torch
 from loraplane.kernels import dispatch
 from loraplane.kernels.layout import LoraSlots, SlotLayoutError
 from loraplane.kernels.paged_layout import PagedLoraSlots
+
+# Kernel launches each op makes on the Triton backend: what the host-overhead benchmark counts
+# for one call (add_lora: a shrink and an expand; the paged variant fuses both).
+LAUNCHES = {
+    "loraplane::add_lora": 2, "loraplane::add_lora_paged": 1, "loraplane::paged_attention": 1, "loraplane::rms_norm": 1,
+    "loraplane::rotary": 1, "loraplane::silu_and_mul": 1, "loraplane::kv_write": 1,
+}  # fmt: skip
 
 
 def _same_device(out: torch.Tensor, *tensors: torch.Tensor | None) -> None:
@@ -162,3 +173,81 @@ def _(
         raise SlotLayoutError(f"q {list(q.shape)}, out {list(out.shape)} and caches {list(k_cache.shape)} do not agree")
     if block_tables.shape[0] != seq_lens.shape[0] or query_starts.shape[0] != seq_lens.shape[0] + 1:
         raise SlotLayoutError("block_tables, query_starts and seq_lens must describe the same sequences")
+
+
+# The layer's elementwise work on the Triton backend, each one kernel (the eager model's torch ops
+# are a dozen launches a norm or a rotation): rms_norm.py, rotary.py, activation.py, kv_write.py.
+
+
+@torch.library.custom_op("loraplane::rms_norm", mutates_args=("out", "residual"))
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor, residual: torch.Tensor | None) -> None:
+    _same_device(out, x, weight, residual)
+    from loraplane.kernels.rms_norm import rms_norm as launch
+
+    launch(x, weight, eps, out, residual)
+
+
+@rms_norm.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor, residual: torch.Tensor | None) -> None:
+    _same_device(out, x, weight, residual)
+    if x.shape != out.shape or (residual is not None and residual.shape != x.shape) or weight.shape != x.shape[-1:]:
+        raise SlotLayoutError(f"rms_norm: x {list(x.shape)}, out {list(out.shape)}, weight {list(weight.shape)} do not agree")
+
+
+@torch.library.custom_op("loraplane::rotary", mutates_args=("q", "k"))
+def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    _same_device(q, k, positions, cos, sin)
+    from loraplane.kernels.rotary import rotary as launch
+
+    launch(q, k, positions, cos, sin)
+
+
+@rotary.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    _same_device(q, k, positions, cos, sin)
+    if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2] or cos.shape[1] != q.shape[2] or positions.shape != q.shape[:1]:
+        raise SlotLayoutError(f"rotary: q {list(q.shape)}, k {list(k.shape)}, cos {list(cos.shape)} do not agree")
+
+
+@torch.library.custom_op("loraplane::silu_and_mul", mutates_args=("out",))
+def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor) -> None:
+    _same_device(out, gate_up)
+    from loraplane.kernels.activation import silu_and_mul as launch
+
+    launch(gate_up, out)
+
+
+@silu_and_mul.register_fake
+def _(gate_up: torch.Tensor, out: torch.Tensor) -> None:
+    _same_device(out, gate_up)
+    if gate_up.shape[0] != out.shape[0] or gate_up.shape[1] != 2 * out.shape[1]:
+        raise SlotLayoutError(f"silu_and_mul: gate_up {list(gate_up.shape)} is not twice out {list(out.shape)}")
+
+
+@torch.library.custom_op("loraplane::kv_write", mutates_args=("k_cache", "v_cache"))
+def kv_write(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_blocks: torch.Tensor,
+    slot_offsets: torch.Tensor,
+) -> None:
+    _same_device(k_cache, k, v, v_cache, slot_blocks, slot_offsets)
+    from loraplane.kernels.kv_write import kv_write as launch
+
+    launch(k, v, k_cache, v_cache, slot_blocks, slot_offsets)
+
+
+@kv_write.register_fake
+def _(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_blocks: torch.Tensor,
+    slot_offsets: torch.Tensor,
+) -> None:
+    _same_device(k_cache, k, v, v_cache, slot_blocks, slot_offsets)
+    if k.shape != v.shape or k_cache.stride() != v_cache.stride() or k_cache.shape[2:] != k.shape[1:]:
+        raise SlotLayoutError(f"kv_write: k {list(k.shape)}, v {list(v.shape)}, caches {list(k_cache.shape)} do not agree")

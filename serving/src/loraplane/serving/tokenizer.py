@@ -50,6 +50,11 @@ class Tokenizer:
             from transformers.convert_slow_tokenizer import bytes_to_unicode
 
             self._byte_of = {c: b for b, c in bytes_to_unicode().items()}  # type: ignore[no-untyped-call]
+        # The Rust tokenizer's own decode when transformers would add nothing to it (no clean-up of
+        # spaces): the engine decodes twice per generated token (the detokenizer's window), and
+        # transformers' Python around the call cost several times the decode itself.
+        backend = getattr(self.hf, "_tokenizer", None)
+        self._rust_decode: Any = backend.decode if backend is not None and not self.hf.clean_up_tokenization_spaces else None
 
     @property
     def eos_token_id(self) -> int | None:
@@ -113,6 +118,8 @@ class Tokenizer:
         return tuple(out)
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
+        if self._rust_decode is not None:
+            return str(self._rust_decode(ids, skip_special_tokens=skip_special_tokens))
         return str(self.hf.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def token_text(self, token_id: int) -> str:

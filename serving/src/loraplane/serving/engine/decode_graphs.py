@@ -130,8 +130,9 @@ class DecodeGraphs:
             block_tables=s.tables[:size], query_starts=s.query_starts[: size + 1], seq_lens=s.seq_lens[:size], max_query_len=1
         )
         ctx = StepContext(
-            positions=s.positions[:size], slot_blocks=s.blocks[:size], slot_offsets=s.offsets[:size], lora=lora, paged=paged
-        )
+            positions=s.positions[:size], slot_blocks=s.blocks[:size], slot_offsets=s.offsets[:size], lora=lora, paged=paged,
+            fused=True,
+        )  # fmt: skip
         hidden: torch.Tensor = self.model(s.ids[:size], ctx, self.cache)
         return hidden
 

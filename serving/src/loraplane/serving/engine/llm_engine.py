@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
@@ -307,6 +308,7 @@ class LLMEngine:
                 self._fail(seq, f"the forward pass failed: {type(err).__name__}: {err}", "engine_error")
                 outputs.append(output_of(seq))
             return self._forget_finished(outputs)
+        generated: Counter[tuple[str | None, str | None]] = Counter()  # tokens per (adapter, tenant), counted once a step
         for seq, n in items:
             seq.num_computed_tokens += n
             self.blocks.register_full_blocks(seq)
@@ -314,25 +316,32 @@ class LLMEngine:
             if result is None:
                 continue
             try:
-                self._advance(seq, result)
+                self._advance(seq, result, generated)
             except Exception as err:  # its stop check or text: this sequence alone
                 log.exception("request %s failed after sampling", seq.request_id)
                 self._fail(seq, f"{type(err).__name__}: {err}", "engine_error")
             outputs.append(output_of(seq))
+        for (adapter, tenant), count in generated.items():
+            self.metrics.observe_tokens(adapter, tenant, count)
         if trace is not None:
             firsts = [s.request_id for s in fresh if s.output_token_ids]
             trace.step(start, items, prompts, firsts, interjection=interjection)
         return self._forget_finished(outputs)
 
-    def _advance(self, seq: Sequence, result: tuple[int, TokenLogprob | None] | SampleFailure) -> None:
-        """Append the sampled token and finish the sequence if it is done; a sampling failure
-        finishes it with its error."""
+    def _advance(
+        self,
+        seq: Sequence,
+        result: tuple[int, TokenLogprob | None] | SampleFailure,
+        generated: Counter[tuple[str | None, str | None]],
+    ) -> None:
+        """Append the sampled token (counted in ``generated``) and finish the sequence if it is
+        done; a sampling failure finishes it with its error."""
         if isinstance(result, SampleFailure):
             self._fail(seq, result.message, result.code)
             return
         token, logprob = result
         seq.output_token_ids.append(token)
-        self.metrics.observe_tokens(seq.adapter, seq.tenant, 1)
+        generated[seq.adapter, seq.tenant] += 1
         if len(seq.output_token_ids) == 1:
             self.metrics.observe_ttft(seq.adapter, seq.tenant, time.monotonic() - seq.arrival_time)
         self.scheduler.charge(seq, 1)

@@ -130,7 +130,7 @@ class ModelRunner:
         if self.backend == "triton":
             max_query = max(n for _, n in items)
             paged = PagedBatch(block_tables=tables, query_starts=qstarts, seq_lens=lens, max_query_len=max_query)
-            ctx = StepContext(positions=positions, slot_blocks=blocks, slot_offsets=offsets, lora=lora, paged=paged)
+            ctx = StepContext(positions=positions, slot_blocks=blocks, slot_offsets=offsets, lora=lora, paged=paged, fused=True)
             return ids, ctx, logit_rows, r.sampled
         prefills = tuple(
             PrefillSpan(r.query_starts[i], n, r.seq_lens[i], tables[i, : len(r.tables[i])])

@@ -100,8 +100,11 @@ def paged_attention(
 ) -> torch.Tensor:
     """q [T, H, D], k/v [T, KV, D] for this step's tokens; returns [T, H, D]."""
     # (block, offset) indexing rather than a flat view: the cache may be a strided view of the page pool.
-    k_cache[ctx.slot_blocks, ctx.slot_offsets] = k
-    v_cache[ctx.slot_blocks, ctx.slot_offsets] = v
+    if ctx.fused:
+        torch.ops.loraplane.kv_write(k, v, k_cache, v_cache, ctx.slot_blocks, ctx.slot_offsets)
+    else:
+        k_cache[ctx.slot_blocks, ctx.slot_offsets] = k
+        v_cache[ctx.slot_blocks, ctx.slot_offsets] = v
     out = torch.empty_like(q)
     if ctx.paged is not None:  # the Triton kernel: every sequence through its block table, no padded copy
         p = ctx.paged

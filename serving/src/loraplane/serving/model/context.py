@@ -52,3 +52,7 @@ class StepContext:
     decode_mask: torch.Tensor | None = None  # [n, 1, 1, max_blocks * block_size], True where a key exists
     lora: LoraBatch | None = None  # the step's rows as the adapter kernels read them
     paged: PagedBatch | None = None
+    # The layers' norms, rotations, activation and KV writes as one Triton kernel each
+    # (kernels.ops), with the residual stream carried beside the layer output; the Triton
+    # backend's step. Off: torch ops, in the order and precision of transformers' Llama.
+    fused: bool = False

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from loraplane.kernels import LoraSlots, PagedLoraSlots
+from loraplane.kernels import LoraSlots, PagedLoraSlots, ops  # noqa: F401  (ops registers torch.ops.loraplane.*)
 from loraplane.kernels.lora_batch import LoraBatch
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn value
@@ -30,6 +30,13 @@ class RMSNorm(nn.Module):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
+
+    def fused(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The same norm as one kernel; with ``residual``, ``x`` is first added into it (in
+        place: the residual stream) and the sum is what is normalised."""
+        out = torch.empty_like(x)
+        torch.ops.loraplane.rms_norm(x, self.weight, self.eps, out, residual)
+        return out
 
 
 class RotaryEmbedding(nn.Module):
@@ -50,6 +57,10 @@ class RotaryEmbedding(nn.Module):
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)
         sin = self.sin[positions].unsqueeze(1).to(q.dtype)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+    def fused(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
+        """The same rotation as one kernel, in place on ``q`` and ``k``."""
+        torch.ops.loraplane.rotary(q, k, positions, self.cos, self.sin)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

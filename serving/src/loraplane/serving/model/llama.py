@@ -35,8 +35,11 @@ class Attention(nn.Module):
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         q = qkv[:, :q_size].view(-1, self.heads, self.head_dim)
         k = qkv[:, q_size : q_size + kv_size].view(-1, self.kv_heads, self.head_dim)
-        v = qkv[:, q_size + kv_size :].reshape(-1, self.kv_heads, self.head_dim)
-        q, k = rotary(ctx.positions, q, k)
+        v = qkv[:, q_size + kv_size :].view(-1, self.kv_heads, self.head_dim)
+        if ctx.fused:
+            rotary.fused(ctx.positions, q, k)
+        else:
+            q, k = rotary(ctx.positions, q, k)
         out = paged_attention(q, k, v, cache.k[self.layer], cache.v[self.layer], ctx)
         projected: torch.Tensor = self.o_proj(out.reshape(-1, q_size), ctx.lora)
         return projected
@@ -51,7 +54,11 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         gate_up = self.gate_up_proj(x, ctx.lora)
-        h = F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]
+        if ctx.fused:
+            h = gate_up.new_empty(gate_up.shape[0], self.intermediate)
+            torch.ops.loraplane.silu_and_mul(gate_up, h)
+        else:
+            h = F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]
         down: torch.Tensor = self.down_proj(h, ctx.lora)
         return down
 
@@ -67,6 +74,17 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, ctx: StepContext, rotary: RotaryEmbedding, cache: KVCache) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), ctx, rotary, cache)
         out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x), ctx)
+        return out
+
+    def fused(
+        self, delta: torch.Tensor | None, residual: torch.Tensor, ctx: StepContext, rotary: RotaryEmbedding, cache: KVCache
+    ) -> torch.Tensor:
+        """The same layer with its residual adds folded into its norms: ``residual`` is the stream
+        (updated in place), ``delta`` what the previous layer adds to it (None for the first).
+        Returns what this layer adds: its MLP's output."""
+        h = self.input_layernorm.fused(residual) if delta is None else self.input_layernorm.fused(delta, residual)
+        h = self.post_attention_layernorm.fused(self.self_attn(h, ctx, rotary, cache), residual)
+        out: torch.Tensor = self.mlp(h, ctx)
         return out
 
 
@@ -90,12 +108,26 @@ class LlamaModel(nn.Module):
         layer: the engine's chance to run a short step of its own in the middle of this one
         (``LLMEngine.interject``). It must not touch this step's sequences or their KV blocks."""
         x = self.embed_tokens(input_ids)
+        if ctx.fused:
+            return self._fused(x, ctx, cache, between_layers)
         for layer in self.layers:
             x = layer(x, ctx, self.rotary, cache)
             if between_layers is not None:
                 between_layers()
         hidden: torch.Tensor = self.norm(x)
         return hidden
+
+    def _fused(
+        self, x: torch.Tensor, ctx: StepContext, cache: KVCache, between_layers: Callable[[], None] | None
+    ) -> torch.Tensor:
+        """``forward`` with each layer's residual adds folded into the next norm (``ctx.fused``)."""
+        delta: torch.Tensor | None = None
+        for layer in self.layers:
+            assert isinstance(layer, DecoderLayer)
+            delta = layer.fused(delta, x, ctx, self.rotary, cache)
+            if between_layers is not None:
+                between_layers()
+        return self.norm.fused(x) if delta is None else self.norm.fused(delta, x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head

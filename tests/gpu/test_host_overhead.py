@@ -1,0 +1,114 @@
+"""What an engine step on the CUDA code path asks of the device, counted on the CPU with the
+device's work taken out (``loraplane.serving.bench.host_overhead``; ``benchmarks/host_overhead.py``
+gives the same figures at an 8B shape). A change that adds kernel launches, graph replays or
+read-backs to a step fails here, on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from loraplane.serving.bench.host_overhead import (
+    DeviceFree,
+    HostSync,
+    Scenario,
+    device_free_engine,
+    measure,
+    recording,
+    run_scenario,
+)
+from loraplane.serving.bench.shapes import TOY_CONFIG, write_shape
+from loraplane.serving.engine.sampling_params import SamplingParams
+from loraplane.serving.lora.entries import AdapterSpec
+from loraplane.serving.lora.synthetic import write_adapter
+from loraplane.serving.weights.base import resolve_base
+
+LAYERS = TOY_CONFIG["num_hidden_layers"]
+# A layer whose rows all have an adapter on all seven projections: 2 norms, 4 projections, 14 adapter
+# kernels (a shrink and an expand per slice: 3 for q/k/v, 1 for o, 2 for gate/up, 1 for down),
+# rotary, the KV write, attention, SiLU-and-multiply.
+PER_LAYER = 2 + 4 + 14 + 4
+# Around the layers: the embedding and the final norm; for the sampled rows, the rows' gather, the
+# logits GEMM, their float32 cast and the greedy argmax.
+AROUND = 2 + 4
+# A decode step replays its graph; outside it, the logits GEMM, the cast and the argmax.
+DECODE = 3
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any, list[str | None]]]:
+    work = tmp_path_factory.mktemp("host-overhead")
+    folder = write_shape(work / "base", TOY_CONFIG)
+    shape = resolve_base(str(folder), work / "shape", weights=False).shape
+    names = [f"a{i}" for i in range(3)]
+    for i, name in enumerate(names):
+        write_adapter(work / name, shape, 2, seed=i, dtype=torch.bfloat16)
+    settings = dict(
+        model=str(folder), dtype="bfloat16", max_loras=4, max_lora_rank=8, max_num_seqs=16, max_num_batched_tokens=512,
+        max_model_len=256, num_kv_blocks=512, block_size=16, enable_prefix_caching=False, cache_dir=work / "cache",
+    )  # fmt: skip
+    with device_free_engine(settings) as (built, recorder):
+        for name in names:
+            built.register_lora(AdapterSpec(name, str(work / name)))
+            built.pin_lora(name)
+        yield built, recorder, list(names)
+
+
+def test_a_decode_step_is_one_graph_replay_and_one_read_back(engine: tuple[Any, Any, list[str | None]]) -> None:
+    built, recorder, names = engine
+    for batch in (1, 5, 16):
+        (step,) = run_scenario(built, recorder, Scenario("decode", decode=batch), names, repeats=1)
+        t = step.tally
+        assert (t.graph_replays, t.launches, t.read_backs, t.copies_in) == (1, DECODE, 1, 1), f"batch {batch}: {t}"
+        assert t.read_back_bytes == 8 * batch  # the sampled token ids, nothing more
+
+
+def test_a_step_with_prompts_launches_what_its_layers_declare(engine: tuple[Any, Any, list[str | None]]) -> None:
+    built, recorder, names = engine
+    for scenario in (Scenario("prompts", prompts=6, prompt_len=40), Scenario("mixed", decode=4, prompts=2, prompt_len=30)):
+        (step,) = run_scenario(built, recorder, scenario, names, repeats=1)
+        t = step.tally
+        assert t.graph_replays == 0 and t.read_backs == 1 and t.copies_in == 1, f"{scenario.name}: {t}"
+        assert t.launches == PER_LAYER * LAYERS + AROUND, f"{scenario.name}: {t.launches} launches, {t.by_op}"
+
+
+def test_rows_sampled_on_the_host_bring_their_logits_back(engine: tuple[Any, Any, list[str | None]]) -> None:
+    """A row with temperature samples on the host: its whole logits row crosses (what sampling on
+    the device would save), beside the greedy rows' token ids."""
+    built, recorder, names = engine
+    ids = [built.add_request([5] * 8, SamplingParams(max_tokens=4, temperature=t, seed=1), adapter=names[0]) for t in (0.0, 0.7)]
+    step = measure(recorder, built.step)
+    assert step.tally.read_backs == 2
+    assert step.tally.read_back_bytes == 8 + 4 * TOY_CONFIG["vocab_size"]
+    for i in ids:
+        built.abort(i)
+    built.step()
+
+
+def test_a_hidden_read_back_or_a_mixed_device_operation_is_caught() -> None:
+    with recording():
+        x = DeviceFree((4, 8), (8, 1), torch.float32)
+        with pytest.raises(HostSync):
+            x.sum().item()
+        with pytest.raises(RuntimeError, match="mixes device tensors with host"):
+            x + torch.ones(4, 8)
+        y = torch.tensor([1.0, 2.0]).to(torch.device("cuda", 0))
+        assert type(y) is DeviceFree and y.device.type == "cuda"
+
+
+def test_the_benchmark_runs(tmp_path: Path) -> None:
+    from importlib.util import module_from_spec, spec_from_file_location
+
+    spec = spec_from_file_location("host_overhead_bench", Path(__file__).parents[2] / "benchmarks" / "host_overhead.py")
+    assert spec is not None and spec.loader is not None
+    bench = module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "figures.json"
+    assert bench.main(["--shape", "toy", "--repeats", "1", "--adapters", "4", "--only", "batch 1", "--json", str(out),
+                       "--work-dir", str(tmp_path / "work")]) == 0  # fmt: skip
+    assert '"launches": 3' in out.read_text()
