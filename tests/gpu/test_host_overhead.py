@@ -29,10 +29,10 @@ from loraplane.serving.lora.synthetic import write_adapter
 from loraplane.serving.weights.base import resolve_base
 
 LAYERS = TOY_CONFIG["num_hidden_layers"]
-# A layer whose rows all have an adapter on all seven projections: 2 norms, 4 projections, 14 adapter
-# kernels (a shrink and an expand per slice: 3 for q/k/v, 1 for o, 2 for gate/up, 1 for down),
-# rotary, the KV write, attention, SiLU-and-multiply.
-PER_LAYER = 2 + 4 + 14 + 4
+# A layer whose rows all have an adapter on all seven projections: 2 norms, 4 projections, 8 adapter
+# kernels (a shrink and an expand per projection, its fused slices in the same launches), rotary,
+# the KV write, attention, SiLU-and-multiply.
+PER_LAYER = 2 + 4 + 8 + 4
 # Around the layers: the embedding and the final norm; for the sampled rows, the rows' gather, the
 # logits GEMM, their float32 cast and the greedy argmax.
 AROUND = 2 + 4

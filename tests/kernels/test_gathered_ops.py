@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from loraplane.kernels import (
     LoraSlots,
     SlotLayoutError,
+    StackedLoraSlots,
     add_lora,
     bgmv_shrink,
     cpu,
@@ -127,6 +128,39 @@ def test_fused_qkv_slices_with_different_widths(backend: str) -> None:
         add_lora(out, x, per_slice[name], row_slots=rows, y_offset=offset, backend=backend)  # type: ignore[arg-type]
         offset += w
     check(out, ref, torch.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("rows_as", ["rows", "segments"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_fused_projections_slices_in_one_launch(backend: str, rows_as: str, dtype: torch.dtype) -> None:
+    """q/k/v stacked in one table (one shrink and one expand on the Triton path), each slice with
+    its own ranks (an adapter may leave k_proj out: rank 0 there), against the reference slice by
+    slice; rows past each rank hold NaN and are never read."""
+    from loraplane.kernels.dispatch import add_lora_stacked
+
+    k, sizes, ranks = 64, (64, 16, 16), [[8, 16, 4, 0], [8, 0, 4, 2], [8, 16, 0, 2]]
+    stacked = StackedLoraSlots.empty(4, 16, k, sizes, dtype=dtype)
+    for table in (stacked.lora_a, stacked.lora_b):
+        table.fill_(float("nan"))
+    g = torch.Generator().manual_seed(5)
+    for j, views in enumerate(stacked.slices()):
+        for s, r in enumerate(ranks[j]):
+            if r:
+                a, b = torch.randn(r, k, generator=g) / k**0.5, torch.randn(sizes[j], r, generator=g) / r**0.5
+                views.write(s, a.to(dtype), b.to(dtype), 16.0 / r)
+    x, y = inputs(9, k, sum(sizes), dtype)
+    rows = torch.tensor([0, 0, 0, 1, 1, 3, -1, 2, 2], dtype=torch.int32)
+    ref = y.to(torch.float64)
+    for offset, views in zip(stacked.offsets, stacked.slices(), strict=True):
+        ref = reference_add_lora(ref, x, views, rows, y_offset=offset)
+    out = y.clone()
+    if rows_as == "rows":
+        add_lora_stacked(out, x, stacked, row_slots=rows, backend=backend)  # type: ignore[arg-type]
+    else:
+        starts, slots = torch.tensor([0, 3, 5, 6, 7, 9], dtype=torch.int32), torch.tensor([0, 1, 3, -1, 2], dtype=torch.int32)
+        add_lora_stacked(out, x, stacked, seg_starts=starts, seg_slots=slots, max_seg_len=3, backend=backend)  # type: ignore[arg-type]
+    check(out, ref, dtype)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -15,7 +15,7 @@ runs Triton on CUDA tensors and the CPU path (:mod:`loraplane.kernels.cpu`) othe
 """
 
 from loraplane.kernels.dispatch import add_lora, bgmv_expand, bgmv_shrink, sgmv_expand, sgmv_shrink
-from loraplane.kernels.layout import LoraSlots, SlotLayoutError
+from loraplane.kernels.layout import LoraSlots, SlotLayoutError, StackedLoraSlots
 from loraplane.kernels.paged_layout import PagedLoraSlots
 from loraplane.kernels.reference import reference_add_lora, segments_to_rows
 
@@ -23,6 +23,7 @@ __all__ = [
     "LoraSlots",
     "PagedLoraSlots",
     "SlotLayoutError",
+    "StackedLoraSlots",
     "add_lora",
     "bgmv_expand",
     "bgmv_shrink",

@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 
 from loraplane.kernels import cpu
-from loraplane.kernels.layout import LoraSlots, SlotLayoutError
+from loraplane.kernels.layout import LoraSlots, SlotLayoutError, StackedLoraSlots
 from loraplane.kernels.paged_layout import PagedLoraSlots
 from loraplane.kernels.reference import segments_to_rows
 
@@ -77,6 +77,13 @@ def _check_y(y: torch.Tensor, lora_b: torch.Tensor, y_offset: int) -> None:
 def _check_buf(buf: torch.Tensor, y: torch.Tensor, lora_b: torch.Tensor) -> None:
     if buf.shape != (y.shape[0], lora_b.shape[1]) or buf.dtype != torch.float32:
         raise SlotLayoutError(f"buf must be float32 [{y.shape[0]}, {lora_b.shape[1]}], got {buf.dtype} {list(buf.shape)}")
+
+
+def _scratch(x: torch.Tensor, lora_a: torch.Tensor) -> torch.Tensor:
+    """The shrink's float32 buffer for the engine's own calls, not cleared: the expand reads each
+    row only up to its rank, which the shrink writes (a shrink that splits its reduction over K
+    clears the buffer itself first). One allocation, no memset launch."""
+    return torch.empty((x.shape[0], lora_a.shape[1]), dtype=torch.float32, device=x.device)
 
 
 def _new_buffer(x: torch.Tensor, lora_a: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
@@ -293,7 +300,9 @@ def add_lora(
         cpu.add_lora(y, x, slots.lora_a, slots.lora_b, slots.ranks, slots.scalings, row_slots, y_offset)
         return y
     if row_slots is not None:
-        buf = bgmv_shrink(x, slots.lora_a, slots.ranks, row_slots, backend=backend, check=check)
+        # The shrink's buffer uncleared: rows are read past the shrink only up to their rank, which
+        # it writes (it clears the buffer itself when it splits its reduction and adds into it).
+        buf = bgmv_shrink(x, slots.lora_a, slots.ranks, row_slots, out=_scratch(x, slots.lora_a), backend=backend, check=check)
         return bgmv_expand(
             y, buf, slots.lora_b, slots.ranks, slots.scalings, row_slots, y_offset=y_offset, backend=backend, check=False
         )
@@ -303,11 +312,52 @@ def add_lora(
 
         _check_x(x, slots.lora_a)
         _check_y(y, slots.lora_b, y_offset)
-        buf = _new_buffer(x, slots.lora_a, None)
-        sgmv.sgmv_shrink(x, slots.lora_a, slots.ranks, seg_starts, seg_slots, buf, max_seg_len, zeroed=True)
+        buf = _scratch(x, slots.lora_a)
+        sgmv.sgmv_shrink(x, slots.lora_a, slots.ranks, seg_starts, seg_slots, buf, max_seg_len)
         sgmv.sgmv_expand(y, buf, slots.lora_b, slots.ranks, slots.scalings, seg_starts, seg_slots, y_offset, max_seg_len)
         return y
     buf = sgmv_shrink(x, slots.lora_a, slots.ranks, seg_starts, seg_slots, backend=backend, check=check)
     return sgmv_expand(
         y, buf, slots.lora_b, slots.ranks, slots.scalings, seg_starts, seg_slots, y_offset=y_offset, backend=backend, check=False
     )
+
+
+def add_lora_stacked(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    stacked: StackedLoraSlots,
+    *,
+    row_slots: torch.Tensor | None = None,
+    seg_starts: torch.Tensor | None = None,
+    seg_slots: torch.Tensor | None = None,
+    max_seg_len: int = 1,
+    backend: Backend = "auto",
+) -> torch.Tensor:
+    """Semantics: ``add_lora`` for every slice of a fused projection, into its columns of ``y``
+    [T, sum(sizes)]: one shrink and one expand on the Triton backend, whatever the number of
+    slices; slice by slice on the CPU. Rows as ``add_lora`` takes them (segments with their
+    longest length, known to the caller); nothing is checked on the hot path."""
+    if (row_slots is None) == (seg_starts is None or seg_slots is None):
+        raise ValueError("give either row_slots (BGMV) or seg_starts and seg_slots (SGMV)")
+    if _resolve(backend, x) == "cpu":
+        for offset, slots in zip(stacked.offsets, stacked.slices(), strict=True):
+            add_lora(
+                y, x, slots, row_slots=row_slots, seg_starts=seg_starts, seg_slots=seg_slots, y_offset=offset, backend="cpu",
+                check=False, max_seg_len=max_seg_len,
+            )  # fmt: skip
+        return y
+    n, max_rank = len(stacked.sizes), stacked.lora_a.shape[2]
+    buf = torch.empty((x.shape[0], n * max_rank), dtype=torch.float32, device=x.device)  # as _scratch
+    layout = (stacked.offsets, stacked.sizes)
+    if row_slots is not None:
+        from loraplane.kernels import bgmv
+
+        bgmv.bgmv_shrink(x, stacked.lora_a, stacked.ranks, row_slots, buf)
+        bgmv.bgmv_expand(y, buf, stacked.lora_b, stacked.ranks, stacked.scalings, row_slots, 0, layout)
+        return y
+    from loraplane.kernels import sgmv
+
+    assert seg_starts is not None and seg_slots is not None
+    sgmv.sgmv_shrink(x, stacked.lora_a, stacked.ranks, seg_starts, seg_slots, buf, max_seg_len)
+    sgmv.sgmv_expand(y, buf, stacked.lora_b, stacked.ranks, stacked.scalings, seg_starts, seg_slots, 0, max_seg_len, layout)
+    return y

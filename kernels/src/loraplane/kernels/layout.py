@@ -97,3 +97,56 @@ class LoraSlots:
         self.lora_b[slot, :rank].copy_(b.T)
         self.ranks[slot] = rank
         self.scalings[slot] = scaling
+
+
+@dataclass(frozen=True)
+class StackedLoraSlots:
+    """A fused projection's slices (q/k/v, gate/up) in one table, for one kernel launch each way:
+
+    lora_a   [n, S, R, in]     slice j's A, as ``LoraSlots.lora_a``
+    lora_b   [S, R, out]       every slice's B^T side by side, as the fused output lays them out:
+                               slice j in columns ``offsets[j] : offsets[j] + sizes[j]``
+    ranks    [n, S] int32      per slice: an adapter may target q_proj and not k_proj
+    scalings [n, S] float32
+
+    :meth:`slices` views it as one ``LoraSlots`` per slice (the same memory), which is how
+    adapters are written into it and how the per-slice kernels read it.
+    """
+
+    lora_a: torch.Tensor
+    lora_b: torch.Tensor
+    ranks: torch.Tensor
+    scalings: torch.Tensor
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+    @classmethod
+    def empty(
+        cls,
+        num_slots: int,
+        max_rank: int,
+        in_features: int,
+        sizes: tuple[int, ...],
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> StackedLoraSlots:
+        n = len(sizes)
+        return cls(
+            torch.zeros(n, num_slots, max_rank, in_features, dtype=dtype, device=device),
+            torch.zeros(num_slots, max_rank, sum(sizes), dtype=dtype, device=device),
+            torch.zeros(n, num_slots, dtype=torch.int32, device=device),
+            torch.zeros(n, num_slots, dtype=torch.float32, device=device),
+            tuple(sum(sizes[:j]) for j in range(n)),
+            tuple(sizes),
+        )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lora_a.dtype
+
+    def slices(self) -> list[LoraSlots]:
+        return [
+            LoraSlots(self.lora_a[j], self.lora_b[:, :, off : off + size], self.ranks[j], self.scalings[j])
+            for j, (off, size) in enumerate(zip(self.offsets, self.sizes, strict=True))
+        ]

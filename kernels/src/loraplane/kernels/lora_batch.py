@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from loraplane.kernels import cpu, dispatch  # ops registers torch.ops.loraplane.*
-from loraplane.kernels.layout import LoraSlots
+from loraplane.kernels.layout import LoraSlots, StackedLoraSlots
 from loraplane.kernels.paged_layout import PagedLoraSlots
 
 Slices = Sequence[tuple[int, LoraSlots | PagedLoraSlots]]  # (output offset, slots) per slice of a projection
@@ -84,9 +84,11 @@ class LoraBatch:
     max_seg_len: int = 1
     backend: str = "auto"
 
-    def add(self, y: torch.Tensor, x: torch.Tensor, slices: Slices) -> None:
+    def add(self, y: torch.Tensor, x: torch.Tensor, slices: Slices, stacked: StackedLoraSlots | None = None) -> None:
         """Add every slice's adapter products of one projection into its output ``y`` [T, out]
-        (in place), for input ``x`` [T, in].
+        (in place), for input ``x`` [T, in]. With the projection's ``stacked`` table (a fused
+        projection on the Triton backend), all its slices go in one launch each way; a slice no
+        row's adapter targets has rank 0 there, and its programs exit at once.
 
         A CPU step given segments (the plan gives them only when one is long enough for BLAS)
         hands x and y to the segment path as they are: it computes in x's precision and adds each
@@ -95,6 +97,16 @@ class LoraBatch:
         decodes included, run in the slots' precision (float32 on the CPU), with x converted and y
         widened once for all slices, so each element of a low-precision y is rounded once."""
         if not slices:
+            return
+        if stacked is not None and self.backend != "cpu":
+            xs = x if x.dtype == stacked.dtype else x.to(stacked.dtype)
+            acc = y if y.dtype == stacked.dtype else y.to(stacked.dtype)
+            torch.ops.loraplane.add_lora_stacked(
+                acc, xs, stacked.lora_a, stacked.lora_b, stacked.ranks, stacked.scalings, self.row_slots, self.seg_starts,
+                self.seg_slots, list(stacked.offsets), list(stacked.sizes), self.max_seg_len, self.backend,
+            )  # fmt: skip
+            if acc is not y:
+                y.copy_(acc)
             return
         slot_dtype = slices[0][1].dtype
         cpu_prefill = self.backend == "cpu" and self.seg_starts is not None

@@ -6,6 +6,8 @@ Semantics (each op is the function of the same name in :mod:`loraplane.kernels.d
 
     add_lora(y, x, A, B, ranks, scalings, row_slots, seg_starts, seg_slots, y_offset, max_seg_len, backend)
         y[i, off:off+N] += scalings[s] * (x[i] @ A[s, :r].T) @ B[s, :r]     s = the row's slot
+    add_lora_stacked(y, x, A, B, ranks, scalings, row_slots, seg_starts, seg_slots, offsets, sizes, max_seg_len, backend)
+        the same for every slice of a fused projection (layout.StackedLoraSlots), one launch each way
     add_lora_paged(y, x, pool, a_offsets, b_offsets, ranks, scalings, row_slots, y_offset, out_features, backend)
         the same with each adapter row read at its offset in the page pool
     paged_attention(out, q, k_cache, v_cache, block_tables, query_starts, seq_lens, scale, max_query_len, backend)
@@ -34,13 +36,16 @@ from typing import cast
 import torch
 
 from loraplane.kernels import dispatch
-from loraplane.kernels.layout import LoraSlots, SlotLayoutError
+from loraplane.kernels.layout import LoraSlots, SlotLayoutError, StackedLoraSlots
 from loraplane.kernels.paged_layout import PagedLoraSlots
 
 # Kernel launches each op makes on the Triton backend: what the host-overhead benchmark counts
-# for one call (add_lora: a shrink and an expand; the paged variant fuses both).
+# for one call (add_lora: a shrink and an expand, whatever the slices of add_lora_stacked; a
+# shrink that splits its reduction over K, as BGMV's does at small batches, clears its buffer
+# first, one memset more; the paged variant fuses both).
 LAUNCHES = {
-    "loraplane::add_lora": 2, "loraplane::add_lora_paged": 1, "loraplane::paged_attention": 1, "loraplane::rms_norm": 1,
+    "loraplane::add_lora": 2, "loraplane::add_lora_stacked": 2, "loraplane::add_lora_paged": 1, "loraplane::paged_attention": 1,
+    "loraplane::rms_norm": 1,
     "loraplane::rotary": 1, "loraplane::silu_and_mul": 1, "loraplane::kv_write": 1,
 }  # fmt: skip
 
@@ -96,6 +101,51 @@ def _(
     _same_device(y, x, lora_a, lora_b, ranks, scalings, row_slots, seg_starts, seg_slots)
     if x.shape[1] != lora_a.shape[2] or y.shape[1] < y_offset + lora_b.shape[2] or x.shape[0] != y.shape[0]:
         raise SlotLayoutError(f"x {list(x.shape)}, y {list(y.shape)} do not fit A {list(lora_a.shape)}, B {list(lora_b.shape)}")
+
+
+@torch.library.custom_op("loraplane::add_lora_stacked", mutates_args=("y",))
+def add_lora_stacked(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    ranks: torch.Tensor,
+    scalings: torch.Tensor,
+    row_slots: torch.Tensor,
+    seg_starts: torch.Tensor | None,
+    seg_slots: torch.Tensor | None,
+    offsets: list[int],
+    sizes: list[int],
+    max_seg_len: int,
+    backend: str,
+) -> None:
+    _same_device(y, x, lora_a, lora_b, ranks, scalings, row_slots, seg_starts, seg_slots)
+    stacked = StackedLoraSlots(lora_a, lora_b, ranks, scalings, tuple(offsets), tuple(sizes))
+    rows = {"seg_starts": seg_starts, "seg_slots": seg_slots} if seg_starts is not None else {"row_slots": row_slots}
+    dispatch.add_lora_stacked(y, x, stacked, max_seg_len=max_seg_len, backend=cast(dispatch.Backend, backend), **rows)
+
+
+@add_lora_stacked.register_fake
+def _(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    ranks: torch.Tensor,
+    scalings: torch.Tensor,
+    row_slots: torch.Tensor,
+    seg_starts: torch.Tensor | None,
+    seg_slots: torch.Tensor | None,
+    offsets: list[int],
+    sizes: list[int],
+    max_seg_len: int,
+    backend: str,
+) -> None:
+    _same_device(y, x, lora_a, lora_b, ranks, scalings, row_slots, seg_starts, seg_slots)
+    if x.shape[1] != lora_a.shape[3] or y.shape[1] != lora_b.shape[2] or sum(sizes) != y.shape[1] or x.shape[0] != y.shape[0]:
+        raise SlotLayoutError(
+            f"x {list(x.shape)}, y {list(y.shape)} do not fit stacked A {list(lora_a.shape)}, B {list(lora_b.shape)}"
+        )
 
 
 @torch.library.custom_op("loraplane::add_lora_paged", mutates_args=("y",))

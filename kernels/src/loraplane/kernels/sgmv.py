@@ -6,7 +6,8 @@ Semantics::
         shrink: out[rows, :r] = x[rows] @ lora_a[s, :r].T
         expand: y[rows, off:off+N] += scalings[s] * buf[rows, :r] @ lora_b[s, :r]
 
-Shapes: x [T, K], lora_a [S, R, K], out/buf [T, R] float32, lora_b [S, R, N], y [T, >= off+N].
+Shapes: x [T, K], lora_a [S, R, K], out/buf [T, R] float32, lora_b [S, R, N], y [T, >= off+N]; a
+fused projection's slices stacked as ``bgmv`` takes them, in one launch each way.
 Grid: (segment, row block, rank or column block). Programs past a segment's end or its adapter's
 rank exit at once, so short segments and low ranks cost nothing extra. Operands are widened to
 float32 before ``tl.dot``: Triton's CPU interpreter multiplies bf16 bit patterns otherwise, and
@@ -25,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from loraplane.kernels.bgmv import split_k
+from loraplane.kernels.bgmv import slice_strides, split_k
 from loraplane.kernels.precision import dot_precision
 
 
@@ -40,13 +41,17 @@ def _sgmv_shrink_kernel(
     K,
     stride_xm,
     stride_xk,
+    stride_aj,
     stride_as,
     stride_ar,
     stride_ak,
     stride_om,
+    stride_oj,
     stride_or,
+    stride_rj,
     num_splits,
     k_per_split,
+    NUM_SLICES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -60,34 +65,35 @@ def _sgmv_shrink_kernel(
     slot = tl.load(seg_slots_ptr + seg)
     start = tl.load(seg_starts_ptr + seg)
     seg_len = tl.load(seg_starts_ptr + seg + 1) - start
-    rank = tl.load(ranks_ptr + tl.maximum(slot, 0))
-    rank = tl.where(slot >= 0, rank, 0)
-    if (pid_m * BLOCK_M < seg_len) & (pid_r * BLOCK_R < rank):
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-        offs_k = tl.arange(0, BLOCK_K)
-        rows = (start + offs_m).to(tl.int64)
-        a_base = a_ptr + slot.to(tl.int64) * stride_as
-        acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-        for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
-            k = k0 + offs_k
-            x = tl.load(
-                x_ptr + rows[:, None] * stride_xm + k[None, :] * stride_xk,
-                mask=(offs_m[:, None] < seg_len) & (k[None, :] < K),
-                other=0.0,
-            )
-            a_t = tl.load(
-                a_base + offs_r[None, :] * stride_ar + k[:, None] * stride_ak,
-                mask=(offs_r[None, :] < rank) & (k[:, None] < K),
-                other=0.0,
-            )
-            acc += tl.dot(x.to(tl.float32), a_t.to(tl.float32), input_precision=DOT_PRECISION)
-        out_ptrs = out_ptr + rows[:, None] * stride_om + offs_r[None, :] * stride_or
-        mask = (offs_m[:, None] < seg_len) & (offs_r[None, :] < rank)
-        if ATOMIC:  # the reduction is split over K: add this program's part
-            tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
-        else:
-            tl.store(out_ptrs, acc, mask=mask)
+    for j in tl.static_range(NUM_SLICES):  # a fused projection's slices, one after another
+        rank = tl.load(ranks_ptr + j * stride_rj + tl.maximum(slot, 0))
+        rank = tl.where(slot >= 0, rank, 0)
+        if (pid_m * BLOCK_M < seg_len) & (pid_r * BLOCK_R < rank):
+            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+            offs_k = tl.arange(0, BLOCK_K)
+            rows = (start + offs_m).to(tl.int64)
+            a_base = a_ptr + j * stride_aj + slot.to(tl.int64) * stride_as
+            acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+            for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
+                k = k0 + offs_k
+                x = tl.load(
+                    x_ptr + rows[:, None] * stride_xm + k[None, :] * stride_xk,
+                    mask=(offs_m[:, None] < seg_len) & (k[None, :] < K),
+                    other=0.0,
+                )
+                a_t = tl.load(
+                    a_base + offs_r[None, :] * stride_ar + k[:, None] * stride_ak,
+                    mask=(offs_r[None, :] < rank) & (k[:, None] < K),
+                    other=0.0,
+                )
+                acc += tl.dot(x.to(tl.float32), a_t.to(tl.float32), input_precision=DOT_PRECISION)
+            out_ptrs = out_ptr + rows[:, None] * stride_om + j * stride_oj + offs_r[None, :] * stride_or
+            mask = (offs_m[:, None] < seg_len) & (offs_r[None, :] < rank)
+            if ATOMIC:  # the reduction is split over K: add this program's part
+                tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
+            else:
+                tl.store(out_ptrs, acc, mask=mask)
 
 
 @triton.jit
@@ -99,15 +105,18 @@ def _sgmv_expand_kernel(
     seg_slots_ptr,
     ranks_ptr,
     scalings_ptr,
-    N,
     y_offset,
     stride_bm,
+    stride_bj,
     stride_br,
     stride_bs,
     stride_lr,
     stride_ln,
     stride_ym,
     stride_yn,
+    stride_rj,
+    SLICE_OFFSETS: tl.constexpr,
+    SLICE_SIZES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -119,33 +128,34 @@ def _sgmv_expand_kernel(
     slot = tl.load(seg_slots_ptr + seg)
     start = tl.load(seg_starts_ptr + seg)
     seg_len = tl.load(seg_starts_ptr + seg + 1) - start
-    rank = tl.load(ranks_ptr + tl.maximum(slot, 0))
-    rank = tl.where(slot >= 0, rank, 0)
-    if (pid_m * BLOCK_M < seg_len) & (rank > 0):
-        scale = tl.load(scalings_ptr + slot)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_r = tl.arange(0, BLOCK_R)
-        rows = (start + offs_m).to(tl.int64)
-        b_base = b_ptr + slot.to(tl.int64) * stride_bs
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for r0 in range(0, rank, BLOCK_R):
-            r = r0 + offs_r
-            buf = tl.load(
-                buf_ptr + rows[:, None] * stride_bm + r[None, :] * stride_br,
-                mask=(offs_m[:, None] < seg_len) & (r[None, :] < rank),
-                other=0.0,
-            )
-            b = tl.load(
-                b_base + r[:, None] * stride_lr + offs_n[None, :] * stride_ln,
-                mask=(r[:, None] < rank) & (offs_n[None, :] < N),
-                other=0.0,
-            )
-            acc += tl.dot(buf.to(tl.float32), b.to(tl.float32), input_precision=DOT_PRECISION)
-        y_ptrs = y_ptr + rows[:, None] * stride_ym + (y_offset + offs_n[None, :]) * stride_yn
-        mask = (offs_m[:, None] < seg_len) & (offs_n[None, :] < N)
-        y = tl.load(y_ptrs, mask=mask, other=0.0)
-        tl.store(y_ptrs, (y.to(tl.float32) + scale * acc).to(y_ptr.dtype.element_ty), mask=mask)
+    for j in tl.static_range(len(SLICE_SIZES)):  # a fused projection's slices, each into its columns
+        rank = tl.load(ranks_ptr + j * stride_rj + tl.maximum(slot, 0))
+        rank = tl.where(slot >= 0, rank, 0)
+        if (pid_m * BLOCK_M < seg_len) & (rank > 0) & (pid_n * BLOCK_N < SLICE_SIZES[j]):
+            scale = tl.load(scalings_ptr + j * stride_rj + slot)
+            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            offs_r = tl.arange(0, BLOCK_R)
+            rows = (start + offs_m).to(tl.int64)
+            b_base = b_ptr + slot.to(tl.int64) * stride_bs + SLICE_OFFSETS[j] * stride_ln
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for r0 in range(0, rank, BLOCK_R):
+                r = r0 + offs_r
+                buf = tl.load(
+                    buf_ptr + rows[:, None] * stride_bm + j * stride_bj + r[None, :] * stride_br,
+                    mask=(offs_m[:, None] < seg_len) & (r[None, :] < rank),
+                    other=0.0,
+                )
+                b = tl.load(
+                    b_base + r[:, None] * stride_lr + offs_n[None, :] * stride_ln,
+                    mask=(r[:, None] < rank) & (offs_n[None, :] < SLICE_SIZES[j]),
+                    other=0.0,
+                )
+                acc += tl.dot(buf.to(tl.float32), b.to(tl.float32), input_precision=DOT_PRECISION)
+            y_ptrs = y_ptr + rows[:, None] * stride_ym + (y_offset + SLICE_OFFSETS[j] + offs_n[None, :]) * stride_yn
+            mask = (offs_m[:, None] < seg_len) & (offs_n[None, :] < SLICE_SIZES[j])
+            y = tl.load(y_ptrs, mask=mask, other=0.0)
+            tl.store(y_ptrs, (y.to(tl.float32) + scale * acc).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 # Launch shapes, from the same H200 sweep as BGMV's (2048 and 512 tokens in 8 segments, ranks 16
@@ -165,41 +175,26 @@ def sgmv_shrink(
     *,
     zeroed: bool = False,
 ) -> None:
-    """``zeroed``: ``out`` already holds zeros (a split shrink adds into it; else it is zeroed here)."""
+    """``zeroed``: ``out`` already holds zeros (a split shrink adds into it; else it is zeroed here).
+    Stacked slices as ``bgmv.bgmv_shrink`` takes them."""
     num_segs = seg_slots.shape[0]
     if num_segs == 0 or max_seg_len == 0:
         return
+    n, stride_aj, stride_rj = slice_strides(lora_a, ranks)
+    max_rank = lora_a.shape[-2]
     block_m, block_r, block_k, k = SHRINK_BLOCK_M, SHRINK_BLOCK_R, SHRINK_BLOCK_K, x.shape[1]
-    m_blocks, r_blocks = triton.cdiv(max_seg_len, block_m), triton.cdiv(lora_a.shape[1], block_r)
+    m_blocks, r_blocks = triton.cdiv(max_seg_len, block_m), triton.cdiv(max_rank, block_r)
     # Every row block of the longest segment counts: shorter ones exit early, and are cheap.
     split, k_per_split = split_k(num_segs * m_blocks * r_blocks, k, block_k, SHRINK_PROGRAMS)
     if split > 1 and not zeroed:
         out.zero_()
     grid = (num_segs, m_blocks, r_blocks * split)
     _sgmv_shrink_kernel[grid](
-        x,
-        lora_a,
-        out,
-        seg_starts,
-        seg_slots,
-        ranks,
-        x.shape[1],
-        x.stride(0),
-        x.stride(1),
-        lora_a.stride(0),
-        lora_a.stride(1),
-        lora_a.stride(2),
-        out.stride(0),
-        out.stride(1),
-        split,
-        k_per_split,
-        BLOCK_M=block_m,
-        BLOCK_R=block_r,
-        BLOCK_K=block_k,
-        ATOMIC=split > 1,
-        DOT_PRECISION=dot_precision(x.dtype),
-        num_warps=SHRINK_WARPS,
-    )
+        x, lora_a, out, seg_starts, seg_slots, ranks, x.shape[1], x.stride(0), x.stride(1), stride_aj, lora_a.stride(-3),
+        lora_a.stride(-2), lora_a.stride(-1), out.stride(0), max_rank * out.stride(1), out.stride(1), stride_rj, split,
+        k_per_split, NUM_SLICES=n, BLOCK_M=block_m, BLOCK_R=block_r, BLOCK_K=block_k, ATOMIC=split > 1,
+        DOT_PRECISION=dot_precision(x.dtype), num_warps=SHRINK_WARPS,
+    )  # fmt: skip
 
 
 def sgmv_expand(
@@ -212,33 +207,19 @@ def sgmv_expand(
     seg_slots: torch.Tensor,
     y_offset: int,
     max_seg_len: int,
+    slices: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
 ) -> None:
+    """``slices``: as ``bgmv.bgmv_expand`` takes them."""
     num_segs = seg_slots.shape[0]
     if num_segs == 0 or max_seg_len == 0:
         return
-    n = lora_b.shape[2]
-    block_m, block_n, block_r = EXPAND_BLOCK_M, EXPAND_BLOCK_N, EXPAND_BLOCK_R
-    grid = (num_segs, triton.cdiv(max_seg_len, block_m), triton.cdiv(n, block_n))
+    offsets, sizes = slices if slices is not None else ((0,), (lora_b.shape[2],))
+    stride_rj = ranks.stride(0) if ranks.dim() == 2 else 0
+    block_m, block_n, block_r, max_rank = EXPAND_BLOCK_M, EXPAND_BLOCK_N, EXPAND_BLOCK_R, lora_b.shape[1]
+    grid = (num_segs, triton.cdiv(max_seg_len, block_m), triton.cdiv(max(sizes), block_n))
     _sgmv_expand_kernel[grid](
-        buf,
-        lora_b,
-        y,
-        seg_starts,
-        seg_slots,
-        ranks,
-        scalings,
-        n,
-        y_offset,
-        buf.stride(0),
-        buf.stride(1),
-        lora_b.stride(0),
-        lora_b.stride(1),
-        lora_b.stride(2),
-        y.stride(0),
-        y.stride(1),
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_R=block_r,
-        DOT_PRECISION=dot_precision(y.dtype),
-        num_warps=EXPAND_WARPS,
-    )
+        buf, lora_b, y, seg_starts, seg_slots, ranks, scalings, y_offset, buf.stride(0), max_rank * buf.stride(1),
+        buf.stride(1), lora_b.stride(0), lora_b.stride(1), lora_b.stride(2), y.stride(0), y.stride(1), stride_rj,
+        SLICE_OFFSETS=tuple(offsets), SLICE_SIZES=tuple(sizes), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=block_r,
+        DOT_PRECISION=dot_precision(y.dtype), num_warps=EXPAND_WARPS,
+    )  # fmt: skip

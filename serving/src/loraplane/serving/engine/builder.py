@@ -221,7 +221,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
     slots = (
         PagedSlotTable(model, config.max_loras, config.max_lora_rank, pool.flat_f32(), pool.page_floats)
         if pool is not None
-        else SlotTable(model, config.max_loras, config.max_lora_rank, slot_dtype)
+        else SlotTable(model, config.max_loras, config.max_lora_rank, slot_dtype, stacked=backend == "triton")
     )
     where = f"{config.max_loras} in the KV pool's pages" if pool is not None else f"{config.max_loras} ({static / 2**30:.2f} GiB)"
     log_sizing(device, num_blocks, config.block_size, per_block, where, max_num_seqs, max_num_batched_tokens)

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Set
 import torch
 
 from loraplane.adapter_format import LLAMA_TARGETS
-from loraplane.kernels import LoraSlots, PagedLoraSlots
+from loraplane.kernels import LoraSlots, PagedLoraSlots, StackedLoraSlots
 from loraplane.serving import cuda_runtime
 from loraplane.serving.lora.slot_writes import SlotWrites
 from loraplane.serving.model.layers import LoraLinear
@@ -29,16 +29,26 @@ Weights = dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
 
 
 class SlotTable:
-    def __init__(self, model: LlamaModel, num_slots: int, max_rank: int, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self, model: LlamaModel, num_slots: int, max_rank: int, dtype: torch.dtype = torch.float32, *, stacked: bool = False
+    ) -> None:
         """Slots on the model's device, in ``dtype``; writes copy from the host tier on their own
-        stream (:class:`SlotWrites`)."""
+        stream (:class:`SlotWrites`). ``stacked``: a fused projection's slices in one table
+        (``StackedLoraSlots``), which the Triton kernels take in one launch; the CPU path reads
+        each slice's own contiguous table instead."""
         self.num_slots, self.max_rank, self.dtype = num_slots, max_rank, dtype
         self.device = model.embed_tokens.weight.device
         self.writes = SlotWrites(self.device)
         self.slots: dict[tuple[int, str], LoraSlots | PagedLoraSlots] = {}
         for layer, proj in model.linear_layers():
+            views: list[LoraSlots] | None = None
+            if stacked and len(proj.slice_names) > 1:
+                proj.stacked = StackedLoraSlots.empty(
+                    num_slots, max_rank, proj.in_features, proj.slice_sizes, dtype=dtype, device=self.device
+                )
+                views = proj.stacked.slices()
             for i, name in enumerate(proj.slice_names):
-                slots = self._make(proj, i)
+                slots = views[i] if views is not None else self._make(proj, i)
                 proj.lora[i] = slots
                 self.slots[(layer, name)] = slots
         self.num_layers = model.config.num_hidden_layers

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from loraplane.kernels import LoraSlots, PagedLoraSlots, ops  # noqa: F401  (ops registers torch.ops.loraplane.*)
+from loraplane.kernels import LoraSlots, PagedLoraSlots, StackedLoraSlots, ops  # noqa: F401  (ops registers torch.ops.loraplane.*)
 from loraplane.kernels.lora_batch import LoraBatch
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn value
@@ -91,6 +91,9 @@ class LoraLinear(nn.Module):
         self.weight_scale: torch.Tensor | None = None
         self.fp8_gemm = False  # whether an FP8 weight runs as a native FP8 GEMM
         self.lora: list[LoraSlots | PagedLoraSlots | None] = [None] * len(slice_names)
+        # The slices' slots in one table (views of it in ``lora``), where the kernels take a fused
+        # projection in one launch: set by the slot table on the Triton backend.
+        self.stacked: StackedLoraSlots | None = None
 
     def to_fp8(self, native: bool = False) -> None:
         """Quantise the weight to float8_e4m3fn per output channel; ``native`` runs it as an FP8
@@ -117,7 +120,7 @@ class LoraLinear(nn.Module):
             (offset, slots)
             for name, offset, slots in zip(self.slice_names, self.slice_offsets, self.lora, strict=True)
             if slots is not None and name in lora.active_modules
-        ])  # fmt: skip
+        ], self.stacked)  # fmt: skip
         return y
 
 
