@@ -83,6 +83,8 @@ def build_model(base: BaseCheckpoint, config: EngineConfig, max_positions: int, 
         native = fp8_gemm_supported(device, dtype)
         for _, proj in model.linear_layers():
             proj.to_fp8(native)
+    if device.type == "cpu" and kernel_backend(config, device) == "cpu":
+        model.pack_for_cpu()
     return model.eval()
 
 

@@ -15,6 +15,7 @@ from torch.nn import functional as F
 
 from loraplane.kernels import LoraSlots, PagedLoraSlots, StackedLoraSlots, ops  # noqa: F401  (ops registers torch.ops.loraplane.*)
 from loraplane.kernels.lora_batch import LoraBatch
+from loraplane.serving.model import cpu_gemm
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn value
 
@@ -26,6 +27,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # One op, the same numbers: in float32 the casts below are no-ops (checked bit for bit).
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Same order of operations as transformers' LlamaRMSNorm: normalise in fp32, cast, scale.
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -54,13 +58,27 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, H, D], k [T, KV, D]; the rotate-half layout of Hugging Face checkpoints."""
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        rotation = self.at(positions, q.dtype)
+        return rotation.apply(q), rotation.apply(k)
+
+    def at(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
+        """The rows' cos and sin, looked up once for a step's every layer (the eager path)."""
+        return Rotation(self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype))
 
     def fused(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
         """The same rotation as one kernel, in place on ``q`` and ``k``."""
         torch.ops.loraplane.rotary(q, k, positions, self.cos, self.sin)
+
+
+class Rotation:
+    """A step's rows' cos and sin [T, 1, D], in the activations' dtype."""
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        self.cos, self.sin = cos, sin
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` [T, heads, D] rotated: queries and keys alike (or both at once, side by side)."""
+        return x * self.cos + _rotate_half(x) * self.sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -90,6 +108,7 @@ class LoraLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out), requires_grad=False) if bias else None
         self.weight_scale: torch.Tensor | None = None
         self.fp8_gemm = False  # whether an FP8 weight runs as a native FP8 GEMM
+        self.packed: torch.Tensor | None = None  # the weight in oneDNN's blocked layout (cpu_gemm.pack)
         self.lora: list[LoraSlots | PagedLoraSlots | None] = [None] * len(slice_names)
         # The slices' slots in one table (views of it in ``lora``), where the kernels take a fused
         # projection in one launch: set by the slot table on the Triton backend.
@@ -110,7 +129,9 @@ class LoraLinear(nn.Module):
         return self.weight.to(dtype) * self.weight_scale.to(dtype)[:, None]
 
     def forward(self, x: torch.Tensor, lora: LoraBatch | None) -> torch.Tensor:
-        if self.fp8_gemm and self.weight_scale is not None:
+        if self.packed is not None:
+            y = cpu_gemm.linear(x, self.packed, self.bias)
+        elif self.fp8_gemm and self.weight_scale is not None:
             y = fp8_linear(x, self.weight, self.weight_scale, self.bias)
         else:
             y = F.linear(x, self.base_weight(x.dtype), self.bias)

@@ -14,9 +14,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from loraplane.serving.model import cpu_gemm
 from loraplane.serving.model.attention import KVCache, paged_attention
 from loraplane.serving.model.context import StepContext
-from loraplane.serving.model.layers import LoraLinear, RMSNorm, RotaryEmbedding
+from loraplane.serving.model.layers import LoraLinear, RMSNorm, RotaryEmbedding, Rotation
 from loraplane.serving.model.llama_config import LlamaConfig
 
 
@@ -30,16 +31,19 @@ class Attention(nn.Module):
         )
         self.o_proj = LoraLinear(cfg.q_size, [cfg.hidden_size], ["o_proj"])
 
-    def forward(self, x: torch.Tensor, ctx: StepContext, rotary: RotaryEmbedding, cache: KVCache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: StepContext, rotary: RotaryEmbedding | Rotation, cache: KVCache) -> torch.Tensor:
+        """``rotary``: the model's table (the fused path rotates in one kernel) or the step's rows'
+        ``Rotation``, looked up once for every layer (the eager path)."""
         qkv = self.qkv_proj(x, ctx.lora)
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         q = qkv[:, :q_size].view(-1, self.heads, self.head_dim)
         k = qkv[:, q_size : q_size + kv_size].view(-1, self.kv_heads, self.head_dim)
         v = qkv[:, q_size + kv_size :].view(-1, self.kv_heads, self.head_dim)
-        if ctx.fused:
+        if isinstance(rotary, RotaryEmbedding):
             rotary.fused(ctx.positions, q, k)
-        else:
-            q, k = rotary(ctx.positions, q, k)
+        else:  # queries and keys side by side, rotated by one set of ops
+            qk = rotary.apply(qkv[:, : q_size + kv_size].view(-1, self.heads + self.kv_heads, self.head_dim))
+            q, k = qk[:, : self.heads], qk[:, self.heads :]
         out = paged_attention(q, k, v, cache.k[self.layer], cache.v[self.layer], ctx)
         projected: torch.Tensor = self.o_proj(out.reshape(-1, q_size), ctx.lora)
         return projected
@@ -71,7 +75,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, ctx: StepContext, rotary: RotaryEmbedding, cache: KVCache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: StepContext, rotary: Rotation, cache: KVCache) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), ctx, rotary, cache)
         out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x), ctx)
         return out
@@ -100,6 +104,7 @@ class LlamaModel(nn.Module):
         self.lm_head: nn.Parameter | None = (
             None if cfg.tie_word_embeddings else nn.Parameter(torch.zeros(cfg.vocab_size, cfg.hidden_size), requires_grad=False)
         )
+        self.head_packed: torch.Tensor | None = None  # the LM head for oneDNN (pack_for_cpu)
 
     def forward(
         self, input_ids: torch.Tensor, ctx: StepContext, cache: KVCache, between_layers: Callable[[], None] | None = None
@@ -110,8 +115,9 @@ class LlamaModel(nn.Module):
         x = self.embed_tokens(input_ids)
         if ctx.fused:
             return self._fused(x, ctx, cache, between_layers)
+        rotation = self.rotary.at(ctx.positions, x.dtype)
         for layer in self.layers:
-            x = layer(x, ctx, self.rotary, cache)
+            x = layer(x, ctx, rotation, cache)
             if between_layers is not None:
                 between_layers()
         hidden: torch.Tensor = self.norm(x)
@@ -130,8 +136,23 @@ class LlamaModel(nn.Module):
         return self.norm.fused(x) if delta is None else self.norm.fused(delta, x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.head_packed is not None:
+            return cpu_gemm.linear(hidden, self.head_packed).float()
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head
         return F.linear(hidden, head).float()
+
+    def pack_for_cpu(self) -> bool:
+        """Every dense GEMM (the projections and the LM head) through oneDNN with its weight packed
+        once (``cpu_gemm``), where oneDNN computes this model's dtype; whether it did. Projections
+        with FP8 weights keep their dequantising path."""
+        dtype = self.embed_tokens.weight.dtype
+        if self.embed_tokens.weight.device.type != "cpu" or not cpu_gemm.available(dtype):
+            return False
+        for _, proj in self.linear_layers():
+            if proj.weight_scale is None:
+                proj.packed = cpu_gemm.pack(proj.weight)
+        self.head_packed = cpu_gemm.pack(self.embed_tokens.weight if self.lm_head is None else self.lm_head)
+        return True
 
     def linear_layers(self) -> list[tuple[int, LoraLinear]]:
         """(layer index, projection) for every projection an adapter can target."""
