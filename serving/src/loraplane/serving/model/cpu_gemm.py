@@ -18,7 +18,7 @@ import torch
 def available(dtype: torch.dtype) -> bool:
     """oneDNN's linear for ``dtype`` on this CPU: float32 anywhere oneDNN runs; bfloat16 only where
     the CPU computes it natively (AVX-512 BF16, AMX), as ``resolve_dtype`` picks it."""
-    if not torch.backends.mkldnn.is_available():
+    if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
         return False
     return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
