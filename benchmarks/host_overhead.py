@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from loraplane.serving.bench.host_overhead import Scenario, device_free_engine, per_op_cost, run_scenario
+from loraplane.serving.bench.host_overhead import Scenario, device_free_engine, per_op_cost, place_all, run_scenario
 from loraplane.serving.bench.shapes import LLAMA3_8B_CONFIG, TOY_CONFIG, write_shape
 from loraplane.serving.lora.entries import AdapterSpec
 from loraplane.serving.lora.synthetic import write_adapter
@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             engine.register_lora(AdapterSpec(name, str(work / "adapters" / name)))
             engine.pin_lora(name)
+        place_all(engine, names)
         cost = per_op_cost(recorder)
         print(f"the recorder's own cost: {cost * 1e6:.1f} us per operation\n")
         header = (

@@ -19,6 +19,7 @@ from loraplane.serving.bench.host_overhead import (
     Scenario,
     device_free_engine,
     measure,
+    place_all,
     recording,
     run_scenario,
 )
@@ -56,6 +57,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any,
         for name in names:
             built.register_lora(AdapterSpec(name, str(work / name)))
             built.pin_lora(name)
+        place_all(built, names)
         yield built, recorder, list(names)
 
 

@@ -31,6 +31,7 @@ device tensor back (see ``dispatch.add_lora``'s ``max_seg_len``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -38,6 +39,25 @@ import torch
 from loraplane.kernels import dispatch
 from loraplane.kernels.layout import LoraSlots, SlotLayoutError, StackedLoraSlots
 from loraplane.kernels.paged_layout import PagedLoraSlots
+
+# Defined with torch.library's lower-level Library rather than torch.library.custom_op: a custom_op
+# call runs Python wrappers (autograd, in-place version bumps, argument defaults) that cost 15-23 us
+# a call here against under 3 us for an op the dispatcher takes straight to its kernel, some 300
+# calls in a step with prompts on the Triton backend (what the host-overhead benchmark counts).
+_LIB = torch.library.Library("loraplane", "DEF")
+
+
+def _op(*mutates: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Define ``loraplane::<name>`` from the function's annotations (``mutates`` written in place)
+    and make the function its kernel on every backend; callers go through ``torch.ops.loraplane``."""
+
+    def define(fn: Callable[..., None]) -> Callable[..., None]:
+        _LIB.define(fn.__name__ + torch.library.infer_schema(fn, mutates_args=mutates))
+        _LIB.impl(fn.__name__, fn, "CompositeExplicitAutograd")
+        return fn
+
+    return define
+
 
 # Kernel launches each op makes on the Triton backend: what the host-overhead benchmark counts
 # for one call (add_lora: a shrink and an expand, whatever the slices of add_lora_stacked; a
@@ -56,7 +76,7 @@ def _same_device(out: torch.Tensor, *tensors: torch.Tensor | None) -> None:
             raise SlotLayoutError(f"a {list(t.shape)} tensor is on {t.device}, the output on {out.device}")
 
 
-@torch.library.custom_op("loraplane::add_lora", mutates_args=("y",))
+@_op("y")
 def add_lora(
     y: torch.Tensor,
     x: torch.Tensor,
@@ -83,7 +103,7 @@ def add_lora(
         dispatch.add_lora(y, x, slots, row_slots=row_slots, y_offset=y_offset, backend=mode, check=False)
 
 
-@add_lora.register_fake
+@torch.library.register_fake("loraplane::add_lora")
 def _(
     y: torch.Tensor,
     x: torch.Tensor,
@@ -103,7 +123,7 @@ def _(
         raise SlotLayoutError(f"x {list(x.shape)}, y {list(y.shape)} do not fit A {list(lora_a.shape)}, B {list(lora_b.shape)}")
 
 
-@torch.library.custom_op("loraplane::add_lora_stacked", mutates_args=("y",))
+@_op("y")
 def add_lora_stacked(
     y: torch.Tensor,
     x: torch.Tensor,
@@ -125,7 +145,7 @@ def add_lora_stacked(
     dispatch.add_lora_stacked(y, x, stacked, max_seg_len=max_seg_len, backend=cast(dispatch.Backend, backend), **rows)
 
 
-@add_lora_stacked.register_fake
+@torch.library.register_fake("loraplane::add_lora_stacked")
 def _(
     y: torch.Tensor,
     x: torch.Tensor,
@@ -148,7 +168,7 @@ def _(
         )
 
 
-@torch.library.custom_op("loraplane::add_lora_paged", mutates_args=("y",))
+@_op("y")
 def add_lora_paged(
     y: torch.Tensor,
     x: torch.Tensor,
@@ -168,7 +188,7 @@ def add_lora_paged(
     dispatch.add_lora(y, x, slots, row_slots=row_slots, y_offset=y_offset, backend=cast(dispatch.Backend, backend), check=False)
 
 
-@add_lora_paged.register_fake
+@torch.library.register_fake("loraplane::add_lora_paged")
 def _(
     y: torch.Tensor,
     x: torch.Tensor,
@@ -188,7 +208,7 @@ def _(
         raise SlotLayoutError(f"x {list(x.shape)}, y {list(y.shape)} do not fit in={in_features}, out={out_features}")
 
 
-@torch.library.custom_op("loraplane::paged_attention", mutates_args=("out",))
+@_op("out")
 def paged_attention(
     out: torch.Tensor,
     q: torch.Tensor,
@@ -206,7 +226,7 @@ def paged_attention(
     launch(q, k_cache, v_cache, block_tables, query_starts, seq_lens, out, scale=scale, max_query_len=max_query_len)
 
 
-@paged_attention.register_fake
+@torch.library.register_fake("loraplane::paged_attention")
 def _(
     out: torch.Tensor,
     q: torch.Tensor,
@@ -229,7 +249,7 @@ def _(
 # are a dozen launches a norm or a rotation): rms_norm.py, rotary.py, activation.py, kv_write.py.
 
 
-@torch.library.custom_op("loraplane::rms_norm", mutates_args=("out", "residual"))
+@_op("out", "residual")
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor, residual: torch.Tensor | None) -> None:
     _same_device(out, x, weight, residual)
     from loraplane.kernels.rms_norm import rms_norm as launch
@@ -237,14 +257,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tenso
     launch(x, weight, eps, out, residual)
 
 
-@rms_norm.register_fake
+@torch.library.register_fake("loraplane::rms_norm")
 def _(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor, residual: torch.Tensor | None) -> None:
     _same_device(out, x, weight, residual)
     if x.shape != out.shape or (residual is not None and residual.shape != x.shape) or weight.shape != x.shape[-1:]:
         raise SlotLayoutError(f"rms_norm: x {list(x.shape)}, out {list(out.shape)}, weight {list(weight.shape)} do not agree")
 
 
-@torch.library.custom_op("loraplane::rotary", mutates_args=("q", "k"))
+@_op("q", "k")
 def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     _same_device(q, k, positions, cos, sin)
     from loraplane.kernels.rotary import rotary as launch
@@ -252,14 +272,14 @@ def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch
     launch(q, k, positions, cos, sin)
 
 
-@rotary.register_fake
+@torch.library.register_fake("loraplane::rotary")
 def _(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     _same_device(q, k, positions, cos, sin)
     if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2] or cos.shape[1] != q.shape[2] or positions.shape != q.shape[:1]:
         raise SlotLayoutError(f"rotary: q {list(q.shape)}, k {list(k.shape)}, cos {list(cos.shape)} do not agree")
 
 
-@torch.library.custom_op("loraplane::silu_and_mul", mutates_args=("out",))
+@_op("out")
 def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor) -> None:
     _same_device(out, gate_up)
     from loraplane.kernels.activation import silu_and_mul as launch
@@ -267,14 +287,14 @@ def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor) -> None:
     launch(gate_up, out)
 
 
-@silu_and_mul.register_fake
+@torch.library.register_fake("loraplane::silu_and_mul")
 def _(gate_up: torch.Tensor, out: torch.Tensor) -> None:
     _same_device(out, gate_up)
     if gate_up.shape[0] != out.shape[0] or gate_up.shape[1] != 2 * out.shape[1]:
         raise SlotLayoutError(f"silu_and_mul: gate_up {list(gate_up.shape)} is not twice out {list(out.shape)}")
 
 
-@torch.library.custom_op("loraplane::kv_write", mutates_args=("k_cache", "v_cache"))
+@_op("k_cache", "v_cache")
 def kv_write(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -289,7 +309,7 @@ def kv_write(
     launch(k, v, k_cache, v_cache, slot_blocks, slot_offsets)
 
 
-@kv_write.register_fake
+@torch.library.register_fake("loraplane::kv_write")
 def _(
     k: torch.Tensor,
     v: torch.Tensor,

@@ -439,3 +439,16 @@ def run_scenario(engine: Any, recorder: Recorder, s: Scenario, adapters: list[st
             engine.abort(i)
         engine.step()  # the aborted sequences leave
     return figures
+
+
+def place_all(engine: Any, names: list[str]) -> None:
+    """Every named adapter into a device slot before steps are measured: a step that places one
+    pays for its host-to-device copies, which is the adapter tier's cost, not the step's."""
+    pending = list(names)
+    while pending:
+        pending = [name for name in pending if engine.adapters.ensure_device(name) is None]
+        if pending:
+            engine.adapters.wait_for_loads(timeout=1.0)
+            failures = engine.adapters.poll()
+            if failures:
+                raise RuntimeError(failures[0].message)
