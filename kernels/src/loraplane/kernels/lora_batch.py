@@ -32,11 +32,10 @@ Slices = Sequence[tuple[int, LoraSlots | PagedLoraSlots]]  # (output offset, slo
 
 @dataclass(frozen=True)
 class LoraPlan:
-    """A step's rows on the host, before they cross to the device: each row's slot (-1: none),
-    the runs of equal slots (``seg_starts`` has one more entry than ``seg_slots``), the longest
-    run, and whether the kernels take the rows by segments."""
+    """A step's rows on the host, before they cross to the device: the runs of rows with the same
+    slot (-1: none; ``seg_starts`` has one more entry than ``seg_slots``), the longest run, and
+    whether the kernels take the rows by segments."""
 
-    row_slots: list[int]
     seg_starts: list[int]
     seg_slots: list[int]
     max_seg_len: int
@@ -44,29 +43,32 @@ class LoraPlan:
     used: frozenset[int]  # the slots some row uses
 
 
-def plan(row_slots: list[int], backend: str, activation_dtype: torch.dtype) -> LoraPlan | None:
-    """The step's plan, or None when no row uses an adapter (the layers then skip LoRA entirely).
+def plan(runs: Sequence[tuple[int, int]], backend: str, activation_dtype: torch.dtype) -> LoraPlan | None:
+    """The plan of a step whose rows come in ``runs`` of (slot, rows), in row order (the runner's
+    sequences: each sequence's rows share its slot), or None when no row uses an adapter (the
+    layers then skip LoRA entirely). Its cost is per run, not per row.
 
     Segments go to the kernels where they pay: the Triton segment kernel whenever some run is
     longer than one row; the CPU path only when a run is long enough for BLAS
     (``cpu.segments_pay``), the row kernel for every row otherwise. Decided here, once a step:
     the layers take what they are given (the dispatcher's own check is for its direct callers)."""
-    used = frozenset(row_slots) - {-1}
+    used = frozenset(slot for slot, n in runs if n) - {-1}
     if not used:
         return None
     starts, slots = [0], []
-    for i, s in enumerate(row_slots):
-        if i and s == row_slots[i - 1]:
+    for slot, n in runs:
+        if not n:
             continue
-        if i:
-            starts.append(i)
-        slots.append(s)
-    starts.append(len(row_slots))
+        if slots and slot == slots[-1]:
+            starts[-1] += n
+            continue
+        slots.append(slot)
+        starts.append(starts[-1] + n)
     longest = max(b - a for a, b in itertools.pairwise(starts))
-    by_segments = len(slots) < len(row_slots)
+    by_segments = len(slots) < starts[-1]
     if backend == "cpu":
         by_segments = by_segments and cpu.segments_pay(longest, activation_dtype)
-    return LoraPlan(row_slots, starts, slots, longest, by_segments, used)
+    return LoraPlan(starts, slots, longest, by_segments, used)
 
 
 @dataclass(frozen=True)

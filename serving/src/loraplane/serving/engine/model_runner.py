@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from loraplane.kernels import lora_batch
@@ -34,12 +36,15 @@ from loraplane.serving.model.llama import LlamaModel
 
 @dataclass
 class _Rows:
-    """A step's metadata as host lists, before it crosses to the device."""
+    """A step's metadata on the host, before it crosses to the device: per-token arrays built a
+    sequence at a time (numpy, not a Python loop per token: a step may carry 8,192 prompt
+    tokens), per-sequence lists."""
 
-    ids: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    slot_mapping: list[int] = field(default_factory=list)
-    row_slots: list[int] = field(default_factory=list)
+    ids: list[np.ndarray] = field(default_factory=list)
+    positions: list[np.ndarray] = field(default_factory=list)
+    blocks: list[np.ndarray] = field(default_factory=list)  # KV block of each new token
+    offsets: list[np.ndarray] = field(default_factory=list)  # its place in the block
+    runs: list[tuple[int, int]] = field(default_factory=list)  # (adapter slot, rows) per sequence
     query_starts: list[int] = field(default_factory=lambda: [0])
     seq_lens: list[int] = field(default_factory=list)
     tables: list[list[int]] = field(default_factory=list)
@@ -69,13 +74,14 @@ class ModelRunner:
     def _rows(self, items: list[tuple[Sequence, int]]) -> _Rows:
         bs, r = self.block_size, _Rows()
         for seq, n in items:
-            start, first = len(r.ids), seq.num_computed_tokens
-            r.ids += seq.tokens(first, first + n)
-            span = range(first, first + n)
-            r.positions += span
+            start, first = r.query_starts[-1], seq.num_computed_tokens
+            r.ids.append(np.asarray(seq.tokens(first, first + n), dtype=np.int32))
+            span = np.arange(first, first + n, dtype=np.int32)
+            r.positions.append(span)
             table = seq.block_table
-            r.slot_mapping += [table[p // bs] * bs + p % bs for p in span]
-            r.row_slots += [seq.adapter_slot] * n
+            r.blocks.append(np.asarray(table[first // bs : -(-(first + n) // bs)], dtype=np.int32)[span // bs - first // bs])
+            r.offsets.append(span % bs)
+            r.runs.append((seq.adapter_slot, n))
             context = first + n
             r.query_starts.append(start + n)
             r.seq_lens.append(context)
@@ -90,8 +96,9 @@ class ModelRunner:
         One function: every host list crosses to the device in one transfer, and both backends'
         contexts are cut from those same tensors."""
         r = self._rows(items)
-        bs, num_rows = self.block_size, len(r.ids)
-        plan = lora_batch.plan(r.row_slots, self.backend, self.activation_dtype)
+        bs, num_rows = self.block_size, r.query_starts[-1]
+        plan = lora_batch.plan(r.runs, self.backend, self.activation_dtype)
+        row_slots_host = np.repeat(np.array([slot for slot, _ in r.runs], dtype=np.int32), [n for _, n in r.runs])
         starts, seg_slots = (plan.seg_starts, plan.seg_slots) if plan else ([0], [])
         width = max(len(t) for t in r.tables)
         # Padding repeats the sequence's own first block: the CPU path's padded gather reads it
@@ -99,13 +106,13 @@ class ModelRunner:
         # bits can be NaN in the KV dtype, and 0 x NaN is NaN. The Triton kernel never reads it.
         padded = [x for t in r.tables for x in t + t[:1] * (width - len(t))]
         decode = [i for i, (_, n) in enumerate(items) if n == 1]
-        arrays: list[tuple[list[int], tuple[int, ...]]] = [
-            (r.ids, (num_rows,)),
-            (r.positions, (num_rows,)),
-            ([s // bs for s in r.slot_mapping], (num_rows,)),
-            ([s % bs for s in r.slot_mapping], (num_rows,)),
+        arrays: list[tuple[Sequence_[int] | np.ndarray, tuple[int, ...]]] = [
+            (np.concatenate(r.ids), (num_rows,)),
+            (np.concatenate(r.positions), (num_rows,)),
+            (np.concatenate(r.blocks), (num_rows,)),
+            (np.concatenate(r.offsets), (num_rows,)),
             (r.logit_rows, (len(r.logit_rows),)),
-            (r.row_slots, (num_rows,)),
+            (row_slots_host, (num_rows,)),
             (starts, (len(starts),)),
             (seg_slots, (len(seg_slots),)),
             (padded, (len(items), width)),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from loraplane.serving import cuda_runtime
@@ -24,16 +25,17 @@ from loraplane.serving import cuda_runtime
 Shape = tuple[int, ...]
 
 
-def to_device(arrays: Sequence[tuple[Sequence[int], Shape]], device: torch.device) -> list[torch.Tensor]:
-    """``[(flat values, shape)]`` as int32 tensors on ``device``, copied in one transfer."""
-    flat = [v for values, _ in arrays for v in values]
-    host = torch.tensor(flat, dtype=torch.int32)
+def to_device(arrays: Sequence[tuple[Sequence[int] | np.ndarray, Shape]], device: torch.device) -> list[torch.Tensor]:
+    """``[(flat values, shape)]`` as int32 tensors on ``device``, copied in one transfer. Values
+    are lists or numpy arrays (a step's per-token metadata, built without a loop per token)."""
+    parts = [np.asarray(values, dtype=np.int32).reshape(-1) for values, _ in arrays]
+    host = torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32))
     if cuda_runtime.available(device):
         host = host.pin_memory()
     buffer = host.to(device, non_blocking=True)
     out, start = [], 0
-    for values, shape in arrays:
-        n = len(values)
+    for part, (_, shape) in zip(parts, arrays, strict=True):
+        n = len(part)
         assert n == math.prod(shape), f"{n} values do not fill {shape}"
         out.append(buffer[start : start + n].view(shape))
         start += n
