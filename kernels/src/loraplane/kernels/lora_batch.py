@@ -55,7 +55,7 @@ def plan(runs: Sequence[tuple[int, int]], backend: str, activation_dtype: torch.
     used = frozenset(slot for slot, n in runs if n) - {-1}
     if not used:
         return None
-    starts, slots = [0], []
+    starts, slots = [0], list[int]()
     for slot, n in runs:
         if not n:
             continue

@@ -44,7 +44,7 @@ from loraplane.kernels.paged_layout import PagedLoraSlots
 # call runs Python wrappers (autograd, in-place version bumps, argument defaults) that cost 15-23 us
 # a call here against under 3 us for an op the dispatcher takes straight to its kernel, some 300
 # calls in a step with prompts on the Triton backend (what the host-overhead benchmark counts).
-_LIB = torch.library.Library("loraplane", "DEF")
+_LIB = torch.library.Library("loraplane", "DEF")  # type: ignore[no-untyped-call]
 
 
 def _op(*mutates: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
@@ -52,11 +52,17 @@ def _op(*mutates: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
     and make the function its kernel on every backend; callers go through ``torch.ops.loraplane``."""
 
     def define(fn: Callable[..., None]) -> Callable[..., None]:
-        _LIB.define(fn.__name__ + torch.library.infer_schema(fn, mutates_args=mutates))
-        _LIB.impl(fn.__name__, fn, "CompositeExplicitAutograd")
+        _LIB.define(fn.__name__ + torch.library.infer_schema(fn, mutates_args=mutates))  # type: ignore[no-untyped-call]
+        _LIB.impl(fn.__name__, fn, "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
         return fn
 
     return define
+
+
+def _fake(name: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """The op's implementation on fake and meta tensors: shapes and devices checked, nothing run."""
+    register: Callable[[Callable[..., None]], Callable[..., None]] = torch.library.register_fake(f"loraplane::{name}")
+    return register
 
 
 # Kernel launches each op makes on the Triton backend: what the host-overhead benchmark counts
@@ -103,7 +109,7 @@ def add_lora(
         dispatch.add_lora(y, x, slots, row_slots=row_slots, y_offset=y_offset, backend=mode, check=False)
 
 
-@torch.library.register_fake("loraplane::add_lora")
+@_fake("add_lora")
 def _(
     y: torch.Tensor,
     x: torch.Tensor,
@@ -145,7 +151,7 @@ def add_lora_stacked(
     dispatch.add_lora_stacked(y, x, stacked, max_seg_len=max_seg_len, backend=cast(dispatch.Backend, backend), **rows)
 
 
-@torch.library.register_fake("loraplane::add_lora_stacked")
+@_fake("add_lora_stacked")
 def _(
     y: torch.Tensor,
     x: torch.Tensor,
@@ -188,7 +194,7 @@ def add_lora_paged(
     dispatch.add_lora(y, x, slots, row_slots=row_slots, y_offset=y_offset, backend=cast(dispatch.Backend, backend), check=False)
 
 
-@torch.library.register_fake("loraplane::add_lora_paged")
+@_fake("add_lora_paged")
 def _(
     y: torch.Tensor,
     x: torch.Tensor,
@@ -226,7 +232,7 @@ def paged_attention(
     launch(q, k_cache, v_cache, block_tables, query_starts, seq_lens, out, scale=scale, max_query_len=max_query_len)
 
 
-@torch.library.register_fake("loraplane::paged_attention")
+@_fake("paged_attention")
 def _(
     out: torch.Tensor,
     q: torch.Tensor,
@@ -257,7 +263,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tenso
     launch(x, weight, eps, out, residual)
 
 
-@torch.library.register_fake("loraplane::rms_norm")
+@_fake("rms_norm")
 def _(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor, residual: torch.Tensor | None) -> None:
     _same_device(out, x, weight, residual)
     if x.shape != out.shape or (residual is not None and residual.shape != x.shape) or weight.shape != x.shape[-1:]:
@@ -272,7 +278,7 @@ def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch
     launch(q, k, positions, cos, sin)
 
 
-@torch.library.register_fake("loraplane::rotary")
+@_fake("rotary")
 def _(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     _same_device(q, k, positions, cos, sin)
     if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2] or cos.shape[1] != q.shape[2] or positions.shape != q.shape[:1]:
@@ -287,7 +293,7 @@ def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor) -> None:
     launch(gate_up, out)
 
 
-@torch.library.register_fake("loraplane::silu_and_mul")
+@_fake("silu_and_mul")
 def _(gate_up: torch.Tensor, out: torch.Tensor) -> None:
     _same_device(out, gate_up)
     if gate_up.shape[0] != out.shape[0] or gate_up.shape[1] != 2 * out.shape[1]:
@@ -309,7 +315,7 @@ def kv_write(
     launch(k, v, k_cache, v_cache, slot_blocks, slot_offsets)
 
 
-@torch.library.register_fake("loraplane::kv_write")
+@_fake("kv_write")
 def _(
     k: torch.Tensor,
     v: torch.Tensor,
