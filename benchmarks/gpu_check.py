@@ -19,7 +19,9 @@ Parts (each isolated: one that fails prints its error, the others still run, and
 3. overhead: the engine's ``LoraLinear`` on Llama-8B's four fused projections at batch 64 with 32
    distinct adapters against the same layers with none (goal <= 10%), with the floor the bytes set;
 4. serving: tokens/s of a Llama-3-8B-shaped engine with random bfloat16 weights serving 500 random
-   adapters under a Zipf(1.1) trace, FP8 base against bf16, CUDA graphs on and off.
+   adapters under a Zipf(1.1) trace, FP8 base against bf16, CUDA graphs on and off, and every
+   adapter the trace uses resident; beside them the workload's bound from part 2's measured
+   ceilings, and the hottest adapter's time-to-first-token p99 against the all-resident run's.
 
 Figures are medians over alternating rounds of the contenders; kernels are timed from CUDA graph
 replays (launch gaps out), with an eager row beside where launches matter. Part 4 keeps to
@@ -836,35 +838,6 @@ def part_overhead(ctx: Ctx) -> dict[str, Any]:
 
 # --- 4. an 8B-shaped engine serving 500 adapters ----------------------------------------------
 
-LLAMA3_8B_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "vocab_size": 128256,
-    "rope_theta": 500000.0,
-    "max_position_embeddings": 8192,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": False,
-    "hidden_act": "silu",
-    "bos_token_id": 128000,
-    "eos_token_id": 128001,
-    "torch_dtype": "bfloat16",
-}
-TOY_CONFIG = LLAMA3_8B_CONFIG | {
-    "hidden_size": 128,
-    "intermediate_size": 384,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 1000,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
-
 
 @dataclass(frozen=True)
 class Workload:
@@ -884,6 +857,14 @@ def zipf_trace(w: Workload, vocab: int, seed: int = 0) -> list[tuple[list[int], 
     return [([rng.randrange(100, vocab - 1) for _ in range(w.prompt_len)], f"a{k:03d}") for k in picks]
 
 
+def percentile(values: list[float], q: float) -> float | None:
+    """The ``q``-th percentile by nearest rank (None for no values)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
 def serve(engine: Any, trace: list[tuple[list[int], str]], output_len: int, timeout: float) -> dict[str, Any]:
     """Offline throughput: every request queued at once, stepped until all finish (or ``timeout``
     seconds, after which the rest are aborted and the figure covers what ran)."""
@@ -894,6 +875,8 @@ def serve(engine: Any, trace: list[tuple[list[int], str]], output_len: int, time
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     start = time.perf_counter()
     ids = [engine.add_request(prompt, params, adapter=adapter) for prompt, adapter in trace]
+    adapter_of = dict(zip(ids, (adapter for _, adapter in trace), strict=True))
+    first_token: dict[str, float] = {}  # seconds from the start (every request is queued at once) to its first token
     generated: dict[str, int] = {}
     errors: list[str] = []
     steps, finished, timed_out = 0, 0, False
@@ -905,6 +888,8 @@ def serve(engine: Any, trace: list[tuple[list[int], str]], output_len: int, time
             break
         for out in engine.step():
             generated[out.request_id] = len(out.token_ids)
+            if out.token_ids and out.request_id not in first_token:
+                first_token[out.request_id] = time.perf_counter() - start
             if out.finished:
                 finished += 1
                 if out.error:
@@ -926,6 +911,9 @@ def serve(engine: Any, trace: list[tuple[list[int], str]], output_len: int, time
         "timed_out": timed_out,
         "errors": errors[:3],
         "num_errors": len(errors),
+        # the most requested adapter's time to first token, p99 over its requests
+        "hot_adapter": (hot := max(set(adapter_of.values()), key=list(adapter_of.values()).count)),
+        "hot_ttft_p99_s": percentile([first_token[i] for i, a in adapter_of.items() if a == hot and i in first_token], 99),
         # adapters copied into a slot ahead of their request's turn, beside a running step
         "device_prefetches": engine.adapters.device_prefetches,
     }
@@ -934,6 +922,8 @@ def serve(engine: Any, trace: list[tuple[list[int], str]], output_len: int, time
 def part_serving(ctx: Ctx) -> dict[str, Any]:
     import torch
 
+    from loraplane.serving.bench.host_overhead import place_all
+    from loraplane.serving.bench.shapes import LLAMA3_8B_CONFIG, TOY_CONFIG, write_shape
     from loraplane.serving.config import EngineConfig
     from loraplane.serving.engine.builder import build_engine
     from loraplane.serving.lora.entries import AdapterSpec
@@ -954,7 +944,7 @@ def part_serving(ctx: Ctx) -> dict[str, Any]:
     folder = work / ("llama-3-8b-shape" if ctx.cuda else "toy-shape")
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(raw, indent=2))
-    helpers("tiny_models").save_tokenizer(folder)  # the tests' tokenizer: prompts are token ids, text is never read
+    write_shape(folder, raw)  # config.json and a small tokenizer: prompts are token ids, text is never read
     shape = resolve_base(str(folder), work / "cache-shape", weights=False).shape
     trace = zipf_trace(w, raw["vocab_size"])
     warm_trace = [(zipf_trace(w, raw["vocab_size"], seed=1)[i][0], adapter) for i, (_, adapter) in enumerate(trace[:16])]
@@ -987,11 +977,15 @@ def part_serving(ctx: Ctx) -> dict[str, Any]:
     notes: list[str] = []
     caches: dict[int, Path] = {}  # engine id -> its adapter disk cache
 
-    def build(quantization: str | None, eager: bool) -> Any:
-        cache = work / f"cache-{quantization or 'dense'}-{'eager' if eager else 'graphs'}"
+    def build(quantization: str | None, eager: bool, resident: bool = False) -> Any:
+        """An engine on the trace's adapters; ``resident``: a slot for every adapter the trace
+        uses, each placed and pinned before the clock runs (the baseline the hot adapter's TTFT
+        under 500 adapters on ``max_loras`` slots is held against)."""
+        cache = work / f"cache-{quantization or 'dense'}-{'eager' if eager else 'graphs'}{'-resident' if resident else ''}"
+        slots, max_rank = (len(used) + 1, max(used_ranks)) if resident else (w.max_loras, 64)
         settings: dict[str, Any] = dict(
             model=str(folder), load_format="dummy", device=ctx.device.type, dtype=ctx.dtype_name, kernel_backend=ctx.backend,
-            quantization=quantization, max_loras=w.max_loras, max_cpu_loras=w.num_adapters, max_lora_rank=64,
+            quantization=quantization, max_loras=slots, max_cpu_loras=w.num_adapters, max_lora_rank=max_rank,
             max_model_len=max_model_len, kv_cache_memory_mb=kv_mb, max_loads_in_flight=8, enable_prefix_caching=False,
             cache_dir=cache, enforce_eager=eager,
         )  # fmt: skip
@@ -1010,6 +1004,10 @@ def part_serving(ctx: Ctx) -> dict[str, Any]:
             failures = engine.adapters.poll()
             if failures:
                 raise RuntimeError(failures[0].message)
+        if resident:
+            for name in used:
+                engine.pin_lora(name)
+            place_all(engine, used)
         loaded = time.perf_counter() - began
         began = time.perf_counter()
         warm = serve(engine, warm_trace, 4, a.serving_timeout)  # compiles the kernels' variants before the clock runs
@@ -1082,6 +1080,22 @@ def part_serving(ctx: Ctx) -> dict[str, Any]:
             eager = build(None, True)
             live.append(eager)
             timed_rounds({dense_name: dense, f"{ctx.dtype_name}, graphs off": eager})
+            live.remove(eager)
+            close(eager)
+            del eager
+            release()
+        # Every adapter the trace uses resident, beside the engine that swaps them through max_loras slots.
+        if time.perf_counter() + 3 * longest() > deadline:
+            notes.append("all resident: skipped (part 4's time budget, --serving-budget)")
+        else:
+            try:
+                resident = build(None, False, resident=True)
+                live.append(resident)
+                timed_rounds({dense_name: dense, RESIDENT: resident})
+            except Exception as err:  # e.g. the slots for every adapter do not fit the device: say so
+                traceback.print_exc()
+                notes.append(f"all resident: not run: {type(err).__name__}: {err}")
+                print(f"  all resident: not run: {type(err).__name__}: {err}")
     except Exception as err:  # keep the runs that finished
         traceback.print_exc()
         error = f"{type(err).__name__}: {err}"
@@ -1092,12 +1106,33 @@ def part_serving(ctx: Ctx) -> dict[str, Any]:
         release()
 
     summary = {}
-    print(f"  {'engine':<22} {'median generated tok/s':>24} {'median total tok/s':>20}")
+    print(f"  {'engine':<22} {'median generated tok/s':>24} {'median total tok/s':>20} {'hot adapter TTFT p99':>22}")
     for name, rs in runs.items():
         out_rate = statistics.median(r["output_tok_s"] for r in rs)
         total_rate = statistics.median(r["total_tok_s"] for r in rs)
-        summary[name] = {"output_tok_s": out_rate, "total_tok_s": total_rate, "runs": len(rs)}
-        print(f"  {name:<22} {out_rate:>24.0f} {total_rate:>20.0f}   ({len(rs)} runs)")
+        ttfts = [r["hot_ttft_p99_s"] for r in rs if r["hot_ttft_p99_s"] is not None]
+        hot_ttft = statistics.median(ttfts) if ttfts else None
+        summary[name] = {"output_tok_s": out_rate, "total_tok_s": total_rate, "hot_ttft_p99_s": hot_ttft, "runs": len(rs)}
+        shown = f"{1e3 * hot_ttft:.0f} ms" if hot_ttft is not None else "-"
+        print(f"  {name:<22} {out_rate:>24.0f} {total_rate:>20.0f} {shown:>22}   ({len(rs)} runs)")
+    if RESIDENT in summary and dense_name in summary and summary[RESIDENT]["hot_ttft_p99_s"]:
+        ratio = (summary[dense_name]["hot_ttft_p99_s"] or 0.0) / summary[RESIDENT]["hot_ttft_p99_s"]
+        info["hot_ttft_vs_resident"] = ratio
+        print(
+            f"  hot adapter's TTFT p99, {w.num_adapters} adapters on {w.max_loras} slots / all resident: "
+            f"{ratio:.2f}x (goal <= 1.5x)"
+        )
+    ceilings = ctx.results["parts"].get("kernels", {}).get("ceilings") or measure_ceilings(ctx)
+    bound = workload_bound(raw, w, ceilings, ctx.dtype)
+    info["bound"] = bound
+    print(
+        f"  the workload's bound from the measured ceilings: {bound['tok_s']:.0f} generated tok/s (prefill "
+        f"{bound['prefill_s']:.2f} s of {bound['prompt_tokens']} tokens at {ceilings['matmul_tflops']:.0f} TFLOP/s, "
+        f"{bound['decode_steps']} decode steps of {bound['step_bytes'] / 1e9:.1f} GB at {ceilings['copy_gbs']:.0f} GB/s)"
+    )
+    if dense_name in summary:
+        info["share_of_bound"] = summary[dense_name]["output_tok_s"] / bound["tok_s"]
+        print(f"  {dense_name}: {100 * info['share_of_bound']:.0f}% of the bound (goal >= 58%)")
     if dense_name in summary and fp8_name in summary:
         ratio = summary[fp8_name]["output_tok_s"] / summary[dense_name]["output_tok_s"]
         print(f"  fp8 / {ctx.dtype_name}: {ratio:.2f}x")
@@ -1125,6 +1160,40 @@ def part_serving(ctx: Ctx) -> dict[str, Any]:
     if error:
         result["error"] = error
     return result
+
+
+RESIDENT = "all adapters resident"
+
+
+def workload_bound(config: dict[str, Any], w: Workload, ceilings: dict[str, float], dtype: Any) -> dict[str, Any]:
+    """The trace's generated tokens/s if the device ran at its measured ceilings and nothing else:
+    every prompt token's GEMM FLOPs at the matmul rate, then ``output_len`` decode steps (every
+    request at once) each reading the weights and the batch's KV cache at the copy bandwidth
+    (bytes read plus written, as measured). Adapters and attention FLOPs are left out: a bound."""
+    import torch
+
+    h, inter, layers, vocab = (
+        config["hidden_size"],
+        config["intermediate_size"],
+        config["num_hidden_layers"],
+        config["vocab_size"],
+    )
+    head_dim = h // config["num_attention_heads"]
+    kv = config["num_key_value_heads"] * head_dim
+    per_layer = h * (h + 2 * kv) + h * h + 3 * h * inter
+    params = layers * per_layer + vocab * h  # what one token multiplies (the embedding is a lookup)
+    size = torch.empty((), dtype=dtype).element_size()
+    prompt_tokens = w.num_requests * w.prompt_len
+    prefill_s = prompt_tokens * 2 * params / (ceilings["matmul_tflops"] * 1e12)
+    mean_context = w.prompt_len + w.output_len / 2
+    kv_bytes = w.num_requests * mean_context * layers * 2 * kv * size
+    step_bytes = params * size + kv_bytes
+    decode_s = w.output_len * step_bytes / (ceilings["copy_gbs"] * 1e9)
+    generated = w.num_requests * w.output_len
+    return {
+        "tok_s": generated / (prefill_s + decode_s), "prefill_s": prefill_s, "decode_s": decode_s, "prompt_tokens": prompt_tokens,
+        "decode_steps": w.output_len, "step_bytes": step_bytes,
+    }  # fmt: skip
 
 
 def weight_bytes(engine: Any) -> int:
@@ -1177,6 +1246,13 @@ def print_summary(ctx: Ctx) -> None:
     s = res.get("serving", {}).get("summary")
     if s:
         print("serving: " + "; ".join(f"{n} {v['output_tok_s']:.0f} generated tok/s" for n, v in s.items()))
+        serving = res["serving"]
+        if "bound" in serving and "share_of_bound" in serving:
+            print(
+                f"serving: {100 * serving['share_of_bound']:.0f}% of the workload's bound ({serving['bound']['tok_s']:.0f} tok/s)"
+            )
+        if "hot_ttft_vs_resident" in serving:
+            print(f"serving: the hot adapter's TTFT p99 {serving['hot_ttft_vs_resident']:.2f}x the all-resident run's")
     failed = [p for p, r in res.items() if not r.get("ok")]
     print("parts failed: " + (", ".join(f"{p} ({res[p].get('error', '?')})" for p in failed) if failed else "none"))
 
