@@ -236,9 +236,47 @@ def test_the_same_base_by_hub_id_or_by_the_path_it_was_loaded_from_is_accepted(t
 
 def test_rank_over_cap_unless_truncation_opted_in(tmp_path: Path) -> None:
     folder = make_adapter(tmp_path / "r", rank=16)
-    expect(ErrorCode.RANK_OVER_CAP, folder, "rank 16 is above max_lora_rank 8", ValidationLimits(max_lora_rank=8))
+    expect(ErrorCode.RANK_OVER_CAP, folder, "rank 16 is greater than max_lora_rank 8", ValidationLimits(max_lora_rank=8))
     m = validate_adapter_dir(folder, BASE, ValidationLimits(max_lora_rank=8, allow_rank_truncation=True))
     assert m.needs_truncation
+
+
+def test_a_declared_rank_over_the_cap_is_refused_before_the_tensors_are_compared(tmp_path: Path) -> None:
+    """The config says r=128 and the tensors disagree with it: the rank over ``max_lora_rank`` is
+    what the user hears (vLLM's own test expects that message), not a shape mismatch."""
+    folder = make_adapter(tmp_path / "r", config={"r": 128, "lora_alpha": 256}, rank=4)
+    expect(ErrorCode.RANK_OVER_CAP, folder, "LoRA rank 128 is greater than max_lora_rank 16", ValidationLimits(max_lora_rank=16))
+
+
+def test_oversized_headers_configs_and_golden_files_are_refused_before_they_are_parsed(tmp_path: Path) -> None:
+    """A namespace user's adapter cannot make the operator parse a header, config or golden file of
+    hundreds of MiB: each has a cap checked before its bytes are read (sparse files here: their
+    size is past the cap, nothing is written), refused as TooLarge. A real adapter's are far below."""
+    from loraplane.adapter_format.golden import MAX_GOLDEN_BYTES
+    from loraplane.adapter_format.peft_config import MAX_CONFIG_BYTES
+    from loraplane.adapter_format.safetensors_header import MAX_HEADER_BYTES
+
+    bomb = make_adapter(tmp_path / "header")
+    with (bomb / "adapter_model.safetensors").open("wb") as fh:
+        fh.write(struct.pack("<Q", 100 * 2**20))
+        fh.truncate(8 + 100 * 2**20 + 16)
+    expect(ErrorCode.TOO_LARGE, bomb, "header is above the limit")
+    config = make_adapter(tmp_path / "config")
+    with (config / "adapter_config.json").open("ab") as fh:
+        fh.truncate(MAX_CONFIG_BYTES + 1)
+    expect(ErrorCode.TOO_LARGE, config, "adapter_config.json is larger than its limit")
+    golden = make_adapter(tmp_path / "golden")
+    with (golden / GOLDEN_FILE).open("wb") as fh:
+        fh.truncate(MAX_GOLDEN_BYTES + 1)
+    expect(ErrorCode.TOO_LARGE, golden, f"{GOLDEN_FILE} is larger than its limit")
+    # A 128-layer model's adapter on all seven projections: its header's tensor names and entries.
+    modules = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    header = {
+        f"{PREFIX}.{layer}.self_attn.{module}.lora_{ab}.weight": {"dtype": "BF16", "shape": [64, 28672],
+                                                                 "data_offsets": [10**10, 10**10 + 64 * 28672 * 2]}
+        for layer in range(128) for module in modules for ab in "AB"
+    }  # fmt: skip
+    assert len(header) == 1792 and len(json.dumps(header)) * 10 < MAX_HEADER_BYTES
 
 
 def test_unsupported_target_module(tmp_path: Path) -> None:

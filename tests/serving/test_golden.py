@@ -182,3 +182,107 @@ def test_golden_ids_outside_the_vocabulary_refuse_the_file_not_the_step(tiny_lla
         assert engine.adapters.info("kept").source == str(tiny_adapters["qv4"])
     out = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0), ["kept"])[0]
     assert len(out.token_ids) == 3
+
+
+def test_a_replay_keeps_two_figures_a_step_not_the_logits(tiny_llama, tiny_adapters, tmp_path) -> None:
+    """What a forced step keeps is whether its argmax agreed and its KL: a vocabulary-sized row per
+    step would be gigabytes for a large golden file at a 128k vocabulary."""
+    import torch
+
+    from loraplane.adapter_format.golden import load_golden
+    from loraplane.serving.engine.golden_replay import drift, forced_requests
+
+    engine = tiny_engine(tiny_llama, tmp_path / "serve", tiny_adapters)
+    folder = shutil.copytree(tiny_adapters["all8"], tmp_path / "good")
+    _record_golden(engine, "all8", folder)
+    golden = load_golden(folder)
+    assert golden is not None
+    paths, params = forced_requests(golden, engine.base.config.vocab_size)
+    engine.generate([c.prompt_token_ids for c in golden.cases], params, ["all8"] * len(golden.cases))
+    for path in paths:
+        kept = [v for value in vars(path).values() for v in (value if isinstance(value, list) else [value])]
+        assert not any(isinstance(v, torch.Tensor) for v in kept), "a forced step kept a tensor"
+        assert len(path.agreed) == 10 and len(path.kls) == 10
+    report = drift(golden, paths)
+    assert report.steps == 30 and report.token_agreement == 1.0
+
+
+def test_an_over_budget_golden_file_is_refused_when_the_adapter_is_validated(tiny_llama, tiny_adapters, tmp_path) -> None:
+    """The operator validates an adapter before any replica replays it: a golden file past the
+    replay's token budget, or past its byte cap, is refused there by name (TooLarge)."""
+    from loraplane.adapter_format import ValidationLimits, validate_adapter_dir
+    from loraplane.adapter_format.golden import MAX_FORCED_TOKENS, MAX_GOLDEN_BYTES
+    from loraplane.serving.weights.base import resolve_base
+
+    shape = resolve_base(str(tiny_llama), tmp_path / "shape").shape
+    many = shutil.copytree(tiny_adapters["all8"], tmp_path / "many")
+    case = {"prompt_token_ids": [5, 6], "greedy_token_ids": [7] * 1024}
+    (many / GOLDEN_FILE).write_text(json.dumps({"cases": [case] * (MAX_FORCED_TOKENS // 1024 + 1)}))
+    with pytest.raises(AdapterValidationError, match="forced") as err:
+        validate_adapter_dir(many, shape, ValidationLimits(max_lora_rank=64))
+    assert err.value.code is ErrorCode.TOO_LARGE
+    huge = shutil.copytree(tiny_adapters["all8"], tmp_path / "huge")
+    with (huge / GOLDEN_FILE).open("wb") as fh:  # sparse: its size is past the cap, nothing is written
+        fh.truncate(MAX_GOLDEN_BYTES + 1)
+    with pytest.raises(AdapterValidationError, match="limit") as err:
+        validate_adapter_dir(huge, shape, ValidationLimits(max_lora_rank=64))
+    assert err.value.code is ErrorCode.TOO_LARGE
+
+
+def test_one_replay_per_version_and_none_once_its_callers_are_gone(tiny_llama, tiny_adapters, tmp_path, monkeypatch) -> None:
+    """Two callers of one version (the operator retrying after a lost connection) share a replay;
+    a verify whose callers all went away is cancelled and leaves nothing on the replica."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from loraplane.adapter_format import sources
+    from loraplane.serving.api.admin import quality_gate
+    from loraplane.serving.api.app import create_app
+    from loraplane.serving.http.loopback import serve_app
+
+    trainer = tiny_engine(tiny_llama, tmp_path / "train", tiny_adapters)
+    good = shutil.copytree(tiny_adapters["all8"], tmp_path / "good")
+    _record_golden(trainer, "all8", good)
+    del trainer
+    started, gate, entered = [], threading.Event(), []
+    real_verify, real_fetch = quality_gate.verify_candidate, sources.FileSource.fetch
+
+    async def counted(engine, req):  # type: ignore[no-untyped-def]
+        started.append(req.lora_path)
+        return await real_verify(engine, req)
+
+    def hanging_fetch(self, into):  # type: ignore[no-untyped-def]
+        entered.append(self)
+        gate.wait(timeout=60)
+        real_fetch(self, into)
+
+    monkeypatch.setattr(quality_gate, "verify_candidate", counted)
+    monkeypatch.setattr(sources.FileSource, "fetch", hanging_fetch)
+    app = create_app(lambda: tiny_engine(tiny_llama, tmp_path / "serve"))
+    with serve_app(app) as url, ThreadPoolExecutor(2) as pool:
+        body = {"lora_path": str(good)}
+        first = pool.submit(httpx.post, f"{url}/admin/verify", json=body, timeout=120)
+        while not entered:
+            time.sleep(0.02)
+        second = pool.submit(httpx.post, f"{url}/admin/verify", json=body, timeout=120)
+        time.sleep(0.5)
+        gate.set()
+        assert first.result().status_code == 200 and second.result().status_code == 200
+        assert first.result().json() == second.result().json()
+        assert started == [str(good)], "the second caller joined the first replay"
+
+        gate.clear()
+        with pytest.raises(httpx.TimeoutException):  # the caller gives up while the fetch hangs
+            httpx.post(f"{url}/admin/verify", json=body, timeout=1.0)
+        deadline = time.monotonic() + 10
+        while app.state.server.verifies.running:
+            assert time.monotonic() < deadline, "the abandoned verify is still running"
+            time.sleep(0.05)
+        gate.set()
+        time.sleep(1.0)  # the fetch's thread returns: nothing may be installed or run after it
+        engine = app.state.server.engine.engine
+        assert not [n for n in engine.adapters.entries if n.startswith("quality-gate")]
+        assert not engine.has_unfinished()

@@ -17,11 +17,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from loraplane.adapter_format.digest import GOLDEN_FILE
 from loraplane.adapter_format.errors import AdapterValidationError, ErrorCode
+from loraplane.adapter_format.small_files import read_capped
 
 # A replay runs on the serving engine beside real traffic: the file bounds what it may ask of it.
 MAX_CASES = 256
 MAX_PROMPT_TOKENS = 8192
 MAX_GREEDY_TOKENS = 1024
+# And all its cases together: the replay's prompt tokens and forced steps (a customer's golden
+# file is a few dozen cases of a few hundred tokens), and the file's bytes before it is parsed
+# (JSON parses to several times its size in Python objects; top log-probabilities for 16,384
+# steps at 20 alternatives each are about 6 MiB).
+MAX_REPLAY_TOKENS = 65536
+MAX_FORCED_TOKENS = 16384
+MAX_GOLDEN_BYTES = 16 * 2**20
 
 
 class GoldenCase(BaseModel):
@@ -88,11 +96,23 @@ class DriftReport(BaseModel):
 
 
 def load_golden(folder: Path) -> GoldenOutputs | None:
+    """The folder's golden outputs (None without a file), refused with ``TooLarge`` past the
+    byte cap (checked before anything is parsed) or the replay's token budget."""
     path = folder / GOLDEN_FILE
     if not path.is_file():
         return None
+    data = read_capped(path, MAX_GOLDEN_BYTES)
     try:
-        return GoldenOutputs.model_validate(json.loads(path.read_text(encoding="utf-8")))
+        golden = GoldenOutputs.model_validate(json.loads(data.decode("utf-8")))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValidationError) as err:
         # not UTF-8 (found by the readers' fuzz test: it was a 500), not JSON, nested past the parser, or not golden outputs
         raise AdapterValidationError(ErrorCode.BAD_CONFIG, f"{GOLDEN_FILE}: {err}") from err
+    forced = sum(len(c.greedy_token_ids) for c in golden.cases)
+    total = forced + sum(len(c.prompt_token_ids) for c in golden.cases)
+    if forced > MAX_FORCED_TOKENS or total > MAX_REPLAY_TOKENS:
+        raise AdapterValidationError(
+            ErrorCode.TOO_LARGE,
+            f"{GOLDEN_FILE}: the replay would force {forced} tokens after {total - forced} prompt tokens; the limits "
+            f"are {MAX_FORCED_TOKENS} forced and {MAX_REPLAY_TOKENS} in all",
+        )
+    return golden

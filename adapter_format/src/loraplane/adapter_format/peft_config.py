@@ -21,6 +21,7 @@ import regex
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from loraplane.adapter_format.errors import AdapterValidationError, ErrorCode
+from loraplane.adapter_format.small_files import read_capped
 
 MAX_RANK = 1 << 16
 MAX_ALPHA = 1e6
@@ -158,10 +159,15 @@ def _pattern_value(patterns: dict[str, Any], module: str, default: Any, deadline
     return default
 
 
+# adapter_config.json is a few kilobytes; rank and alpha patterns for every module of a 128-layer
+# model stay well under this. Checked before the file is parsed.
+MAX_CONFIG_BYTES = 2**20
+
+
 def load_peft_config(path: str | Path) -> PeftLoraConfig:
     path = Path(path)
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(read_capped(path, MAX_CONFIG_BYTES).decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise AdapterValidationError(ErrorCode.BAD_CONFIG, f"{path.name} is not readable JSON: {exc}") from None
     try:

@@ -17,6 +17,7 @@ import numpy as np
 from loraplane.adapter_format.base_shape import LLAMA_TARGETS, BaseShape
 from loraplane.adapter_format.digest import CONFIG_FILE, WEIGHTS_FILE, adapter_digest, file_digests, parse_digest
 from loraplane.adapter_format.errors import AdapterValidationError, ErrorCode
+from loraplane.adapter_format.golden import load_golden
 from loraplane.adapter_format.peft_config import PeftLoraConfig, load_peft_config
 from loraplane.adapter_format.safetensors_header import TensorInfo, read_safetensors_header
 
@@ -241,6 +242,14 @@ def validate_adapter_dir(
     folder = Path(folder)
     _check_files(folder)
     config = load_peft_config(folder / CONFIG_FILE)
+    if config.r > limits.max_lora_rank and not limits.allow_rank_truncation:
+        # The declared rank, before any tensor is read (vLLM refuses it so, with this wording).
+        raise _fail(
+            ErrorCode.RANK_OVER_CAP,
+            f"LoRA rank {config.r} is greater than max_lora_rank {limits.max_lora_rank}; retrain at a lower rank or opt in "
+            "to truncation",
+        )
+    load_golden(folder)  # its caps and its token budget, refused here rather than on the replica that replays it
     weights = folder / WEIGHTS_FILE
     size = weights.stat().st_size
     if size > limits.max_bytes:

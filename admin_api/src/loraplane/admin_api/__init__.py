@@ -13,6 +13,7 @@ wire import it.
 
 from loraplane.admin_api.client import AdminClient, ReplicaError
 from loraplane.admin_api.models import (
+    VERIFY_DEADLINE_SECONDS,
     AdapterState,
     Counters,
     CountSum,
@@ -28,6 +29,7 @@ from loraplane.admin_api.models import (
 from loraplane.admin_api.stats import percentile, rate
 
 __all__ = [
+    "VERIFY_DEADLINE_SECONDS",
     "AdapterState",
     "AdminClient",
     "CountSum",

@@ -17,7 +17,14 @@ from pydantic import BaseModel
 from loraplane.adapter_format import BaseShape
 from loraplane.adapter_format.golden import DriftReport
 from loraplane.admin_api.auth import RESPONSE_HEADER, response_signed, sign_request
-from loraplane.admin_api.models import LoadLoraRequest, NamedAdapterState, ReplicaStats, UnloadLoraRequest, VerifyRequest
+from loraplane.admin_api.models import (
+    VERIFY_DEADLINE_SECONDS,
+    LoadLoraRequest,
+    NamedAdapterState,
+    ReplicaStats,
+    UnloadLoraRequest,
+    VerifyRequest,
+)
 from loraplane.usage import UsageRollup
 
 UNPROVEN = "unproven_replica"  # ReplicaError.code when an answer was not signed by the token's holder
@@ -86,11 +93,14 @@ class AdminClient:
         self.url, self.timeout, self.http = url.rstrip("/"), timeout, http
         self.auth = SignedAuth(admin_token) if admin_token else None
 
-    async def _call(self, method: str, path: str, body: BaseModel | None = None, *, signed: bool = True) -> Any:
+    async def _call(
+        self, method: str, path: str, body: BaseModel | None = None, *, signed: bool = True, seconds: float | None = None
+    ) -> Any:
+        """``seconds``: this call's own read timeout, for a call the replica works on for longer."""
         # Waiting for one of the pool's connections is the caller's own queue, not the replica
         # failing. With a pool timeout, a fleet of 2,000 adapters created at once against a real API
         # server timed out in the queue, retried, and turned into a retry storm of Events.
-        timeout = httpx.Timeout(self.timeout, pool=None)
+        timeout = httpx.Timeout(self.timeout if seconds is None else seconds, pool=None)
         payload = body.model_dump(mode="json", exclude_none=True) if body is not None else None
         try:
             r = await (self.http or shared_pool()).request(
@@ -152,8 +162,11 @@ class AdminClient:
         return NamedAdapterState.model_validate(await self._call("POST", "/admin/adapters", req))
 
     async def verify(self, req: VerifyRequest) -> DriftReport:
-        """Replay a candidate's golden outputs on this replica's base (the quality gate)."""
-        return DriftReport.model_validate(await self._call("POST", "/admin/verify", req))
+        """Replay a candidate's golden outputs on this replica's base (the quality gate). Waits
+        as long as the replica may work on it: giving up sooner would leave the replay running
+        there and start another on the retry."""
+        report = await self._call("POST", "/admin/verify", req, seconds=VERIFY_DEADLINE_SECONDS + 30)
+        return DriftReport.model_validate(report)
 
     async def action(self, name: str, action: str) -> NamedAdapterState:
         """``prefetch``, ``pin`` or ``unpin``."""

@@ -66,6 +66,12 @@ class UnloadLoraRequest(_Request):
     lora_int_id: int | None = Field(default=None, description="vLLM: accepted and ignored")
 
 
+# How long a replica may take over one /admin/verify (fetch, validation and the replay together):
+# the replica gives up at this, and its callers wait for it rather than giving up first (a caller
+# that stops waiting cancels the replay; another asking for the same version shares it).
+VERIFY_DEADLINE_SECONDS = 300.0
+
+
 class VerifyRequest(_Request):
     """A candidate version to replay its golden outputs on this base before anyone registers it."""
 

@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from loraplane.admin_api.auth import SignedResponses
 from loraplane.serving.api import ops_routes
 from loraplane.serving.api.admin import routes as admin_routes
+from loraplane.serving.api.admin.quality_gate import SharedVerifies
 from loraplane.serving.api.deps import ServerState
 from loraplane.serving.api.openai import models_routes, tokenize_routes
 from loraplane.serving.api.openai.completions import routes as completions_routes
@@ -69,6 +70,7 @@ def create_app(
         stats_token,
         admin_hosts,
         responses=responses if responses is not None else ResponseStore(),
+        verifies=SharedVerifies(),
         tool_parser=parser,
     )
 

@@ -22,6 +22,7 @@ from loraplane.serving.http.tenants import TenantConfig, Tenants
 from loraplane.usage import Metering
 
 if TYPE_CHECKING:  # the routers below read these through the state; they are made by create_app
+    from loraplane.serving.api.admin.quality_gate import SharedVerifies
     from loraplane.serving.api.openai.responses.store import ResponseStore
     from loraplane.serving.api.openai.tools.parsers import ToolParser
 
@@ -35,7 +36,7 @@ class ServerState:
     def __init__(
         self, make_engine: Callable[[], LLMEngine], admin_token: str | None, max_pending_requests: int, tenants: Tenants,
         metering: Metering, stats_token: str | None = None, admin_hosts: frozenset[str] = frozenset(),
-        *, responses: ResponseStore, tool_parser: ToolParser | None = None,
+        *, responses: ResponseStore, verifies: SharedVerifies, tool_parser: ToolParser | None = None,
     ) -> None:  # fmt: skip
         """``admin_hosts``: this replica's own addresses; a signed admin call must name one of them
         (the operator passes the pod's IP), so one captured elsewhere cannot be replayed here."""
@@ -47,6 +48,7 @@ class ServerState:
         self.pending = PendingRequests(max_pending_requests)  # accepted requests not yet finished
         self.tool_parser = tool_parser  # reads "auto" tool calls back (vLLM's --tool-call-parser)
         self.responses = responses  # the Responses API's stored ones
+        self.verifies = verifies  # /admin/verify's replays in flight, one per version
 
     def start(self) -> None:
         def load() -> None:

@@ -1,10 +1,12 @@
 """Replay an adapter's golden outputs on the serving base and measure the drift.
 
-Teacher forcing through a logits processor: at every step the processor records the raw logits
+Teacher forcing through a logits processor: at every step the processor measures the raw logits
 and then forces the golden token, so one early disagreement does not derail the rest of the
 comparison. Agreement is the share of steps whose argmax is the golden token; KL compares the
 recorded top log-probabilities with the serving base's, both renormalised over the recorded
-tokens.
+tokens. Each step keeps those two figures, not its logits: a vocabulary-sized row per forced
+step would be gigabytes for a large golden file at a 128k vocabulary, on the replica that
+serves traffic beside the replay.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from loraplane.adapter_format.golden import DriftReport, GoldenOutputs
+from loraplane.adapter_format.golden import DriftReport, GoldenCase, GoldenOutputs
 from loraplane.serving.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # the engine replays through this module at load time; only the type is needed here
@@ -22,14 +24,22 @@ if TYPE_CHECKING:  # the engine replays through this module at load time; only t
 
 
 class ForcedPath:
-    def __init__(self, golden: list[int]) -> None:
-        self.golden = golden
-        self.rows: list[torch.Tensor] = []
+    """One golden case's logits processor: per step, whether the base's argmax is the golden token
+    and the KL to the recorded top log-probabilities (where the file has them); then the golden
+    token is forced."""
+
+    def __init__(self, case: GoldenCase) -> None:
+        self.golden, self.top = case.greedy_token_ids, case.top_logprobs
+        self.agreed: list[bool] = []
+        self.kls: list[float] = []
 
     def __call__(self, tokens: list[int], logits: torch.Tensor) -> torch.Tensor:
-        self.rows.append(logits.detach().clone())
+        step = len(tokens)
+        self.agreed.append(int(torch.argmax(logits)) == self.golden[step])
+        if self.top is not None and step < len(self.top):
+            self.kls.append(_kl(self.top[step], logits))
         forced = torch.full_like(logits, float("-inf"))
-        forced[self.golden[len(tokens)]] = 0.0
+        forced[self.golden[step]] = 0.0
         return forced
 
 
@@ -44,7 +54,7 @@ def forced_requests(golden: GoldenOutputs, vocab_size: int) -> tuple[list[Forced
     """One teacher-forced request per golden case: run them on any engine, then :func:`drift`.
     ``AdapterValidationError`` when the file names token ids this base does not have."""
     golden.check_vocabulary(vocab_size)
-    paths = [ForcedPath(case.greedy_token_ids) for case in golden.cases]
+    paths = [ForcedPath(case) for case in golden.cases]
     params = [
         SamplingParams(max_tokens=len(case.greedy_token_ids), temperature=0, ignore_eos=True, logits_processors=[path])
         for case, path in zip(golden.cases, paths, strict=True)
@@ -53,14 +63,9 @@ def forced_requests(golden: GoldenOutputs, vocab_size: int) -> tuple[list[Forced
 
 
 def drift(golden: GoldenOutputs, paths: list[ForcedPath]) -> DriftReport:
-    steps = agree = 0
-    kls: list[float] = []
-    for case, path in zip(golden.cases, paths, strict=True):
-        for step, row in enumerate(path.rows):
-            steps += 1
-            agree += int(torch.argmax(row)) == case.greedy_token_ids[step]
-            if case.top_logprobs is not None and step < len(case.top_logprobs):
-                kls.append(_kl(case.top_logprobs[step], row))
+    steps = sum(len(path.agreed) for path in paths)
+    agree = sum(sum(path.agreed) for path in paths)
+    kls = [kl for path in paths for kl in path.kls]
     mean_kl = sum(kls) / len(kls) if kls else None
     if mean_kl is not None and not math.isfinite(mean_kl):
         mean_kl = float("inf")

@@ -6,7 +6,10 @@ as ordinary teacher-forced requests, so the engine keeps stepping everyone else'
 same batches and no replay consumes their outputs. The whole check runs under a deadline; the
 candidate is dropped however it ends.
 
-- ``/admin/verify`` (the operator's quality gate) reports the drift and registers nothing.
+- ``/admin/verify`` (the operator's quality gate) reports the drift and registers nothing. One
+  replay per version at a time: a caller asking for a version being verified waits for that
+  replay (the operator's retry after a lost connection does not start a second one), and a
+  replay whose callers have all gone away is cancelled, its requests aborted.
 - ``/v1/load_lora_adapter`` replays the version's golden outputs when it ships any, with the
   engine's limits, and only then gives it its name: a refused version changes nothing, and a name
   that was serving keeps its old version.
@@ -21,15 +24,13 @@ from pathlib import Path
 from loraplane.adapter_format.digest import GOLDEN_FILE
 from loraplane.adapter_format.golden import DriftLimits, DriftReport, GoldenOutputs, load_golden
 from loraplane.adapter_format.names import check_adapter_name
-from loraplane.admin_api import VerifyRequest
+from loraplane.admin_api import VERIFY_DEADLINE_SECONDS, VerifyRequest
 from loraplane.serving.engine.async_engine import AsyncEngine
 from loraplane.serving.engine.golden_replay import drift, forced_requests
 from loraplane.serving.http.errors import APIError
 from loraplane.serving.http.tenants import INTERNAL_TENANT
 from loraplane.serving.lora.entries import AdapterSpec
 from loraplane.serving.lora.peft_loader import LoadedAdapter
-
-VERIFY_DEADLINE_SECONDS = 300.0  # fetch, validation and replay together
 
 
 def _deadline_error(seconds: float) -> APIError:
@@ -84,6 +85,33 @@ async def verify_candidate(engine: AsyncEngine, req: VerifyRequest, deadline: fl
         raise _deadline_error(deadline) from None
     finally:
         await _drop(engine, name)
+
+
+class SharedVerifies:
+    """The replica's verifies in flight, one per candidate version (the whole request: source,
+    digest and limits). Each runs as a task of its own that its callers await; when the last of
+    them stops waiting (its client went away), the task is cancelled."""
+
+    def __init__(self) -> None:
+        self.running: dict[str, tuple[asyncio.Task[DriftReport], list[int]]] = {}
+
+    async def verify(self, engine: AsyncEngine, req: VerifyRequest) -> DriftReport:
+        key = req.model_dump_json()
+        entry = self.running.get(key)
+        if entry is None:
+            task = asyncio.ensure_future(verify_candidate(engine, req))
+            entry = self.running[key] = (task, [0])
+            task.add_done_callback(lambda _: self.running.pop(key, None) if self.running.get(key) is entry else None)
+        task, waiting = entry
+        waiting[0] += 1
+        try:
+            return await asyncio.shield(task)
+        finally:
+            waiting[0] -= 1
+            if not waiting[0] and not task.done():
+                task.cancel()  # nobody waits for it any more: its requests are aborted, its candidate dropped
+                if self.running.get(key) is entry:
+                    del self.running[key]
 
 
 async def load_adapter(engine: AsyncEngine, spec: AdapterSpec, deadline: float = VERIFY_DEADLINE_SECONDS) -> None:

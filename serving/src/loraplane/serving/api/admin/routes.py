@@ -11,16 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
 from loraplane.adapter_format import AdapterValidationError, BaseShape, ErrorCode
 from loraplane.adapter_format.golden import DriftReport
 from loraplane.admin_api import LoadLoraRequest, NamedAdapterState, ReplicaStats, UnloadLoraRequest, VerifyRequest
-from loraplane.serving.api.admin.quality_gate import load_adapter, verify_candidate
+from loraplane.serving.api.admin.quality_gate import load_adapter
 from loraplane.serving.api.admin.view import named_adapter_state, replica_stats
 from loraplane.serving.api.deps import Admin, Server, StatsReader
 from loraplane.serving.engine.async_engine import AsyncEngine
+from loraplane.serving.http.disconnect import cancel_on_disconnect
 from loraplane.serving.http.errors import APIError
 from loraplane.serving.http.tenants import Tenants
 from loraplane.serving.lora.entries import AdapterBusy, AdapterNotFound, AdapterSpec, PinLimitReached
@@ -87,11 +88,13 @@ async def register(req: LoadLoraRequest, engine: Admin, server: Server) -> Named
 
 
 @router.post("/admin/verify")
-async def verify(req: VerifyRequest, engine: Admin) -> DriftReport:
+@cancel_on_disconnect
+async def verify(req: VerifyRequest, engine: Admin, server: Server, raw_request: Request) -> DriftReport:
     """Replay a candidate version's golden outputs here (the operator's quality gate); 422
-    with the drift when it fails. Nothing is registered."""
+    with the drift when it fails. Nothing is registered. Callers of one version share its replay;
+    it stops when they all have gone (``SharedVerifies``)."""
     try:
-        return await verify_candidate(engine, req)
+        return await server.verifies.verify(engine, req)
     except AdapterValidationError as err:
         raise APIError(422, str(err), code=err.code.value, param="lora_path") from None
 
