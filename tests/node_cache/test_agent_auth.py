@@ -94,3 +94,35 @@ def test_only_the_agent_itself_can_answer_as_the_agent(agent: NodeAgent) -> None
             assert AgentClient(real, POD).state().node == "node-1"
             with pytest.raises(NotTheAgent):
                 AgentClient(rogue, POD).state()
+
+
+def test_a_body_past_the_cap_is_refused_before_anything_reads_it(agent: NodeAgent) -> None:
+    """A caller without a token cannot make the agent read (to check a signature, or to parse) a
+    body larger than its largest real call: 413, declared length or chunked."""
+    from loraplane.node_cache.app import MAX_BODY_BYTES
+
+    http = Agent(agent, SERVICE).http
+    big = b'{"adapters": [' + b" " * MAX_BODY_BYTES + b"]}"
+    headers = {"Authorization": "Loraplane-Signed nobody", "content-type": "application/json"}
+    assert http.put("/v1/staging", content=big, headers=headers).status_code == 413
+
+    def chunks() -> Iterator[bytes]:
+        for _ in range(MAX_BODY_BYTES // 65536 + 2):
+            yield b" " * 65536
+
+    assert http.put("/v1/staging", content=chunks(), headers=headers).status_code == 413
+    assert http.put("/v1/staging", json={"adapters": []}, headers=headers).status_code == 401  # small: judged by its caller
+
+
+def test_the_agents_daemon_set_bounds_its_memory() -> None:
+    from loraplane.operator.api.basemodel import BaseModelSpec
+    from loraplane.operator.children.node_cache import daemon_set
+
+    spec = BaseModelSpec.model_validate({
+        "source": {"uri": "embedded"}, "nodeCache": {"enabled": True, "memory": "256Mi"},
+        "resources": {"nodeSelector": {"loraplane.dev/serving": "true"}},
+    })  # fmt: skip
+    pod = daemon_set("smollm2", "team-a", spec)["spec"]["template"]["spec"]
+    for container in [*pod["initContainers"], *pod["containers"]]:
+        assert container["resources"]["limits"]["memory"] and container["resources"]["requests"]["memory"]
+    assert pod["containers"][0]["resources"]["limits"]["memory"] == "256Mi"

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from loraplane.adapter_format import AdapterValidationError
 from loraplane.admin_api.auth import SignedResponses, tokens_carried
+from loraplane.admin_api.body_limit import BodyLimit
 from loraplane.node_cache.agent import NodeAgent, SourceNotAllowed, TooManyPinClients
 from loraplane.node_cache.models import Acquired, AcquireRequest, NodeCacheState, PinsRequest, ReleaseRequest, StagingRequest
 
@@ -88,6 +89,9 @@ class _Figures(Collector):
             yield gauge("loraplane_node_cache_base_ready", "1 once the base's verified copy is on the node", float(a.base.ready))
 
 
+MAX_BODY_BYTES = 4 << 20  # a staging call for 10,000 adapters is about 2 MiB
+
+
 def create_agent_app(
     agent: NodeAgent,
     token: str | None,
@@ -108,6 +112,9 @@ def create_agent_app(
     app = FastAPI(title="loraplane node agent", docs_url=None, redoc_url=None)
     app.state.tokens = AgentTokens(token, operator_token, admin_hosts)
     app.add_middleware(SignedResponses)  # a caller knows the answer came from this base's agent
+    # Outermost: a body is read (a signed call's, to check its signature) before the caller is
+    # known, so nobody may send more than the largest real call (staging a node's whole hot set).
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     app.mount("/metrics", make_asgi_app(registry))
 
     def check(who: Credentials) -> None:

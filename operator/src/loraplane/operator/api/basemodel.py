@@ -95,6 +95,11 @@ class NodeCache(KubeModel):
         "working set); the base's copy comes on top",
     )
     image: str | None = Field(default=None, description="the agent's image; default: the serving image, already on the node")
+    memory: str = Field(
+        default="512Mi",
+        pattern=QUANTITY,
+        description="the agent's memory request and limit: it streams fetches to disk and keeps only their index",
+    )
 
 
 class AdapterStore(KubeModel):

@@ -112,6 +112,7 @@ def daemon_set(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]
         "image": image,
         "command": ["chown", f"{IMAGE_USER}:{IMAGE_USER}", NODE_CACHE_MOUNT],
         "volumeMounts": [mount],
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
         "securityContext": {
             **CONTAINER_SECURITY,
             "runAsNonRoot": False,
@@ -130,6 +131,8 @@ def daemon_set(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]
         "livenessProbe": probe,
         "volumeMounts": [mount, TMP_MOUNT],
         "securityContext": {**CONTAINER_SECURITY, "runAsNonRoot": True, "runAsUser": IMAGE_USER},
+        # One on every serving node: bounded, so a bug or a hostile caller costs this pod alone.
+        "resources": {"requests": {"cpu": "50m", "memory": cache.memory}, "limits": {"memory": cache.memory}},
     }
     volume = {"name": "node-cache", "hostPath": {"path": host_folder(name, namespace, spec), "type": "DirectoryOrCreate"}}
     pod_spec = {
