@@ -32,6 +32,7 @@ TENANTS = {
         {"name": "tiny", "api_keys": ["key-tiny"], "tokens_per_minute": 30},
         {"name": "metered", "api_keys": ["key-metered"], "tokens_per_minute": 80},
         {"name": "initech", "api_keys": ["key-initech"]},
+        {"name": "counter", "api_keys": ["key-counter"], "tokens_per_minute": 30},
     ]
 }
 
@@ -277,3 +278,39 @@ def test_a_token_reservation_is_released_by_what_the_request_used(monkeypatch) -
         tenants.admit(tenant, None, 1)
     tenants.finish(tenant, {"adapter": None, "prompt_tokens": 5, "completion_tokens": 20}, big)
     assert tenants.usage["tenant:t"].reserved == 0
+
+
+def test_a_tenants_file_with_an_empty_key_is_refused(tmp_path: Path) -> None:
+    """A key of nothing would match every request that sends no Authorization header."""
+    for bad in ("", "   "):
+        (tmp_path / "t.json").write_text(json.dumps({"tenants": [{"name": "a", "api_keys": ["key-a", bad]}]}))
+        with pytest.raises(ValueError, match="api_keys"):
+            load_tenants(tmp_path / "t.json")
+
+
+def test_the_tokenizer_routes_are_bounded_as_a_generation_is(server) -> None:
+    """``/tokenize`` is tokenizer work on the replica: a prompt past four contexts (or 65,536
+    tokens) is a 400 before most of it is encoded (one past the context is still counted, as vLLM
+    counts it); its tokens
+    count against the tenant's tokens-per-minute quota (and the adapter's), and an adapter's
+    served name is a model it takes, as vLLM does."""
+    url = server[0]
+    acme, counter = {"Authorization": "Bearer key-acme"}, {"Authorization": "Bearer key-counter"}
+    base = ENGINES[url].get().base.shape.name
+    for model in ("acme-bot", base):
+        counted = httpx.post(f"{url}/tokenize", json={"model": model, "prompt": "hello there"}, headers=acme)
+        assert counted.status_code == 200, counted.text
+        back = httpx.post(f"{url}/detokenize", json={"model": model, "tokens": counted.json()["tokens"]}, headers=acme)
+        assert back.status_code == 200 and back.json()["prompt"] == "hello there"
+    start = time.perf_counter()
+    long = httpx.post(f"{url}/tokenize", json={"model": "acme-bot", "prompt": "word " * 400_000}, headers=acme, timeout=30)
+    assert long.status_code == 400 and long.json()["error"]["code"] == "context_length_exceeded"
+    assert time.perf_counter() - start < 5, "most of the prompt was not encoded"
+    over = httpx.post(f"{url}/tokenize", json={"model": "acme-bot", "prompt": "word " * 400}, headers=acme, timeout=30)
+    assert over.status_code == 200 and over.json()["count"] > 256 and over.json()["max_model_len"] == 256
+    too_many = httpx.post(f"{url}/detokenize", json={"model": "acme-bot", "tokens": [5] * 65537}, headers=acme)
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "tokens"
+    # "counter" has 30 tokens a minute: tokenising counts until the quota answers 429.
+    answers = [httpx.post(f"{url}/tokenize", json={"model": base, "prompt": "one two three four five six seven"},
+                          headers=counter).status_code for _ in range(12)]  # fmt: skip
+    assert answers[0] == 200 and 429 in answers

@@ -48,3 +48,41 @@ def test_a_body_past_the_cap_is_refused_at_the_edge_with_413(router: str) -> Non
 
     r = httpx.post(f"{router}/v1/chat/completions", content=chunks(), headers=headers, timeout=60)
     assert r.status_code == 413, r.text
+
+
+def test_a_model_name_past_its_bound_is_a_400_and_its_refusal_record_stays_small(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A refused request's usage record carries what it named: a client's multi-MiB ``model`` is
+    refused by its field's bound first, so nothing of it reaches the billing spool."""
+    import json
+
+    from loraplane.usage import Metering
+
+    usage = tmp_path / "usage"
+    app = create_router_app(
+        RouterConfig(replicas=["http://127.0.0.1:9"]), tenants=Tenants(TENANTS), metering=Metering.create("rtr", usage)
+    )
+    with serve_app(app, ready_path="/health") as url:
+        headers = {"Authorization": "Bearer key-acme"}
+        r = httpx.post(f"{url}/v1/completions", json={"model": "m" * 3_000_000, "prompt": "hi"}, headers=headers, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "model", r.text
+        r = httpx.post(f"{url}/tokenize", json={"model": "m" * 3_000_000, "prompt": "hi"}, headers=headers, timeout=60)
+        assert r.status_code == 400, r.text
+    written = sum(p.stat().st_size for p in usage.rglob("*") if p.is_file())
+    assert written < 10_000, f"{written} bytes of usage records"
+    for line in (line for p in usage.rglob("*.jsonl*") for line in p.read_text().splitlines()):
+        assert len(json.loads(line).get("model", "")) <= 1024
+
+
+def test_the_edge_reserves_what_a_request_may_really_use() -> None:
+    """Without ``max_tokens`` a chat may write up to the context, and a Responses call going on
+    from a stored response carries a conversation the edge cannot see: each reserves the context,
+    not the few tokens its body shows (a tenant could otherwise run far past its quota)."""
+    from loraplane.serving.http.protocol.chat import ChatCompletionRequest
+    from loraplane.serving.http.protocol.completions import CompletionRequest
+    from loraplane.serving.router.edge import estimate_tokens
+
+    chat = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi " * 40}]})
+    assert estimate_tokens(chat, 4096) == 30 + (4096 - 30)
+    assert estimate_tokens(chat.model_copy(update={"max_tokens": 10}), 4096) == 40
+    assert estimate_tokens(CompletionRequest.model_validate({"model": "m", "prompt": "x" * 40}), 4096) == 10 + 16
+    assert estimate_tokens(chat.model_copy(update={"n": 2, "max_tokens": 10}), 4096, going_on=True) == 2 * 4096

@@ -167,6 +167,20 @@ def test_a_tenants_concurrency_quota_holds_at_the_edge(fleet: Fleet) -> None:
         assert complete(url, fleet.keys["acme"], "qv4").status_code == 200
 
 
+def test_the_tokenizer_routes_count_against_a_tenants_quota_at_the_edge(fleet: Fleet) -> None:
+    """Tokenising is a replica's CPU time: the edge holds the tenant's quota for it as for a
+    generation, so a tenant over its tokens per minute keeps no replica busy tokenising."""
+    tenants = load_tenants(fleet.work / "tenants.yaml")
+    limited = [t.model_copy(update={"tokens_per_minute": 30}) if t.name == "acme" else t for t in tenants]
+    with router_for(fleet, Tenants(limited)) as url:
+        acme = {"Authorization": f"Bearer {fleet.keys['acme']}"}
+        body = {"model": "qv4", "prompt": "one two three four five six seven eight"}
+        answers = [httpx.post(f"{url}/tokenize", json=body, headers=acme, timeout=30).status_code for _ in range(10)]
+        assert answers[0] == 200 and answers[-1] == 429, answers
+        globex = {"Authorization": f"Bearer {fleet.keys['globex']}"}
+        assert httpx.post(f"{url}/tokenize", json={**body, "model": "ku2"}, headers=globex, timeout=30).status_code == 200
+
+
 def test_the_edge_validates_like_a_replica_and_hides_other_tenants_adapters_before_quotas(fleet: Fleet) -> None:
     tenants = load_tenants(fleet.work / "tenants.yaml")
     limited = [t.model_copy(update={"tokens_per_minute": 30}) if t.name == "acme" else t for t in tenants]

@@ -62,7 +62,7 @@ class LoadLoraRequest(_Request):
 
 
 class UnloadLoraRequest(_Request):
-    lora_name: str
+    lora_name: str = Field(min_length=1, description="an empty name is a 400, as vLLM answers it")
     lora_int_id: int | None = Field(default=None, description="vLLM: accepted and ignored")
 
 
@@ -192,3 +192,6 @@ class ReplicaStats(_Reply):
         default=0, description="adapters copied into a device slot ahead of their queued request's turn, beside a running step"
     )
     disk_cache: DiskCacheStats = Field(default_factory=DiskCacheStats)
+    max_model_len: int | None = Field(
+        default=None, description="the replica's context: what the router reserves a request's tokens against"
+    )

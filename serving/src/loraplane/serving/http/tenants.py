@@ -20,6 +20,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Annotated
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,7 +34,8 @@ class TenantConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1)
-    api_keys: list[str] = Field(min_length=1)
+    # A key of nothing (or of spaces) would match a request without an Authorization header.
+    api_keys: list[Annotated[str, Field(pattern=r"\S")]] = Field(min_length=1)
     allow_base: bool = True
     max_concurrent: int | None = Field(default=None, ge=1)
     tokens_per_minute: int | None = Field(default=None, ge=1)

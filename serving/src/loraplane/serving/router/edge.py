@@ -16,8 +16,9 @@ from pydantic import ValidationError
 from loraplane.serving.http.errors import APIError, invalid_request
 from loraplane.serving.http.protocol.chat import ChatCompletionRequest
 from loraplane.serving.http.protocol.common import new_id
-from loraplane.serving.http.protocol.completions import CompletionRequest
+from loraplane.serving.http.protocol.completions import DEFAULT_COMPLETION_TOKENS, CompletionRequest
 from loraplane.serving.http.protocol.responses import ResponsesRequest
+from loraplane.serving.http.protocol.tokenize import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
 from loraplane.serving.http.tenants import TenantConfig, Tenants
 from loraplane.serving.router.state import RouterState
 
@@ -74,18 +75,26 @@ async def _replica_serves(state: RouterState, request: Request, model: str) -> b
     return r is None or r.status_code != 404
 
 
-def estimate_tokens(request_model: CompletionRequest | ChatCompletionRequest) -> int:
-    """The most a request may use, without tokenising: the completion tokens the body allows for
-    every choice and the prompt at about four characters a token, as OpenAI estimates for its own
-    limits. The replica counts the prompt exactly and may refuse what the edge let through (it
-    then records the refusal itself, once)."""
-    limit = getattr(request_model, "max_completion_tokens", None) or request_model.max_tokens or 0
+def estimate_tokens(request_model: CompletionRequest | ChatCompletionRequest, context: int, going_on: bool = False) -> int:
+    """The most a request may use, without tokenising: the prompt at about four characters a
+    token (as OpenAI estimates for its own limits) and the completion tokens the body allows for
+    every choice. A chat without ``max_tokens`` may write up to the context (``context``: the
+    replicas' ``max_model_len``), a completion OpenAI's default of 16; a Responses call going on
+    from a stored response (``going_on``) carries a conversation the router cannot see, so each
+    choice counts the whole context. The replica counts exactly and may refuse what the edge let
+    through (it then records the refusal itself, once)."""
     if isinstance(request_model, CompletionRequest):
         prompts = request_model.prompts()
     else:  # one prompt: the conversation
         prompts = [" ".join(m.text() for m in request_model.messages)]
-    estimate = sum(len(p) if isinstance(p, list) else len(p) // 4 for p in prompts)
-    return estimate + limit * request_model.n * len(prompts)
+    prompt = sum(len(p) if isinstance(p, list) else len(p) // 4 for p in prompts)
+    choices = request_model.n * len(prompts)
+    if going_on:
+        return context * choices
+    limit = getattr(request_model, "max_completion_tokens", None) or request_model.max_tokens
+    if limit is None:
+        limit = DEFAULT_COMPLETION_TOKENS if isinstance(request_model, CompletionRequest) else max(1, context - prompt)
+    return prompt + limit * choices
 
 
 async def _admitted(
@@ -99,7 +108,9 @@ async def _admitted(
     # Before any quota can tell a missing name from another tenant's adapter, both answer 404.
     if (listed and not Tenants.may_use(tenant, owner)) or (not listed and not await _replica_serves(state, request, adapter)):
         raise APIError(404, f"The model `{adapter}` does not exist.", code="model_not_found", param="model")
-    reservation = state.tenants.admit(tenant, adapter, estimate_tokens(request_model))
+    going_on = payload.get("previous_response_id") if path == RESPONSES else None  # validated: a string or null
+    estimate = estimate_tokens(request_model, state.table.max_model_len, going_on is not None)
+    reservation = state.tenants.admit(tenant, adapter, estimate)
 
     def done(usage: dict[str, Any] | None, tenant: TenantConfig | None = tenant) -> None:
         usage = usage or {}  # the Responses API names the counts input and output tokens
@@ -109,10 +120,57 @@ async def _admitted(
                                       "completion_tokens": completion_tokens}, reservation)  # fmt: skip
 
     headers = forwarded_headers(request)
-    going_on = payload.get("previous_response_id") if path == RESPONSES else None  # validated: a string or null
     try:
         home = await state.forward().home_of(going_on, headers) if going_on is not None else None
         return await state.forward().post(path, payload, headers, done, ask_usage=path != RESPONSES, prefer=home)
     except BaseException:  # refused, or cancelled (the client went away) before an answer began
         done(None)  # the reservation goes back; an answer under way calls done itself, once
         raise
+
+
+TOKENIZER_BODIES = {"/tokenize": (TokenizeCompletionRequest, TokenizeChatRequest), "/detokenize": (DetokenizeRequest,)}
+
+
+async def tokenizer_call(state: RouterState, request: Request, path: str) -> Response:
+    """vLLM's ``/tokenize`` or ``/detokenize`` through the edge: the body checked, another
+    tenant's adapter hidden, the tenant's and the adapter's quotas held for the call with an
+    estimate of its tokens (what it counted is what counts when it ends), then any replica up
+    answers. Tokenising is a replica's CPU time like a prompt's: without this a tenant over its
+    quota could still keep replicas busy."""
+    tenant = state.tenants.authenticate(request.headers.get("authorization"))
+    raw = await request.body()
+    try:
+        payload = json.loads(raw)
+    except ValueError:
+        raise APIError(400, "the body is not valid JSON", code="invalid_request") from None
+    body: TokenizeCompletionRequest | TokenizeChatRequest | DetokenizeRequest | None = None
+    errors: list[Any] = []
+    for model in TOKENIZER_BODIES[path]:  # as the replica's route takes its union: the first that fits
+        try:
+            body = model.model_validate(payload)
+            break
+        except ValidationError as err:
+            errors += err.errors()
+    if body is None:
+        raise invalid_request(errors)
+    listed, owner = state.table.owner(body.model)
+    if (listed and not Tenants.may_use(tenant, owner)) or (not listed and not await _replica_serves(state, request, body.model)):
+        raise APIError(404, f"The model `{body.model}` does not exist.", code="model_not_found", param="model")
+    if isinstance(body, DetokenizeRequest):
+        estimate = len(body.tokens)
+    elif isinstance(body, TokenizeChatRequest):
+        estimate = min(state.table.max_model_len, sum(len(m.text()) for m in body.messages) // 4)
+    else:
+        estimate = min(state.table.max_model_len, len(body.prompt) // 4)
+    adapter = body.model if listed else None
+    reservation = state.tenants.admit(tenant, adapter, estimate)
+    counted = 0
+    try:
+        r = await state.forward().ask_any(path, forwarded_headers(request), raw)
+        if r is None:
+            raise APIError(503, "no serving replica is up", type_="server_error", code="no_replica", retry_after=1)
+        if r.status_code == 200:
+            counted = estimate if isinstance(body, DetokenizeRequest) else int(r.json().get("count", 0))
+        return Response(r.content, status_code=r.status_code, media_type="application/json")
+    finally:
+        state.tenants.finish(tenant, {"adapter": adapter, "prompt_tokens": counted}, reservation)

@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from loraplane.serving import __version__
 from loraplane.serving.http.disconnect import cancel_on_disconnect
 from loraplane.serving.http.errors import APIError, require_admin
-from loraplane.serving.router.edge import forwarded_headers, relay
+from loraplane.serving.router.edge import forwarded_headers, relay, tokenizer_call
 from loraplane.serving.router.state import RouterState, State
 
 router = APIRouter()
@@ -92,15 +92,18 @@ async def model(model: str, request: Request, state: State) -> Response:
 
 
 @router.post("/tokenize")
+@cancel_on_disconnect
 async def tokenize(request: Request, state: State) -> Response:
-    """vLLM's tokenizer routes: any replica answers (one base, one tokenizer), checking the
-    caller's key and model there as for a generation."""
-    return await _ask_any(state, request, "/tokenize", await request.body())
+    """vLLM's tokenizer routes: any replica answers (one base, one tokenizer), which checks the
+    caller's key and model again; the edge admits them first against the tenant's quotas, as a
+    generation (``edge.tokenizer_call``)."""
+    return await tokenizer_call(state, request, "/tokenize")
 
 
 @router.post("/detokenize")
+@cancel_on_disconnect
 async def detokenize(request: Request, state: State) -> Response:
-    return await _ask_any(state, request, "/detokenize", await request.body())
+    return await tokenizer_call(state, request, "/detokenize")
 
 
 @router.get("/version")

@@ -22,6 +22,7 @@ class Replica:
     in_flight: int = 0
     served: int = 0
     waiting: int = 0  # the replica's own queue depth at the last stats read
+    max_model_len: int = 0  # its context, once its stats said
     registered: set[str] = field(default_factory=set)  # every adapter it lists, in any tier
     owners: dict[str, str | None] = field(default_factory=dict)  # adapter -> its tenant (None: shared)
     device: set[str] = field(default_factory=set)
@@ -36,6 +37,9 @@ class Replica:
         }  # fmt: skip
 
 
+DEFAULT_MAX_MODEL_LEN = 4096  # the engine's own default (config.max_model_len unset)
+
+
 class ReplicaTable:
     """Every replica the discovery reports, by name. Only the router's event loop touches it."""
 
@@ -44,6 +48,10 @@ class ReplicaTable:
         holds a token): being in the Service says only that a pod wears the labels."""
         self.replicas: dict[str, Replica] = {}
         self.proof_first = proof_first
+        # The largest context a replica reported: what a request without max_tokens, or one going on
+        # from a stored conversation the router cannot see, may use at most. The engine's default
+        # until a replica says.
+        self.max_model_len = DEFAULT_MAX_MODEL_LEN
 
     def set_members(self, members: dict[str, str]) -> None:
         """Replace the membership (name -> URL) with what discovery reports now; a replica that
@@ -73,6 +81,9 @@ class ReplicaTable:
         replica.device = {n for n, a in adapters.items() if a.tier is Tier.DEVICE}
         replica.host = {n for n, a in adapters.items() if a.tier is Tier.HOST}
         replica.waiting = stats.waiting
+        if stats.max_model_len is not None:
+            self.max_model_len = max(stats.max_model_len, *(r.max_model_len for r in self.replicas.values()))
+            replica.max_model_len = stats.max_model_len
 
     def owner(self, adapter: str) -> tuple[bool, str | None]:
         """Whether a replica lists the adapter now, and its tenant (None: shared), so the edge can

@@ -66,4 +66,5 @@ def replica_stats(engine: LLMEngine, quotas: Mapping[str, Quotas] | None = None)
         interjections=engine.num_interjections,
         device_prefetches=engine.adapters.device_prefetches,
         disk_cache=engine.adapters.files.figures(),
+        max_model_len=engine.max_model_len,
     )

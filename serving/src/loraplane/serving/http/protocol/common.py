@@ -37,6 +37,10 @@ MAX_TOOLS = 128  # OpenAI's bound
 MAX_BAD_WORDS = 64
 BadWord = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 TOKEN_ID_KEY = re.compile(r"[0-9]{1,9}")
+# A served model's name: an adapter's is a DNS-style name, a base's an id or a path. Bounded, since
+# a refused request's usage record carries what it named.
+MAX_MODEL_NAME = 1024
+ModelName = Annotated[str, Field(max_length=MAX_MODEL_NAME)]
 
 
 class _Strict(BaseModel):

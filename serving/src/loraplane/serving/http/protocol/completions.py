@@ -7,6 +7,8 @@ from pydantic import Field, field_validator, model_validator
 from loraplane.serving.http.protocol.common import MAX_CHOICES, MAX_PROMPTS, MAX_TOKENS_LIMIT
 from loraplane.serving.http.protocol.sampling import _Sampling
 
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's max_tokens for /v1/completions when the body gives none
+
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]] = Field(

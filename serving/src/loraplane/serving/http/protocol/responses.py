@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, PrivateAttr, Tag, ValidationError, field_validator, model_validator
 
 from loraplane.serving.http.protocol.chat import ChatCompletionRequest, text_parts_only
-from loraplane.serving.http.protocol.common import _Strict, new_id
+from loraplane.serving.http.protocol.common import ModelName, _Strict, new_id
 
 # The vLLM sampling fields a Responses body may carry as well (vLLM's own Responses request takes them).
 VLLM_SAMPLING = (
@@ -144,7 +144,7 @@ class Reasoning(_Strict):
 
 
 class ResponsesRequest(_Strict):
-    model: str
+    model: ModelName
     input: list[InputItem] = Field(min_length=1, description="text (the user's turn), or the conversation's items")
     instructions: str | None = Field(default=None, description="a system turn before the input")
     max_output_tokens: int | None = Field(default=None, ge=1)

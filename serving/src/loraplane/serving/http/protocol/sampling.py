@@ -15,6 +15,7 @@ from loraplane.serving.http.protocol.common import (
     MAX_TOKENS_LIMIT,
     TOKEN_ID_KEY,
     BadWord,
+    ModelName,
     StopString,
     StreamOptions,
     _Strict,
@@ -91,7 +92,7 @@ class StructuredOutputs(_Strict):
 
 
 class _Sampling(_Strict):
-    model: str
+    model: ModelName
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
     temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)

@@ -7,11 +7,11 @@ from typing import Annotated
 from pydantic import BaseModel, Field
 
 from loraplane.serving.http.protocol.chat import ChatTemplating
-from loraplane.serving.http.protocol.common import _Strict
+from loraplane.serving.http.protocol.common import ModelName, _Strict
 
 
 class TokenizeCompletionRequest(_Strict):
-    model: str
+    model: ModelName
     prompt: str
     add_special_tokens: bool = True
     return_token_strs: bool = False
@@ -20,7 +20,7 @@ class TokenizeCompletionRequest(_Strict):
 class TokenizeChatRequest(ChatTemplating):
     """A conversation as ``/v1/chat/completions`` would template it."""
 
-    model: str
+    model: ModelName
     return_token_strs: bool = False
 
 
@@ -32,7 +32,7 @@ class TokenizeResponse(BaseModel):
 
 
 class DetokenizeRequest(_Strict):
-    model: str
+    model: ModelName
     tokens: list[Annotated[int, Field(ge=0)]]
 
 

@@ -24,9 +24,7 @@ from loraplane.serving.engine.outputs import RequestOutput
 from loraplane.serving.http.disconnect import cancel_on_disconnect
 from loraplane.serving.http.protocol.chat import ChatCompletionRequest
 from loraplane.serving.http.protocol.common import new_id, now
-from loraplane.serving.http.protocol.completions import CompletionRequest
-
-DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
+from loraplane.serving.http.protocol.completions import DEFAULT_COMPLETION_TOKENS, CompletionRequest
 
 router = APIRouter()
 
