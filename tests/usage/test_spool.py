@@ -126,3 +126,41 @@ def test_sigkill_loses_no_acknowledged_record(tmp_path: Path) -> None:
     ids = ids_in(tmp_path)
     assert len(ids) == len(set(ids))
     assert {f"cmpl-{i}" for i in range(acked + 1)} <= set(ids)
+
+
+def test_a_failed_rotation_leaves_the_spool_writable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rename (or the folder's fsync) that closes a segment raises a few times: the next
+    records still land, in a new segment; the failed close is retried until it succeeds, counted;
+    nothing acknowledged is lost."""
+    from loraplane.usage import spool as spool_module
+
+    failures = {"rename": 2, "fsync": 1}
+    real_rename, real_fsync = Path.rename, spool_module.fsync_path
+
+    def flaky_rename(self: Path, target: Path) -> Path:  # type: ignore[override]
+        if self.name.endswith(OPEN_SUFFIX) and failures["rename"]:
+            failures["rename"] -= 1
+            raise OSError(28, "No space left on device")
+        return real_rename(self, target)
+
+    def flaky_fsync(path: Path) -> None:
+        if path.is_dir() and failures["fsync"] and not failures["rename"]:
+            failures["fsync"] -= 1
+            raise OSError(5, "Input/output error")
+        real_fsync(path)
+
+    monkeypatch.setattr(Path, "rename", flaky_rename)
+    monkeypatch.setattr(spool_module, "fsync_path", flaky_fsync)
+    closed: list[Path] = []
+    spool = UsageSpool(tmp_path, "pod-a", max_segment_bytes=1_000, on_close=closed.append)
+    for i in range(40):
+        spool.append(record(i)).result(timeout=10)  # each lands whatever the rotations did
+    deadline = time.monotonic() + 10
+    while spool.rotation_failures < 3 or any(tmp_path.glob(f"*{OPEN_SUFFIX}")) and len(closed) < 3:
+        assert time.monotonic() < deadline, f"{spool.rotation_failures} failures, {len(closed)} closed"
+        time.sleep(0.05)
+    spool.close()
+    assert spool.rotation_failures == 3 and not failures["rename"] and not failures["fsync"]
+    assert not list(tmp_path.glob(f"*{OPEN_SUFFIX}"))
+    assert sorted(ids_in(tmp_path)) == sorted(f"cmpl-{i}" for i in range(40))
+    assert sorted(closed) == closed_segments(tmp_path)

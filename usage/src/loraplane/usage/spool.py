@@ -13,6 +13,11 @@ path, durable within a stated bound.
   An open segment is ``NAME.jsonl.open``; closing renames it to ``NAME.jsonl`` (after its fsync
   and the folder's), and only closed segments are exported. A segment left open by a crash is
   closed at the next start, cut back to its last whole line.
+- A rotation that fails (the rename or the folder's fsync raises: a full or flaky disk) never
+  stops the spool: the next record opens a new segment, the old one's close is retried at every
+  upkeep (about each second) until it succeeds, and each failure is counted
+  (``rotation_failures``, exported as ``loraplane_usage_spool_rotation_failures``). Its records
+  were written before; a restart would close it too.
 
 Hand-written rather than a logging handler: the rotation, fsync bound and per-record
 acknowledgement are the point, and ``logging.handlers`` offers none of them.
@@ -120,6 +125,8 @@ class UsageSpool:
         folder.mkdir(parents=True, exist_ok=True)
         recover(folder)
         self.written = 0  # records written, for tests and stats
+        self.rotation_failures = 0  # closes that raised and were retried (a metric)
+        self._closing: list[Path] = []  # rotated segments whose rename or folder fsync is still to succeed
         self._counter = 0
         self._segment: _Segment | None = None
         self._queue: queue.SimpleQueue[tuple[UsageRecord, Future[None]] | None] = queue.SimpleQueue()
@@ -149,7 +156,7 @@ class UsageSpool:
     def _timeout(self) -> float | None:
         seg = self._segment
         if seg is None:
-            return None
+            return 1.0 if self._closing else None
         deadlines = [seg.opened + self.max_segment_age]
         if seg.unsynced_since is not None:
             deadlines.append(seg.unsynced_since + self.fsync_interval)
@@ -208,6 +215,8 @@ class UsageSpool:
                 self._rotate(seg)
 
     def _upkeep(self, force_close: bool) -> None:
+        if self._closing:
+            self._close_rotated()
         seg = self._segment
         if seg is None:
             return
@@ -219,11 +228,30 @@ class UsageSpool:
             seg.unsynced_since = None
 
     def _rotate(self, seg: _Segment) -> None:
-        os.fsync(seg.file.fileno())
-        seg.file.close()
-        target = _closed_name(seg.path)
-        seg.path.rename(target)
-        fsync_path(self.folder)
+        # Whatever fails below, the next record goes into a new segment: the writer never keeps a
+        # segment it may have closed (every later write would fail until a restart).
         self._segment = None
-        if self.on_close is not None:
-            self.on_close(target)
+        try:
+            os.fsync(seg.file.fileno())
+        finally:
+            seg.file.close()
+            self._closing.append(seg.path)
+        self._close_rotated()
+
+    def _close_rotated(self) -> None:
+        """Rename the rotated segments to closed and fsync the folder; one that fails stays for the
+        next upkeep, counted."""
+        while self._closing:
+            path = self._closing[0]
+            target = _closed_name(path)
+            try:
+                if path.exists():  # a retry whose rename went through before the folder's fsync failed
+                    path.rename(target)
+                fsync_path(self.folder)
+            except OSError:
+                self.rotation_failures += 1
+                log.exception("closing usage segment %s failed; retried at the next upkeep", path.name)
+                return
+            self._closing.pop(0)
+            if self.on_close is not None:
+                self.on_close(target)

@@ -22,6 +22,12 @@ class UsageCollector(Collector):
         written = CounterMetricFamily("loraplane_usage_records", "Usage records written to the local spool")
         written.add_metric([], m.spool.written if m.spool else 0)
         yield written
+        rotations = CounterMetricFamily(
+            "loraplane_usage_spool_rotation_failures",
+            "Spool segment closes that failed and were retried (the spool kept writing)",
+        )
+        rotations.add_metric([], m.spool.rotation_failures if m.spool else 0)
+        yield rotations
         if m.exporter is not None:
             uploaded = CounterMetricFamily("loraplane_usage_segments_exported", "Spool segments uploaded and deleted locally")
             uploaded.add_metric([], m.exporter.uploaded)
