@@ -156,7 +156,7 @@ def test_a_failed_rotation_leaves_the_spool_writable(tmp_path: Path, monkeypatch
     for i in range(40):
         spool.append(record(i)).result(timeout=10)  # each lands whatever the rotations did
     deadline = time.monotonic() + 10
-    while spool.rotation_failures < 3 or any(tmp_path.glob(f"*{OPEN_SUFFIX}")) and len(closed) < 3:
+    while spool.rotation_failures < 3 or (any(tmp_path.glob(f"*{OPEN_SUFFIX}")) and len(closed) < 3):
         assert time.monotonic() < deadline, f"{spool.rotation_failures} failures, {len(closed)} closed"
         time.sleep(0.05)
     spool.close()
