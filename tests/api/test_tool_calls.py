@@ -5,6 +5,7 @@ results sent back as turns, and the tools handed to a chat template that describ
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import json
 import random
@@ -23,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from loraplane.serving.api.app import create_app
 from loraplane.serving.api.openai.tools.calls import CallStream, whole_calls
-from loraplane.serving.api.openai.tools.parsers import TOOL_PARSERS
+from loraplane.serving.api.openai.tools.parsers import TOOL_PARSERS, AutoAnswer
 from loraplane.serving.http.loopback import serve_app
 
 # A template that describes tools and writes calls, as Qwen's and Hermes' do (the tiny model's
@@ -348,6 +349,58 @@ def test_a_parser_splits_text_from_calls_and_streams_only_what_cannot_be_a_call(
     final = read.answered(text, True)
     assert all(a == b[: len(a)] for a, b in itertools.pairwise([*shown, final]))
     assert final == (content or "")
+    # A stream keeps one watch over the growing answer: it shows what a fresh look would.
+    auto = AutoAnswer(read)
+    streamed = [auto.shown(0, text[:i], False) for i in range(len(text) + 1)]
+    assert list(itertools.accumulate(streamed, initial="")) == ["", *shown]
+    assert shown[-1] + auto.shown(0, text, True) == final
+
+
+class _Counted(str):
+    """A string that counts the characters its readers look at (``find`` from where it starts,
+    ``endswith`` by the suffix, a slice or an index by what it returns)."""
+
+    looked = 0
+
+    def find(self, sub: Any, start: Any = None, end: Any = None) -> int:  # type: ignore[override]
+        _Counted.looked += len(self) - (start or 0)
+        return super().find(sub, start, end)
+
+    def endswith(self, suffix: Any, *args: Any) -> bool:  # type: ignore[override]
+        _Counted.looked += len(suffix)
+        return super().endswith(suffix, *args)
+
+    def __getitem__(self, key: Any) -> str:  # type: ignore[override]
+        got = super().__getitem__(key)
+        _Counted.looked += len(got)
+        return got
+
+
+PATHOLOGICAL = [
+    "<tool_call>x" + " " * 200_000 + "x",  # Python's regex backtracked over the blanks: ~9 minutes
+    "<tool_call>" * 20_000,
+    "Thinking" + " " * 200_000 + "<tool_c",
+    " " * 200_000 + "<|python_tag|>",
+    " " * 200_000 + "[f(x=1)]",
+]
+
+
+@pytest.mark.parametrize("parser", sorted(TOOL_PARSERS))
+@pytest.mark.parametrize("text", PATHOLOGICAL, ids=range(len(PATHOLOGICAL)))
+def test_a_long_answer_is_read_and_streamed_in_time_linear_in_its_length(parser: str, text: str) -> None:
+    """A tenant chooses what the model writes, and the parsers run on the server's event loop:
+    an answer is read whole in one pass (in a thread, so a regression fails here instead of
+    hanging), and a stream of it, 1,000 characters a chunk, looks at each character a bounded
+    number of times, where a look at the whole answer per chunk is ~100 times its length."""
+    read = TOOL_PARSERS[parser]()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(read.parse, text).result(timeout=30)
+    auto, chunk = AutoAnswer(read), 1000
+    prefixes = [_Counted(text[:i]) for i in range(0, len(text), chunk)]
+    _Counted.looked = 0
+    shown = "".join(auto.shown(0, prefix, False) for prefix in prefixes)
+    assert _Counted.looked <= 3 * len(text) + 64 * len(prefixes)
+    assert shown + auto.shown(0, text, True) == read.answered(text, True)
 
 
 REQUIRED_ANSWERS = [

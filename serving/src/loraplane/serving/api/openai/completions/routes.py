@@ -145,7 +145,7 @@ async def chat(req: ChatCompletionRequest, engine: Engine, tenant: Caller, serve
         """A chunk's ``delta``: its new text, or the calls it adds to; a choice's first carries its
         role (and what ``echo`` puts first)."""
         if auto is not None:  # the text that cannot be a call yet, then the calls whole at the end
-            text, made = auto.delta(out.text[: len(out.text) - len(delta)], out.text, out.finished)
+            text, made = auto.delta(index, out.text, out.finished)
             head: dict[str, Any] = {"content": text} if text else {}
             if sent.first:
                 head = {"role": "assistant", "content": req.echoed() + text}

@@ -254,8 +254,7 @@ async def _stream(
             yield {"type": "response.failed", "response": shape.body("failed", output, _usage(request.meter), error)}
             return
         if tools is None:
-            shown = auto.parser.answered(out.text, out.finished) if auto is not None else out.text
-            new_text = shown[len(text) :]
+            new_text = auto.shown(0, out.text, out.finished) if auto is not None else out.text[len(text) :]
             new_logprobs = entries(out.logprobs[len(text_logprobs) :]) if entries is not None else []
             text_logprobs += new_logprobs
             if not new_text:  # the message opens with its first text (or at the end, if it has none)
