@@ -44,7 +44,7 @@ def test_data_lives_on_a_kept_claim_unless_persistence_is_off(render: Any) -> No
     ephemeral = render({"objectStore": {"enabled": True, "persistence": {"enabled": False}}})
     assert ephemeral.kind("PersistentVolumeClaim") == []
     pod = ephemeral.one("Deployment", "loraplane-object-store")["spec"]["template"]["spec"]
-    assert {"name": "data", "emptyDir": {}} in pod["volumes"]
+    assert {"name": "data", "emptyDir": {"sizeLimit": "10Gi"}} in pod["volumes"]  # persistence.size bounds it
 
 
 def test_the_bucket_job_creates_the_buckets_and_can_run_again(render: Any) -> None:

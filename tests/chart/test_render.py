@@ -80,3 +80,17 @@ def test_every_container_runs_unprivileged(render: Any) -> None:
         for container in pod["containers"]:
             assert container["securityContext"]["allowPrivilegeEscalation"] is False
             assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+
+
+def test_every_scratch_volume_has_a_size_limit(render: Any) -> None:
+    """An emptyDir without a sizeLimit lets one pod fill the node's disk (the kubelet then evicts
+    every pod on it); with one, the kubelet evicts only the pod that overran."""
+    objects = render({"baseModel": {"enabled": True}, "objectStore": {"enabled": True, "persistence": {"enabled": False}}})
+    pods = [w["spec"]["template"]["spec"] for w in objects.kind("Deployment") + objects.kind("Job")]
+    scratch = [v for pod in pods for v in pod.get("volumes", []) if "emptyDir" in v]
+    assert len(scratch) >= 3 and all(v["emptyDir"].get("sizeLimit") for v in scratch), scratch
+    operator = objects.one("Deployment", "loraplane-operator")["spec"]["template"]["spec"]
+    assert {"name": "tmp", "emptyDir": {"sizeLimit": "10Gi"}} in operator["volumes"]
+    assert render({"operator": {"scratchSize": "3Gi"}}).one("Deployment", "loraplane-operator")["spec"]["template"]["spec"][
+        "volumes"
+    ] == [{"name": "tmp", "emptyDir": {"sizeLimit": "3Gi"}}]

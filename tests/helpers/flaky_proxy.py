@@ -1,12 +1,14 @@
 """A TCP proxy on loopback that a test can take down and bring back, cutting every connection
 through it: an object store that goes away mid-upload and returns with its data intact (moto
 itself keeps its data only while its process lives, so it stays up behind the proxy). It counts
-the connections and bytes through it, so a test can say a process read nothing from the store."""
+the connections and bytes through it, so a test can say a process read nothing from the store,
+and it can trickle the store's bytes, as a store on a congested link does."""
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
@@ -22,6 +24,7 @@ class FlakyProxy:
         self.cut = 0  # connections cut while open (requests in flight among them)
         self.connections = 0  # connections made through the proxy to the target
         self.bytes_from_target = 0  # bytes the target sent back (what its clients read)
+        self.trickle: int | None = None  # when set, the target's bytes reach clients this many every 0.1 s
         self.up()
 
     @property
@@ -73,6 +76,10 @@ class FlakyProxy:
     def _pipe(self, src: socket.socket, dst: socket.socket, counted: bool) -> None:
         try:
             while data := src.recv(65536):
+                while counted and self.trickle is not None and len(data) > self.trickle:
+                    dst.sendall(data[: self.trickle])
+                    data = data[self.trickle :]
+                    time.sleep(0.1)
                 dst.sendall(data)
                 if counted:
                     with self._lock:

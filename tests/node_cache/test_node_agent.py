@@ -251,7 +251,7 @@ def test_a_copy_that_fails_half_way_publishes_nothing(tiny_llama, tmp_path, monk
     half-written is left, and the next try starts clean."""
     from loraplane.node_cache import base_copy
 
-    def half(source: str, into: Path, s3: object) -> None:
+    def half(source: str, into: Path, *_: object) -> None:
         (into / "config.json").write_text((tiny_llama / "config.json").read_text())
         raise ConnectionError("the store went away")
 

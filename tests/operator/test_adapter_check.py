@@ -41,3 +41,11 @@ def test_a_hanging_store_holds_only_the_fetch_threads_and_each_fetch_gives_up(mo
 
     outcomes = asyncio.run(story())
     assert all(isinstance(o, TimeoutError) for o in outcomes), outcomes
+
+
+def test_a_fetch_past_its_deadline_stops_and_is_retried_not_failed(tiny_adapters: dict[str, Any]) -> None:
+    """The fetch itself stops at the deadline (the thread is free again), and the adapter is not
+    marked Failed for it: a slow store is a reason to try again, not a verdict on its files."""
+    spec = SPEC.model_copy(update={"source": SPEC.source.model_copy(update={"uri": str(tiny_adapters["qv4"]), "digest": None})})
+    with pytest.raises(TimeoutError):
+        adapter_check.check_adapter(spec, SHAPE, ENGINE, deadline=0.0)

@@ -112,6 +112,20 @@ def test_serving_and_router_pods_run_unprivileged_on_a_read_only_root() -> None:
     assert {"/var/cache/loraplane", "/tmp"} <= {m["mountPath"] for m in serving["volumeMounts"]}
 
 
+def test_every_scratch_volume_has_a_size_limit_and_the_cache_holds_its_bound() -> None:
+    """Each emptyDir of every pod the operator creates is bounded (the kubelet evicts the pod that
+    overruns it, not every pod on a full node); a replica's cache volume holds the adapter cache's
+    bound and one more adapter beside it."""
+    for spec in (BASE["spec"], {**BASE["spec"], "engine": {**BASE["spec"].get("engine", {}), "diskCacheSize": "5Gi"}}):
+        objects = built(spec)
+        pods = [o["spec"]["template"]["spec"] for o in objects.values() if o["kind"] in ("Deployment", "DaemonSet")]
+        scratch = [v for pod in pods for v in pod["volumes"] if "emptyDir" in v]
+        assert len(scratch) >= 4 and all(v["emptyDir"].get("sizeLimit") for v in scratch), scratch
+    serving = objects["Deployment/smollm2-serving"]["spec"]["template"]["spec"]
+    (cache,) = [v for v in serving["volumes"] if v["name"] == "cache"]
+    assert int(cache["emptyDir"]["sizeLimit"]) == 5 * 2**30 + 3 * 2**30
+
+
 def test_the_deployment_carries_secrets_by_reference_and_the_sizing() -> None:
     pod = built()["Deployment/smollm2-serving"]["spec"]["template"]["spec"]
     container = pod["containers"][0]
@@ -280,7 +294,7 @@ def test_serving_and_router_pods_spool_usage_and_export_it_to_the_bucket() -> No
         assert {"secretRef": {"name": "adapter-store"}} in container["envFrom"]
         mount = next(m for m in container["volumeMounts"] if m["name"] == "usage")
         assert container["args"][container["args"].index("--usage-dir") + 1] == mount["mountPath"]
-        assert {"name": "usage", "emptyDir": {}} in pod["volumes"]
+        assert {"name": "usage", "emptyDir": {"sizeLimit": "2Gi"}} in pod["volumes"]
         # The real command line accepts what the operator writes (less the files only a pod has).
         args = container["args"]
         files = {i + d for i, a in enumerate(args) if a in ("--config", "--tenants") for d in (0, 1)}

@@ -3,8 +3,9 @@
 ``file:///abs/path`` (or a plain path) is a local folder, the embedded default; ``s3://bucket/prefix``
 is object storage through the ``minio`` client, with the endpoint and credentials from the
 engine config or the usual environment variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
-``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``). A source only copies the two PEFT files into a
-folder; validation happens once they are local.
+``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``). A source only copies the two PEFT files (and a
+golden file, when there is one) into a folder, each stopped at its byte cap as it streams and the
+whole at a deadline (``download``); validation happens once they are local.
 """
 
 from __future__ import annotations
@@ -12,16 +13,18 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from loraplane.adapter_format import AdapterValidationError, ErrorCode
 from loraplane.adapter_format.digest import CONFIG_FILE, GOLDEN_FILE, WEIGHTS_FILE
+from loraplane.adapter_format.download import FetchBounds, file_chunks, response_chunks, write_capped
+from loraplane.adapter_format.errors import AdapterValidationError, ErrorCode
+from loraplane.adapter_format.validation import PICKLE_SUFFIXES
 
 ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
+READ_TIMEOUT_SECONDS = 60.0
 _NOT_THERE = {errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.EACCES, errno.EPERM, errno.EINVAL}
 
 
@@ -29,8 +32,9 @@ class AdapterSource(Protocol):
     @property
     def uri(self) -> str: ...
 
-    def fetch(self, into: Path) -> None:
-        """Copy the adapter's files into the empty folder ``into``; raise on any failure."""
+    def fetch(self, into: Path, bounds: FetchBounds | None = None) -> None:
+        """Copy the adapter's files into the empty folder ``into`` within ``bounds`` (the
+        defaults: ``FetchBounds.within()``); raise on any failure."""
         ...
 
 
@@ -51,17 +55,29 @@ class S3Settings:
         )
 
     def client(self) -> Any:
-        """A ``minio.Minio`` for these settings (AWS when no endpoint is set)."""
+        """A ``minio.Minio`` for these settings (AWS when no endpoint is set). Its HTTP pool is
+        minio's own but for the read timeout: a store that sends nothing for a minute is down,
+        where minio's five minutes would hold a fetch thread past most deadlines."""
+        import certifi
+        import urllib3
         from minio import Minio
 
         endpoint = self.endpoint or "https://s3.amazonaws.com"
         parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
+        pool = urllib3.PoolManager(
+            timeout=urllib3.Timeout(connect=READ_TIMEOUT_SECONDS, read=READ_TIMEOUT_SECONDS),
+            maxsize=10,
+            cert_reqs="CERT_REQUIRED",
+            ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
+            retries=urllib3.Retry(total=5, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]),
+        )
         return Minio(
             parsed.netloc,
             access_key=self.access_key,
             secret_key=self.secret_key,
             region=self.region,
             secure=parsed.scheme == "https",
+            http_client=pool,
         )
 
 
@@ -70,9 +86,9 @@ class FileSource:
     uri: str
     folder: Path
 
-    def fetch(self, into: Path) -> None:
+    def fetch(self, into: Path, bounds: FetchBounds | None = None) -> None:
         try:
-            self._copy(into)
+            self._copy(into, bounds or FetchBounds.within())
         except OSError as err:
             # A path no folder can have (too long, through a file) or may not be read: the files
             # are not there for this server, now or on a retry. Anything else (EIO) stays an
@@ -81,17 +97,19 @@ class FileSource:
                 raise
             raise AdapterValidationError(ErrorCode.MISSING_FILE, f"{self.uri[:256]} cannot be read: {err.strerror}") from None
 
-    def _copy(self, into: Path) -> None:
+    def _copy(self, into: Path, bounds: FetchBounds) -> None:
         for name in ADAPTER_FILES:
             if not (self.folder / name).is_file():
                 raise AdapterValidationError(ErrorCode.MISSING_FILE, f"{name} is missing from {self.uri[:256]}")
-            shutil.copyfile(self.folder / name, into / name)
-        if (self.folder / GOLDEN_FILE).is_file():
-            shutil.copyfile(self.folder / GOLDEN_FILE, into / GOLDEN_FILE)
-        # Pickle files are refused by validation, so carry them along for it to see.
-        for extra in self.folder.iterdir():
-            if extra.is_file() and extra.name not in ADAPTER_FILES and extra.suffix in (".bin", ".pt", ".pth", ".pkl", ".ckpt"):
-                shutil.copyfile(extra, into / extra.name)
+        # Pickle files are refused by validation, which needs only their names: carried empty.
+        for pickle in self.folder.iterdir():
+            if pickle.suffix.lower() in PICKLE_SUFFIXES and pickle.is_file():
+                (into / pickle.name).touch()
+        names = [*ADAPTER_FILES, GOLDEN_FILE] if (self.folder / GOLDEN_FILE).is_file() else [*ADAPTER_FILES]
+        for name in names:
+            source, cap = self.folder / name, bounds.cap(name)
+            bounds.check_size(name, source.stat().st_size, self.uri[:256])
+            write_capped(file_chunks(source, cap), into / name, cap, bounds, self.uri[:256])
 
 
 @dataclass(frozen=True)
@@ -101,23 +119,32 @@ class S3Source:
     prefix: str
     settings: S3Settings
 
-    def fetch(self, into: Path) -> None:
+    def fetch(self, into: Path, bounds: FetchBounds | None = None) -> None:
         from minio.error import S3Error
 
+        bounds = bounds or FetchBounds.within()
         client = self.settings.client()
-        listed = {o.object_name.rsplit("/", 1)[-1] for o in client.list_objects(self.bucket, prefix=self.prefix + "/")}
-        pickles = sorted(n for n in listed if n.endswith((".bin", ".pt", ".pth", ".pkl", ".ckpt")))
+        listed = {o.object_name.rsplit("/", 1)[-1]: o.size for o in client.list_objects(self.bucket, prefix=self.prefix + "/")}
+        pickles = sorted(n for n in listed if n.lower().endswith(PICKLE_SUFFIXES))
         if pickles:
             raise AdapterValidationError(ErrorCode.PICKLE_REFUSED, f"{self.uri} holds pickle files {pickles}; use safetensors")
-        for name in ADAPTER_FILES:
+        for name in [*ADAPTER_FILES, GOLDEN_FILE]:
+            if name == GOLDEN_FILE and name not in listed:
+                continue
+            if listed.get(name) is not None:
+                bounds.check_size(name, listed[name], self.uri)
+            bounds.check_time(self.uri)
             try:
-                client.fget_object(self.bucket, f"{self.prefix}/{name}", str(into / name))
+                response = client.get_object(self.bucket, f"{self.prefix}/{name}")
             except S3Error as err:
                 if err.code in ("NoSuchKey", "NoSuchBucket"):
                     raise AdapterValidationError(ErrorCode.MISSING_FILE, f"{name} is missing from {self.uri}") from err
                 raise
-        if GOLDEN_FILE in listed:
-            client.fget_object(self.bucket, f"{self.prefix}/{GOLDEN_FILE}", str(into / GOLDEN_FILE))
+            try:
+                write_capped(response_chunks(response), into / name, bounds.cap(name), bounds, self.uri)
+            finally:
+                response.close()  # a refused stream's connection is dropped, not drained
+                response.release_conn()
 
 
 def open_source(uri: str, s3: S3Settings | None = None) -> AdapterSource:

@@ -15,6 +15,7 @@ fit), retries transient failures with backoff, and copies the base once (``base_
 
 from __future__ import annotations
 
+import errno
 import logging
 import secrets
 import threading
@@ -22,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final, Literal
 
 from loraplane.adapter_format import AdapterValidationError
 from loraplane.adapter_format.sources import S3Settings, under_prefix
@@ -44,6 +46,7 @@ RETRY_BASE, RETRY_MAX = 1.0, 300.0  # a failed staging fetch or base copy is ret
 BASE_MISMATCH_RETRY_MAX = 3600.0  # a base whose files differ from its digest: fixed files are found within the hour
 PIN_CLIENT_TTL = 30.0  # a pod resends its pins every few seconds; one silent this long is gone (a rollout renames pods)
 MAX_PIN_CLIENTS = 256
+NO_ROOM: Final = "no room"
 
 
 class TooManyPinClients(RuntimeError):
@@ -272,7 +275,11 @@ class NodeAgent:
                     fit = False
                     break
                 held = self._stage_one(a)
-                if held is None:
+                if held == NO_ROOM:  # its bytes met the bound as they landed: it does not fit behind the head
+                    self._sizes[key] = max(self._sizes.get(key, 0), (room or 0) - total + 1)
+                    fit = False
+                    break
+                if held is None or isinstance(held, str):
                     continue
                 lease, size = held
                 self._sizes[key] = size
@@ -303,8 +310,9 @@ class NodeAgent:
             self._head = (self._head & staged) | head if keep_previous else head
         self._apply_pins()
 
-    def _stage_one(self, a: StagedAdapter) -> tuple[str, int] | None:
-        """Fetch one staged version; its (lease, bytes), held until the caller releases it."""
+    def _stage_one(self, a: StagedAdapter) -> tuple[str, int] | Literal["no room"] | None:
+        """Fetch one staged version; its (lease, bytes), held until the caller releases it, or
+        ``NO_ROOM`` when what is kept left no room for its bytes as they landed."""
         key = (a.source, a.digest)
         retry = self._retries.get(key)
         if retry is not None and not retry.due():
@@ -312,6 +320,8 @@ class NodeAgent:
         try:
             got = self.acquire(a.source, a.digest, counted=False)
         except Exception as err:  # reported in state; refused files wait for a new digest
+            if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+                return NO_ROOM
             message = f"{type(err).__name__}: {err}"[:1024]
             with self._lock:
                 self._retries[key] = _Retry(message, isinstance(err, AdapterValidationError), retry.failures + 1 if retry else 1)

@@ -13,6 +13,7 @@ copy, so pods still running on the old one keep their files.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import shutil
@@ -22,10 +23,13 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from loraplane.adapter_format.digest import file_digest
+from loraplane.adapter_format.download import FetchBounds, response_chunks, write_capped
 from loraplane.adapter_format.sources import S3Settings
 from loraplane.usage.spool import fsync_path
 
 MAX_BASE_FILES = 4096  # a checkpoint is a few shards, a config and a tokenizer; far more is not one
+BASE_FETCH_DEADLINE_SECONDS = 4 * 3600.0  # a 140 GB checkpoint at 10 MB/s, not forever
+DISK_RESERVE_BYTES = 2 * 2**30  # left free on the node's disk whatever a base's size
 
 
 class BaseDigestMismatch(ValueError):
@@ -50,7 +54,15 @@ def folder_digest(folder: Path) -> str:
     return f"sha256:{hashlib.sha256(listing.encode()).hexdigest()}"
 
 
-def _download(source: str, into: Path, s3: S3Settings | None) -> None:
+def _room(folder: Path) -> int:
+    """What a base copy may still write on this disk: its free space less a reserve, so a base
+    larger than the disk stops before the node's adapters and pods have no room left."""
+    return shutil.disk_usage(folder).free - DISK_RESERVE_BYTES
+
+
+def _download(source: str, into: Path, s3: S3Settings | None, bounds: FetchBounds) -> None:
+    """A base's files into ``into``, each object streamed: stopped before the disk's room runs out
+    (its listed size is checked first) and at the deadline between chunks."""
     parsed = urlparse(source)
     if parsed.scheme == "s3":
         client = (s3 or S3Settings.from_env()).client()
@@ -66,7 +78,16 @@ def _download(source: str, into: Path, s3: S3Settings | None) -> None:
             if not target.is_relative_to(into.resolve()) or not relative:
                 raise ValueError(f"{source}: object {obj.object_name!r} would land outside the base's folder")
             target.parent.mkdir(parents=True, exist_ok=True)
-            client.fget_object(parsed.netloc, obj.object_name, str(target))
+            room = _room(into)
+            if (obj.size or 0) > room:
+                raise OSError(errno.ENOSPC, f"{source}: {relative} is {obj.size} bytes, the node's disk has room for {room}")
+            bounds.check_time(source)
+            response = client.get_object(parsed.netloc, obj.object_name)
+            try:
+                write_capped(response_chunks(response), target, room, bounds, source)
+            finally:
+                response.close()
+                response.release_conn()
     elif parsed.scheme in ("file", ""):
         folder = Path(parsed.path if parsed.scheme else source)
         if not folder.is_dir():
@@ -101,7 +122,7 @@ class BaseStore:
             return current
         staged = Path(tempfile.mkdtemp(prefix=".fetch-", dir=self.bases))
         try:
-            _download(source, staged, s3)
+            _download(source, staged, s3, FetchBounds.within(BASE_FETCH_DEADLINE_SECONDS))
             got = folder_digest(staged)
             if digest is not None and got != digest:
                 raise BaseDigestMismatch(f"{source} hashes to {got}, not the declared {digest}")

@@ -29,6 +29,7 @@ source with backoff.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -76,6 +77,7 @@ class DiskCache:
         self._reading: Counter[str] = Counter()  # content -> loads reading it now
         self._pinned: set[str] = set()  # sources whose content stays
         self._content_of: dict[str, str] = {}  # source -> content, as far as this process has seen
+        self._landing: Counter[str] = Counter()  # staging folder -> bytes a fetch has written into it
         # The tier orders and counts; the bound is kept by _enforce, which may leave the cache over
         # it while protected entries alone fill it (an insert into a full Tier would raise instead).
         self.tier = Tier(2**62, make_policy(policy), name="disk cache", in_use=self._protected)
@@ -103,6 +105,11 @@ class DiskCache:
     @property
     def used_bytes(self) -> int:
         return self.tier.used
+
+    @property
+    def landing_bytes(self) -> int:
+        """Bytes fetches have written and not yet committed: counted against the bound."""
+        return sum(self._landing.values())
 
     def __len__(self) -> int:
         return len(self.tier)
@@ -191,7 +198,21 @@ class DiskCache:
 
     # writes ---------------------------------------------------------------------------------
     def staging(self) -> Path:
-        return Path(tempfile.mkdtemp(prefix=".fetch-", dir=self.root))
+        staged = Path(tempfile.mkdtemp(prefix=".fetch-", dir=self.root))
+        with self._lock:
+            self._landing[staged.name] = 0
+        return staged
+
+    def land(self, staged: Path, size: int) -> None:
+        """A fetch into ``staged`` is about to write ``size`` more bytes: they count against the
+        bound from now (entries are evicted to make room), and are refused with ``ENOSPC`` (a
+        transient failure, retried) when what is pinned or being read leaves no room for them."""
+        with self._lock:
+            self._landing[staged.name] += size
+            self._enforce()
+            if self._enforcing and self.max_bytes is not None and self.tier.used + self.landing_bytes > self.max_bytes:
+                self._landing[staged.name] -= size
+                raise OSError(errno.ENOSPC, f"the node cache's bound of {self.max_bytes} bytes is full of adapters in use")
 
     def commit(self, staged: Path, source: str) -> tuple[str, Path]:
         """Move a fetched folder into place under its content address, durably; returns (weights
@@ -223,6 +244,7 @@ class DiskCache:
             self.release(target)
             raise
         with self._lock:
+            self._landing.pop(staged.name, None)
             self._content_of[source] = content
             if content not in self.tier:
                 self.tier.insert(content, _folder_bytes(target))
@@ -237,7 +259,7 @@ class DiskCache:
 
     def _enforce(self) -> None:
         """Evict unprotected entries, least wanted first, until the cache fits its bound."""
-        while self._enforcing and self.max_bytes is not None and self.tier.used > self.max_bytes:
+        while self._enforcing and self.max_bytes is not None and self.tier.used + self.landing_bytes > self.max_bytes:
             victim = self.tier.policy.victim(self._protected)
             if victim is None:
                 return
@@ -246,3 +268,5 @@ class DiskCache:
 
     def discard(self, staged: Path) -> None:
         shutil.rmtree(staged, ignore_errors=True)
+        with self._lock:
+            self._landing.pop(staged.name, None)

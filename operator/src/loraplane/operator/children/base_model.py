@@ -29,9 +29,13 @@ from loraplane.operator.children.names import (
 )
 from loraplane.operator.children.pod_security import CONTAINER_SECURITY, HOME_ENV, POD_SECURITY, TMP_MOUNT, TMP_VOLUME
 from loraplane.operator.children.router import router_labels, router_objects
-from loraplane.operator.children.usage_wiring import USAGE_DIR, usage_wiring
+from loraplane.operator.children.usage_wiring import USAGE_DIR, USAGE_VOLUME, usage_wiring
 
 CONFIG_HASH = "loraplane.dev/engine-config-sha256"
+
+
+DEFAULT_DISK_CACHE_SIZE = "20Gi"  # the engine's own default (disk_cache_max_bytes)
+CACHE_MARGIN_BYTES = 3 * 2**30  # one more adapter's largest files (2 GiB of weights), with margin
 
 
 def labels(base: str) -> dict[str, str]:
@@ -72,6 +76,14 @@ def config_hash(name: str, namespace: str, spec: BaseModelSpec) -> str:
     return hashlib.sha256(yaml.safe_dump(hashed, sort_keys=True).encode()).hexdigest()
 
 
+def cache_size_limit(spec: BaseModelSpec) -> str:
+    """The sizeLimit of a replica's cache volume: the adapter cache's bound (the engine counts a
+    fetch's bytes against it as they land) and room for one more adapter's files beside it. An
+    unbounded cache (``diskCacheSize: null``) is bounded by the engine's default instead."""
+    bound = int(parse_quantity(spec.engine.disk_cache_size or DEFAULT_DISK_CACHE_SIZE))  # type: ignore[no-untyped-call]
+    return str(bound + CACHE_MARGIN_BYTES)
+
+
 def config_map(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -104,8 +116,8 @@ def deployment(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]
     ]
     volumes: list[dict[str, Any]] = [
         {"name": "engine", "configMap": {"name": f"{name}-engine"}},
-        {"name": "cache", "emptyDir": {}},
-        {"name": "usage", "emptyDir": {}},
+        {"name": "cache", "emptyDir": {"sizeLimit": cache_size_limit(spec)}},
+        USAGE_VOLUME,
     ]
     if spec.tenancy.api_keys_secret is not None:
         args += ["--tenants", "/etc/loraplane-tenants/tenants.yaml"]

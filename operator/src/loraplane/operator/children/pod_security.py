@@ -15,6 +15,8 @@ CONTAINER_SECURITY: dict[str, Any] = {
     "readOnlyRootFilesystem": True,
     "capabilities": {"drop": ["ALL"]},
 }
-TMP_VOLUME: dict[str, Any] = {"name": "tmp", "emptyDir": {}}
+# Library caches only (Triton's compiled kernels are a few MB each): a runaway writer is evicted
+# by the kubelet before it fills the node's disk.
+TMP_VOLUME: dict[str, Any] = {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}
 TMP_MOUNT: dict[str, Any] = {"name": "tmp", "mountPath": "/tmp"}
 HOME_ENV: dict[str, Any] = {"name": "HOME", "value": "/tmp"}

@@ -13,7 +13,7 @@ from typing import Any
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.children.names import BASE_LABEL, COMPONENT_LABEL, METRICS_PORT, SERVING_PORT, stats_token_env
 from loraplane.operator.children.pod_security import CONTAINER_SECURITY, HOME_ENV, POD_SECURITY, TMP_MOUNT, TMP_VOLUME
-from loraplane.operator.children.usage_wiring import USAGE_DIR, usage_wiring
+from loraplane.operator.children.usage_wiring import USAGE_DIR, USAGE_VOLUME, usage_wiring
 
 ROUTER_PORT = 8000
 
@@ -52,7 +52,7 @@ def router_deployment(base: str, namespace: str, spec: BaseModelSpec) -> dict[st
     usage_args, usage_env = usage_wiring(spec)  # its edge refusals are billing records too
     args += usage_args
     mounts: list[dict[str, Any]] = [{"name": "usage", "mountPath": USAGE_DIR}]
-    volumes: list[dict[str, Any]] = [{"name": "usage", "emptyDir": {}}]
+    volumes: list[dict[str, Any]] = [USAGE_VOLUME]
     secret = spec.adapter_store.credentials_secret
     env_from = [{"secretRef": {"name": secret.name}}] if secret is not None else []
     if spec.tenancy.api_keys_secret is not None:  # the servers' own tenants file: one config

@@ -7,6 +7,9 @@ from typing import Any
 from loraplane.operator.api.basemodel import BaseModelSpec
 
 USAGE_DIR = "/var/lib/loraplane/usage"
+# Hours of records at a busy replica's rate (8 MiB segments) while the export is down; past it the
+# kubelet evicts the pod, which beats filling the node's disk (that evicts every pod on it).
+USAGE_VOLUME: dict[str, Any] = {"name": "usage", "emptyDir": {"sizeLimit": "2Gi"}}
 
 
 def usage_wiring(spec: BaseModelSpec) -> tuple[list[str], list[dict[str, Any]]]:

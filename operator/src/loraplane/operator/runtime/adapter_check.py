@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraplane.adapter_format import AdapterValidationError, BaseShape, ValidationLimits, validate_adapter_dir
+from loraplane.adapter_format.download import FETCH_DEADLINE_SECONDS, FetchBounds
 from loraplane.adapter_format.sources import S3Settings, open_source
 from loraplane.adapter_format.validation import AdapterManifest
 from loraplane.admin_api.engine_sizing import EngineSizing
@@ -20,7 +21,6 @@ from loraplane.operator.api.loraadapter import LoraAdapterSpec
 # on the event loop's default executor; were fetches there too, a slow or hanging store would
 # queue them behind its downloads and stall every reconcile and the webhook's lookups with it.
 FETCHERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="adapter-fetch")
-FETCH_DEADLINE_SECONDS = 600.0  # a multi-GB adapter over a slow link, not forever
 
 
 @dataclass
@@ -32,9 +32,13 @@ class CheckFailed(Exception):
         return f"{self.reason}: {self.message}"
 
 
-def check_adapter(spec: LoraAdapterSpec, base: BaseShape, engine: EngineSizing, s3: S3Settings | None = None) -> AdapterManifest:
+def check_adapter(
+    spec: LoraAdapterSpec, base: BaseShape, engine: EngineSizing, s3: S3Settings | None = None,
+    deadline: float = FETCH_DEADLINE_SECONDS,
+) -> AdapterManifest:  # fmt: skip
     """The manifest of a valid adapter, or :class:`CheckFailed`, under the base's engine limits.
-    Blocking (network and disk): run it in a thread."""
+    Blocking (network and disk): run it in a thread. The fetch stops at each file's byte cap as it
+    streams (the scratch folder is an emptyDir with a size limit) and at ``deadline`` seconds."""
     limits = ValidationLimits(
         max_lora_rank=engine.max_lora_rank, allow_rank_truncation=spec.rank_policy == "Truncate",
         require_adapter_digest=engine.require_adapter_digest,
@@ -43,10 +47,12 @@ def check_adapter(spec: LoraAdapterSpec, base: BaseShape, engine: EngineSizing, 
         folder = Path(tmp) / "adapter"
         folder.mkdir()
         try:
-            open_source(spec.source.uri, s3).fetch(folder)
+            open_source(spec.source.uri, s3).fetch(folder, FetchBounds.within(deadline))
             manifest = validate_adapter_dir(folder, base, limits, expected_digest=spec.source.digest)
         except AdapterValidationError as err:
             raise CheckFailed(err.code.value, err.message) from None
+        except TimeoutError:  # past the deadline: transient, the caller tries again later
+            raise
         except OSError as err:
             raise CheckFailed("FetchFailed", f"{spec.source.uri}: {err}") from None
     if spec.rank is not None and spec.rank != manifest.rank:
@@ -64,7 +70,8 @@ async def check_adapter_off_loop(
     *, deadline: float = FETCH_DEADLINE_SECONDS,
 ) -> AdapterManifest:  # fmt: skip
     """:func:`check_adapter` on the fetch threads, given up after ``deadline`` seconds with
-    ``TimeoutError`` (a transient failure: the caller retries later). A thread stuck in a fetch
-    stays stuck until its socket times out; there are only ``FETCHERS``' few of them."""
-    future = asyncio.get_running_loop().run_in_executor(FETCHERS, check_adapter, spec, base, engine, s3)
+    ``TimeoutError`` (a transient failure: the caller retries later). The fetch itself stops at
+    the same deadline between chunks; a thread stuck in one read stays stuck until its socket
+    times out, and there are only ``FETCHERS``' few of them."""
+    future = asyncio.get_running_loop().run_in_executor(FETCHERS, check_adapter, spec, base, engine, s3, deadline)
     return await asyncio.wait_for(future, deadline)

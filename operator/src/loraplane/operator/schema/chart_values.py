@@ -170,6 +170,12 @@ class Operator(KubeModel):
     resources: Resources = Field(
         default_factory=lambda: Resources(requests={"cpu": "100m", "memory": "256Mi"}, limits={"memory": "512Mi"})
     )
+    scratch_size: str = Field(
+        default="10Gi",
+        pattern=r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?)?$",
+        description="the sizeLimit of the operator's /tmp, where adapters are fetched to be checked: four at once, "
+        "each stopped at 2 GiB of weights as it streams",
+    )
     pod_annotations: Map = Field(default_factory=dict)
     node_selector: Map = Field(default_factory=dict)
     tolerations: list[dict[str, Any]] = Field(default_factory=list)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from loraplane.adapter_format.download import MAX_WEIGHTS_BYTES
 from loraplane.adapter_format.sources import S3Settings
 from loraplane.admin_api import DiskCacheStats
 from loraplane.node_cache.client import AgentClient, AgentUnavailable
@@ -37,12 +38,15 @@ class AdapterFiles(Protocol):
 
 
 class OwnCache:
-    def __init__(self, cache_dir: Path, *, max_bytes: int | None, policy: str, s3: S3Settings | None) -> None:
+    def __init__(
+        self, cache_dir: Path, *, max_bytes: int | None, policy: str, s3: S3Settings | None,
+        max_weights_bytes: int = MAX_WEIGHTS_BYTES,
+    ) -> None:  # fmt: skip
         self.store = DiskCache(cache_dir, max_bytes=max_bytes, policy=policy)
-        self.s3 = s3
+        self.s3, self.max_weights_bytes = s3, max_weights_bytes
 
     def acquire(self, source: str, digest: str | None) -> Held:
-        got = acquire(self.store, source, digest, self.s3)
+        got = acquire(self.store, source, digest, self.s3, self.max_weights_bytes)
         return Held(got.folder, got.weights_digest, got.tier)
 
     def release(self, held: Held) -> None:

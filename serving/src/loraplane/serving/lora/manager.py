@@ -76,7 +76,9 @@ class AdapterManager:
         ``files``: where adapter files come from; by default a disk cache of this process's own
         under ``cache_dir``, bounded by ``disk_cache_max_bytes``."""
         self.table, self.base, self.limits, self.s3 = table, base, limits, s3
-        self.files = files or OwnCache(cache_dir, max_bytes=disk_cache_max_bytes, policy=policy, s3=s3)
+        self.files = files or OwnCache(
+            cache_dir, max_bytes=disk_cache_max_bytes, policy=policy, s3=s3, max_weights_bytes=limits.max_bytes
+        )
         self.loader = AdapterLoader(base, limits, self.files)
         self.loads = LoadQueue(self.loader, max_loads_in_flight)
         self.metrics = metrics or EngineMetrics()
