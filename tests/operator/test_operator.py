@@ -312,6 +312,24 @@ def test_a_bad_adapter_fails_alone_with_its_reason(stack: Stack, how: str, reaso
     stack.wait_phase("support", "Ready")  # the good one is untouched
 
 
+def test_an_adapter_as_large_as_a_disk_fails_at_its_cap_while_a_neighbour_becomes_ready(
+    stack: Stack, tiny_adapters: dict[str, Path]
+) -> None:
+    """A 100 GiB weights file (sparse: it costs this disk nothing) is refused from its size before a
+    byte of it is copied to the operator's scratch, and a neighbour applied beside it is Ready in
+    its usual time."""
+    huge = shutil.copytree(tiny_adapters["qv4"], stack.folder / "huge")
+    with (huge / "adapter_model.safetensors").open("r+b") as fh:
+        fh.truncate(100 * 2**30)
+    stack.apply(lora("huge", f"file://{huge}", "sha256:" + "0" * 64))
+    stack.apply(lora("beside-huge", stack.uris["all8"], stack.digests["all8"]))
+    stack.wait_phase("beside-huge", "Ready", timeout=60)
+    status = stack.wait_phase("huge", "Failed")["status"]
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "TooLarge") and "limit of" in ready["message"], ready
+    assert all(stack.on_replica(url, "huge") is None for url in stack.replicas.values())
+
+
 def test_a_pin_beyond_the_replicas_free_slots_serves_unpinned_and_says_why(stack: Stack) -> None:
     """The replicas have 3 device slots and `support` is pinned: one more pin fits, a third would
     leave no slot for unpinned adapters, so the replicas refuse it and that adapter serves
