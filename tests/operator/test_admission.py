@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 from crd_schema import examples
 
-from loraplane.operator.runtime.admission import ClusterPolicy, review_adapter, review_base
+from loraplane.operator.runtime.admission import ClusterPolicy, review_adapter, review_base, sets_spec
 
 BASE = next(d for d in examples() if d["kind"] == "BaseModel")["spec"]
 LORA = next(d for d in examples() if d["kind"] == "LoraAdapter")["spec"]
@@ -102,3 +103,22 @@ def test_a_served_name_another_adapter_holds_is_refused() -> None:
     taken = review_adapter({**LORA, "servedName": "support"}, BASE, name="support-v2", served_by="support-v1")
     assert any("'support' is already served by LoraAdapter 'support-v1'" in p for p in taken), taken
     assert review_adapter({**LORA, "servedName": "support"}, BASE, name="support-v1", served_by="support-v1") == []
+
+
+@pytest.mark.parametrize(
+    ("operation", "old", "new", "meta", "reviewed"),
+    [
+        ("CREATE", None, {"baseModel": "b"}, {}, True),
+        ("UPDATE", {"spec": {"baseModel": "b"}}, {"baseModel": "c"}, {}, True),  # a new spec: reviewed
+        ("UPDATE", {"spec": {"baseModel": "b"}}, {"baseModel": "b"}, {"labels": {"team": "x"}}, False),
+        ("UPDATE", {"spec": {"baseModel": "b"}}, {"baseModel": "b"}, {"finalizers": []}, False),  # the finalizer goes
+        ("UPDATE", {"spec": {"baseModel": "b"}}, {"baseModel": "c"}, {"deletionTimestamp": "2026-12-06T00:00:00Z"}, False),
+        ("DELETE", {"spec": {"baseModel": "b"}}, {"baseModel": "b"}, {}, False),
+    ],
+)  # fmt: skip
+def test_only_a_write_that_sets_a_spec_is_reviewed(
+    operation: str, old: dict[str, Any] | None, new: dict[str, Any], meta: dict[str, Any], reviewed: bool
+) -> None:
+    """Whatever now refuses an adapter (its BaseModel gone, a tightened allow-list, its served name
+    claimed by another), it can still be labelled and deleted, and its finalizer removed."""
+    assert sets_spec(operation, old, new, meta) is reviewed

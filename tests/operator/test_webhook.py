@@ -82,3 +82,47 @@ def test_the_api_server_calls_the_webhook_and_deletion_needs_neither(kube: Kube,
         kube.wait_for("the deletion to finish", lambda: kube.get("LoraAdapter", NS, "kept") is None, timeout=60)
     finally:
         stop(operator)
+
+
+def test_the_webhook_never_blocks_a_deletion_and_fails_open_after_a_sigkill(kube: Kube, tmp_path: Path) -> None:
+    """An adapter whose BaseModel is gone is refused on create, yet a label on it and its deletion
+    (the finalizer's removal is an update) pass with the webhook up; a SIGKILLed operator leaves
+    its configuration behind, and writes still pass (``failurePolicy: Ignore``: the reconcile
+    checks the same rules and says why in conditions)."""
+    port = free_port()
+    operator = start_operator(kube.kubeconfig, tmp_path / "operator.log", extra_args=("--webhook-port", str(port)),
+                              extra_env={"LORAPLANE_WEBHOOK_HOST": "127.0.0.1"})  # fmt: skip
+    try:
+        config = kube.wait_for(
+            "kopf's webhook configuration",
+            lambda: (c := kube.get("ValidatingWebhookConfiguration", None, CONFIG)) is not None and c.get("webhooks") and c,
+        )
+        for hook in config["webhooks"]:
+            assert hook["failurePolicy"] == "Ignore" and [r["operations"] for r in hook["rules"]] == [["CREATE", "UPDATE"]]
+        base = example("BaseModel", "short-lived")
+        assert kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(base)).returncode == 0
+        adapter = example("LoraAdapter", "stranded")
+        adapter["spec"]["baseModel"] = "short-lived"
+        assert kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(adapter)).returncode == 0
+        kube.wait_for("the finalizer", lambda: (kube.get("LoraAdapter", NS, "stranded") or {})["metadata"].get("finalizers"))
+        assert kube.kubectl("delete", "basemodel", "short-lived", "-n", NS, "--wait=false").returncode == 0
+        kube.wait_for("the BaseModel to go", lambda: kube.get("BaseModel", NS, "short-lived") is None, timeout=60)
+        late = {**example("LoraAdapter", "late"), "spec": adapter["spec"]}
+        again = kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(late), check=False)
+        assert again.returncode != 0 and "does not exist" in again.stderr, again.stderr  # the webhook is up
+        labelled = kube.kubectl("label", "loraadapter", "stranded", "-n", NS, "team=search", check=False)
+        assert labelled.returncode == 0, labelled.stderr
+        assert kube.kubectl("delete", "loraadapter", "stranded", "-n", NS, "--wait=false").returncode == 0
+        kube.wait_for("the deletion to finish", lambda: kube.get("LoraAdapter", NS, "stranded") is None, timeout=60)
+
+        operator.kill()  # no graceful exit: the configuration stays, pointing at nothing
+        operator.wait()
+        assert kube.get("ValidatingWebhookConfiguration", None, CONFIG) is not None
+        orphan = example("LoraAdapter", "while-down")
+        orphan["spec"]["baseModel"] = "short-lived"
+        r = kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(orphan), check=False)
+        assert r.returncode == 0, r.stderr
+        assert kube.kubectl("delete", "loraadapter", "while-down", "-n", NS).returncode == 0
+    finally:
+        if operator.poll() is None:
+            stop(operator)

@@ -103,6 +103,18 @@ def review_adapter(
     return problems
 
 
+def sets_spec(operation: str | None, old: Mapping[str, Any] | None, spec: Mapping[str, Any], meta: Mapping[str, Any]) -> bool:
+    """Whether a write is the webhook's to review: a create, or an update that changes the spec of
+    an object not being deleted. Anything else (the finalizer's removal, labels, annotations) must
+    pass whatever the cluster holds now: an adapter whose BaseModel is gone, whose source a
+    tightened allow-list refuses, or whose served name another claims, is still deletable."""
+    if operation == "CREATE":
+        return True
+    if operation != "UPDATE" or meta.get("deletionTimestamp"):
+        return False
+    return old is None or dict(old.get("spec") or {}) != dict(spec)
+
+
 def review_base(spec_raw: Mapping[str, Any]) -> list[str]:
     try:
         BaseModelSpec.model_validate(dict(spec_raw))
