@@ -149,6 +149,8 @@ def test_load_and_unload_lora_need_the_admin_token(server: str, client: openai.O
     again = {**body, "load_inplace": True, "lora_int_id": 7}
     assert httpx.post(f"{server}/v1/load_lora_adapter", json=again, headers=auth).status_code == 200
     assert httpx.post(f"{server}/v1/unload_lora_adapter", json={"lora_name": "ku2"}, headers=auth).status_code == 200
+    empty = httpx.post(f"{server}/v1/unload_lora_adapter", json={"lora_name": ""}, headers=auth)
+    assert empty.status_code == 400 and empty.json()["error"]["param"] == "lora_name", empty.text  # as vLLM answers
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="ku2", prompt="hi", max_tokens=2)
 
