@@ -21,14 +21,19 @@ TOKEN = "node-agent-test-token"
 
 
 @contextmanager
-def _cli_process(args: list[str], env: dict[str, str], port: int, ready_path: str, timeout: float) -> Iterator[str]:
+def _cli_process(
+    args: list[str], env: dict[str, str], port: int, ready_path: str, timeout: float,
+    started: list[subprocess.Popen[str]] | None = None,
+) -> Iterator[str]:  # fmt: skip
     """``python -m loraplane.cli ARGS``; yields its URL once ``ready_path`` answers 200, stops it
-    afterwards. Its log goes to a file, not a pipe: a pipe nobody reads would fill with access
-    lines and block the process."""
+    afterwards (unless a test killed it: the process goes into ``started``). Its log goes to a
+    file, not a pipe: a pipe nobody reads would fill with access lines and block the process."""
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen(child_command(*args), env=env, stdout=subprocess.DEVNULL,
                                 stderr=log, text=True)  # fmt: skip
+        if started is not None:
+            started.append(proc)
 
         def ready() -> bool:
             if proc.poll() is not None:
@@ -43,18 +48,21 @@ def _cli_process(args: list[str], env: dict[str, str], port: int, ready_path: st
             wait_for(f"loraplane {args[0]} to answer", ready, timeout=timeout)
             yield url
         finally:
-            proc.terminate()
+            if proc.poll() is None:
+                proc.terminate()
             proc.wait(timeout=30)
 
 
 @contextmanager
-def node_agent(cache: Path, s3_endpoint: str, *args: str, node: str = "node-1") -> Iterator[str]:
-    """The agent's URL once ``/health`` answers. ``args``: more flags."""
+def node_agent(
+    cache: Path, s3_endpoint: str, *args: str, node: str = "node-1", started: list[subprocess.Popen[str]] | None = None
+) -> Iterator[str]:
+    """The agent's URL once ``/health`` answers. ``args``: more flags; ``started``: gets the process."""
     port = free_port()
     env = {**os.environ, "AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": ACCESS, "AWS_SECRET_ACCESS_KEY": SECRET,
            "AWS_REGION": "us-east-1", "LORAPLANE_ADMIN_TOKEN": TOKEN, "NODE_NAME": node}  # fmt: skip
     command = ["node-agent", "--cache-dir", str(cache), "--host", "127.0.0.1", "--port", str(port), *args]
-    with _cli_process(command, env, port, "/health", timeout=60) as url:
+    with _cli_process(command, env, port, "/health", timeout=60, started=started) as url:
         yield url
 
 

@@ -3,7 +3,9 @@ counts what is read from it), with serving engines that read their adapters and 
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -146,6 +148,41 @@ def test_the_node_cache_stays_in_its_bound_keeping_what_is_pinned(store, tiny_ad
             held = {n for n in names if (tmp_path / "node" / "adapters" / adapter_digest(tiny_adapters[n])[7:]).is_dir()}
             assert held == {"mlp16", name} and figures["bytes"] <= bound, figures
         assert figures["evictions"] >= 3
+
+
+def test_an_agent_killed_mid_fetch_starts_clean_and_fetches_again(store, tiny_adapters, tmp_path) -> None:
+    """SIGKILL while a fetch is landing (the store trickling): the half-written folder is not an
+    entry, the restarted agent removes it at once (nobody else writes there), and the next acquire
+    fetches the whole adapter."""
+    proxy, uris = store
+    request = {"source": uris["mlp16"], "digest": adapter_digest(tiny_adapters["mlp16"])}
+    adapters = tmp_path / "node" / "adapters"
+    started: list = []
+    proxy.trickle = 2048  # ~20 KB/s: the 110 KB weights take seconds
+    try:
+        with node_agent(tmp_path / "node", proxy.url, started=started) as url:
+            pending = threading.Thread(target=_quietly, args=(call, url, "POST", "/v1/acquire", request), daemon=True)
+            pending.start()
+
+            def landing() -> bool:
+                return any(f.stat().st_size > 0 for d in adapters.glob(".fetch-*") for f in d.iterdir())
+
+            wait_for("a fetch to be landing", landing, timeout=30)
+            started[0].kill()
+            started[0].wait()
+    finally:
+        proxy.trickle = None
+    assert list(adapters.glob(".fetch-*")) and not [p for p in adapters.iterdir() if len(p.name) == 64]  # no entry
+    with node_agent(tmp_path / "node", proxy.url) as url:
+        assert not list(adapters.glob(".fetch-*"))
+        got = call(url, "POST", "/v1/acquire", request)
+        assert got.status_code == 200, got.text
+        assert adapter_digest(adapters / got.json()["content"]) == request["digest"]
+
+
+def _quietly(fn, *args) -> None:  # type: ignore[no-untyped-def]
+    with contextlib.suppress(Exception):
+        fn(*args)
 
 
 def test_a_corrupted_node_cache_file_is_fetched_again(store, tiny_adapters, tmp_path) -> None:

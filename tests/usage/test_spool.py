@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from small_disk import fill, small_disk
 
 from loraplane.usage import Outcome, UsageRecord, UsageSpool
 from loraplane.usage.spool import OPEN_SUFFIX, closed_segments, recover
@@ -164,3 +165,29 @@ def test_a_failed_rotation_leaves_the_spool_writable(tmp_path: Path, monkeypatch
     assert not list(tmp_path.glob(f"*{OPEN_SUFFIX}"))
     assert sorted(ids_in(tmp_path)) == sorted(f"cmpl-{i}" for i in range(40))
     assert sorted(closed) == closed_segments(tmp_path)
+
+
+def test_a_full_disk_fails_its_records_alone_and_the_spool_writes_again_once_there_is_room(tmp_path: Path) -> None:
+    """On a real full volume (a small tmpfs): the records that do not fit fail their futures and
+    are counted, nothing half-written or failed lands in a segment later, and once space is freed
+    the next records are written; every acknowledged record is there exactly once."""
+    with small_disk(tmp_path / "disk", 256) as disk:
+        folder = disk / "usage"
+        folder.mkdir()
+        spool = UsageSpool(folder, "replica-1", fsync_interval=0.05)
+        acknowledged, failed = [], []
+        for i in range(60):
+            if i == 20:
+                filler = fill(disk)
+            try:
+                spool.append(record(i)).result(timeout=5)
+                acknowledged.append(f"cmpl-{i}")
+            except OSError:
+                failed.append(f"cmpl-{i}")
+        assert len(failed) >= 30 and spool.records_lost == len(failed)
+        filler.unlink()
+        for i in range(60, 80):
+            spool.append(record(i)).result(timeout=5)
+            acknowledged.append(f"cmpl-{i}")
+        spool.close()
+        assert sorted(ids_in(folder)) == sorted(acknowledged)  # each once, none of the failed ones

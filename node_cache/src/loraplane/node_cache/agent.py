@@ -87,7 +87,7 @@ class NodeAgent:
         """``allowed_sources``: URI prefixes a pod may have fetched (the BaseModel's tenants'); none:
         any the agent's credentials can read. After a restart onto a non-empty cache the bound is
         kept only once the pins are known again (``_run``), so a restart does not evict them."""
-        self.store = DiskCache(root, max_bytes=max_bytes, policy=policy, enforce_now=False)
+        self.store = DiskCache(root, max_bytes=max_bytes, policy=policy, enforce_now=False, sole_writer=True)
         if len(self.store) == 0:  # nothing adopted from a previous life: nothing a restart could wrongly evict
             self.store.enforce()
         self.allowed_sources = list(allowed_sources or [])

@@ -64,10 +64,16 @@ def _folder_bytes(folder: Path) -> int:
 
 
 class DiskCache:
-    def __init__(self, root: Path, *, max_bytes: int | None = None, policy: str = "demand", enforce_now: bool = True) -> None:
+    def __init__(
+        self, root: Path, *, max_bytes: int | None = None, policy: str = "demand", enforce_now: bool = True,
+        sole_writer: bool = False,
+    ) -> None:  # fmt: skip
         """``max_bytes`` None leaves the cache unbounded. ``enforce_now`` False evicts nothing (the
         adopted entries, or what is written meanwhile) until :meth:`enforce`: an owner that learns
-        its pins after a restart says when it knows them."""
+        its pins after a restart says when it knows them. ``sole_writer``: no other process
+        fetches into ``root`` (the node agent's), so every temporary fetch folder found at start is
+        a crash's leftover, removed now rather than when it is old."""
+        self.sole_writer = sole_writer
         self.root = root / "adapters"
         self.aliases = self.root / "by-source"
         self.aliases.mkdir(parents=True, exist_ok=True)
@@ -94,7 +100,7 @@ class DiskCache:
         for child in self.root.iterdir():
             if child.name.startswith(".fetch-"):
                 with contextlib.suppress(OSError):
-                    if time.time() - child.stat().st_mtime > STALE_STAGING_SECONDS:
+                    if self.sole_writer or time.time() - child.stat().st_mtime > STALE_STAGING_SECONDS:
                         shutil.rmtree(child, ignore_errors=True)
             elif _CONTENT_NAME.match(child.name) and child.is_dir():
                 with contextlib.suppress(OSError):

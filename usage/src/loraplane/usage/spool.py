@@ -18,6 +18,10 @@ path, durable within a stated bound.
   upkeep (about each second) until it succeeds, and each failure is counted
   (``rotation_failures``, exported as ``loraplane_usage_spool_rotation_failures``). Its records
   were written before; a restart would close it too.
+- A write that fails (a full disk) fails its records' futures and leaves the segment as it was:
+  what a short write put in the file is cut back off, so a record its caller heard failed is
+  never billed later. The records are counted (``records_lost``, exported as
+  ``loraplane_usage_spool_records_lost``); the spool writes again as soon as the disk has room.
 
 Hand-written rather than a logging handler: the rotation, fsync bound and per-record
 acknowledgement are the point, and ``logging.handlers`` offers none of them.
@@ -102,10 +106,24 @@ def closed_segments(folder: Path) -> list[Path]:
 class _Segment:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.file = path.open("ab")
+        # Unbuffered: a record is in the file when ``append`` says so, and a failed write leaves
+        # nothing in a buffer to land later (a record its caller was told failed, billed anyway).
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.opened = time.monotonic()
         self.size = 0
         self.unsynced_since: float | None = None
+
+    def append(self, data: bytes) -> None:
+        """All of ``data`` or none of it: a write a full disk cut short is cut back off the file
+        before the error reaches the callers, so the segment holds whole records only."""
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.fd, view) :]
+        except OSError:
+            os.ftruncate(self.fd, self.size)  # freeing space; if even this fails, the caller drops the segment
+            raise
+        self.size += len(data)
 
 
 class UsageSpool:
@@ -126,6 +144,7 @@ class UsageSpool:
         recover(folder)
         self.written = 0  # records written, for tests and stats
         self.rotation_failures = 0  # closes that raised and were retried (a metric)
+        self.records_lost = 0  # records whose write failed (a metric): their callers heard it
         self._closing: list[Path] = []  # rotated segments whose rename or folder fsync is still to succeed
         self._counter = 0
         self._segment: _Segment | None = None
@@ -184,6 +203,7 @@ class UsageSpool:
                 log.exception("usage spool write failed")
                 for _, future in batch:
                     if not future.done():
+                        self.records_lost += 1
                         future.set_exception(err)
 
     def _write(self, batch: list[tuple[UsageRecord, Future[None]]]) -> None:
@@ -202,9 +222,14 @@ class UsageSpool:
                 size += len(lines[end])
                 end += 1
             data = b"".join(lines[start:end])
-            seg.file.write(data)
-            seg.file.flush()
-            seg.size += len(data)
+            try:
+                seg.append(data)
+            except OSError:
+                if seg.size != os.fstat(seg.fd).st_size:  # not even cut back: never written to again
+                    log.error("usage segment %s could not be cut back after a failed write; left for recovery", seg.path.name)
+                    self._segment = None
+                    os.close(seg.fd)
+                raise
             if seg.unsynced_since is None:
                 seg.unsynced_since = time.monotonic()
             for _, future in batch[start:end]:
@@ -224,7 +249,7 @@ class UsageSpool:
         if force_close or now - seg.opened >= self.max_segment_age:  # size rotation happens as it is written
             self._rotate(seg)
         elif seg.unsynced_since is not None and now - seg.unsynced_since >= self.fsync_interval:
-            os.fsync(seg.file.fileno())
+            os.fsync(seg.fd)
             seg.unsynced_since = None
 
     def _rotate(self, seg: _Segment) -> None:
@@ -232,9 +257,9 @@ class UsageSpool:
         # segment it may have closed (every later write would fail until a restart).
         self._segment = None
         try:
-            os.fsync(seg.file.fileno())
+            os.fsync(seg.fd)
         finally:
-            seg.file.close()
+            os.close(seg.fd)
             self._closing.append(seg.path)
         self._close_rotated()
 

@@ -28,6 +28,11 @@ class UsageCollector(Collector):
         )
         rotations.add_metric([], m.spool.rotation_failures if m.spool else 0)
         yield rotations
+        lost = CounterMetricFamily(
+            "loraplane_usage_spool_records_lost", "Usage records whose write failed (a full or broken disk); none is half-written"
+        )
+        lost.add_metric([], m.spool.records_lost if m.spool else 0)
+        yield lost
         if m.exporter is not None:
             uploaded = CounterMetricFamily("loraplane_usage_segments_exported", "Spool segments uploaded and deleted locally")
             uploaded.add_metric([], m.exporter.uploaded)
