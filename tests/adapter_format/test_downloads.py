@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from flaky_proxy import flaky_proxy
 from s3_server import ACCESS, SECRET, moto_server, upload_folder
+from small_disk import fill, small_disk
 
 from loraplane.adapter_format import AdapterValidationError, ErrorCode
 from loraplane.adapter_format.digest import CONFIG_FILE, WEIGHTS_FILE
@@ -125,3 +126,21 @@ def test_the_node_cache_counts_a_fetch_in_flight_against_its_bound(tmp_path: Pat
     assert err.value.errno == errno.ENOSPC
     assert cache.landing_bytes == 0 and cache.used_bytes <= 4 * MiB and new.folder.exists()
     assert not [p for p in cache.root.iterdir() if p.name.startswith(".fetch-")]
+
+
+def test_a_full_disk_fails_a_node_cache_fetch_alone_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """The cache's volume full (a real one: a small tmpfs): the fetch fails (ENOSPC, retried), no
+    half-written folder stays, what is cached keeps being served, and with room again it lands."""
+    small, large = _folder(tmp_path / "small", 16 * 1024), _folder(tmp_path / "large", 128 * 1024)
+    with small_disk(tmp_path / "disk", 512) as disk:
+        cache = DiskCache(disk / "cache")
+        kept = acquire(cache, str(small), None, None)
+        cache.release(kept.folder)
+        filler = fill(disk)
+        with pytest.raises(OSError) as err:
+            acquire(cache, str(large), None, None)
+        assert err.value.errno == errno.ENOSPC and cache.landing_bytes == 0
+        assert not [p for p in cache.root.iterdir() if p.name.startswith(".fetch-")]
+        assert cache.get(str(small), f"sha256:{kept.folder.name}") is not None  # still served
+        filler.unlink()
+        assert acquire(cache, str(large), None, None).tier == "cold"

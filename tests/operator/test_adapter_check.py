@@ -4,11 +4,14 @@ slow or hanging object store must not hold the threads every Kubernetes API call
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 from crd_schema import examples
+from small_disk import fill, small_disk
 
 from loraplane.adapter_format import BaseShape
 from loraplane.operator.api.basemodel import BaseModelSpec
@@ -49,3 +52,21 @@ def test_a_fetch_past_its_deadline_stops_and_is_retried_not_failed(tiny_adapters
     spec = SPEC.model_copy(update={"source": SPEC.source.model_copy(update={"uri": str(tiny_adapters["qv4"]), "digest": None})})
     with pytest.raises(TimeoutError):
         adapter_check.check_adapter(spec, SHAPE, ENGINE, deadline=0.0)
+
+
+def test_a_full_scratch_volume_defers_the_check_instead_of_failing_the_adapter(
+    tiny_adapters: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator's /tmp full (a real full volume): the adapter's files are not at fault, so the
+    check is deferred (retried later), never a Failed adapter; with room again it passes."""
+    spec = SPEC.model_copy(update={"source": SPEC.source.model_copy(update={"uri": str(tiny_adapters["qv4"]), "digest": None})})
+    with small_disk(tmp_path / "scratch", 64) as disk:
+        monkeypatch.setattr(tempfile, "tempdir", str(disk))
+        filler = fill(disk)
+        with pytest.raises(adapter_check.CheckDeferred) as deferred:
+            adapter_check.check_adapter(spec, SHAPE, ENGINE)
+        assert deferred.value.reason == "ScratchFull" and list(disk.iterdir()) == [filler]
+        filler.unlink()
+        with pytest.raises(adapter_check.CheckFailed) as failed:  # checked now: a base of another shape
+            adapter_check.check_adapter(spec, SHAPE, ENGINE)
+        assert failed.value.reason == "BaseMismatch"

@@ -5,6 +5,7 @@ manifest declares. Each failure carries the reason that goes into the adapter's 
 from __future__ import annotations
 
 import asyncio
+import errno
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,6 +22,15 @@ from loraplane.operator.api.loraadapter import LoraAdapterSpec
 # on the event loop's default executor; were fetches there too, a slow or hanging store would
 # queue them behind its downloads and stall every reconcile and the webhook's lookups with it.
 FETCHERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="adapter-fetch")
+
+
+@dataclass
+class CheckDeferred(Exception):
+    """The check could not run for a reason of the operator's own (its scratch volume is full):
+    nothing is known about the adapter, which is checked again later, not failed."""
+
+    reason: str  # CamelCase, for a condition
+    message: str
 
 
 @dataclass
@@ -54,6 +64,8 @@ def check_adapter(
         except TimeoutError:  # past the deadline: transient, the caller tries again later
             raise
         except OSError as err:
+            if err.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise CheckDeferred("ScratchFull", f"the operator's scratch volume is full ({err}); retrying") from None
             raise CheckFailed("FetchFailed", f"{spec.source.uri}: {err}") from None
     if spec.rank is not None and spec.rank != manifest.rank:
         raise CheckFailed("DeclaredRankMismatch", f"the manifest declares rank {spec.rank}, the files have rank {manifest.rank}")

@@ -23,7 +23,7 @@ from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.api.common import Quotas
 from loraplane.operator.api.loraadapter import AdapterSource, LoraAdapterSpec, LoraAdapterStatus, ReplicaPlacement
 from loraplane.operator.runtime import cluster
-from loraplane.operator.runtime.adapter_check import CheckFailed, check_adapter_off_loop
+from loraplane.operator.runtime.adapter_check import CheckDeferred, CheckFailed, check_adapter_off_loop
 from loraplane.operator.runtime.admission import tenancy_problems
 from loraplane.operator.runtime.conditions import Status, condition, set_condition
 from loraplane.operator.runtime.replica_proof import only_proven
@@ -236,6 +236,9 @@ async def _reconcile_on(
         except TimeoutError:  # the store is slow or hanging: try again later, nothing changed
             message = f"{spec.source.uri} was not fetched and checked in time; retrying"
             out.condition("Validated", "False", "FetchTimeout", message, generation)
+            return out
+        except CheckDeferred as err:  # the operator's own trouble: try again later, nothing changed
+            out.condition("Validated", "False", err.reason, err.message, generation)
             return out
         except CheckFailed as err:
             if promoting:
