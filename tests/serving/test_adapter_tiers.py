@@ -136,7 +136,7 @@ def test_disk_cache_survives_a_restart(env, s3, tiny_llama, tiny_adapters, refer
     # A new process with the same cache dir and registration: no fetch at all.
     from loraplane.adapter_format import sources
 
-    def no_network(self, into):
+    def no_network(self, into, bounds=None):
         raise AssertionError("fetched from S3 although the disk cache holds this digest")
 
     monkeypatch.setattr(sources.S3Source, "fetch", no_network)
@@ -175,9 +175,9 @@ def test_a_cold_load_does_not_delay_running_decodes(tiny_llama, tiny_adapters, t
     gate = threading.Event()
     real_fetch = sources.FileSource.fetch
 
-    def slow_fetch(self, into):  # the load cannot finish until the test opens the gate
+    def slow_fetch(self, into, bounds=None):  # the load cannot finish until the test opens the gate
         gate.wait(timeout=30)
-        real_fetch(self, into)
+        real_fetch(self, into, bounds)
 
     monkeypatch.setattr(sources.FileSource, "fetch", slow_fetch)
     engine = tiny_engine(tiny_llama, tmp_path, max_loras=2)

@@ -143,10 +143,10 @@ def test_a_slow_candidate_fetch_stalls_no_other_request(tiny_llama, tiny_adapter
         gate, entered = threading.Event(), []
         real_fetch = sources.FileSource.fetch
 
-        def hanging_fetch(self, into):  # type: ignore[no-untyped-def]
+        def hanging_fetch(self, into, bounds=None):  # type: ignore[no-untyped-def]
             entered.append(self)
             gate.wait(timeout=60)
-            real_fetch(self, into)
+            real_fetch(self, into, bounds)
 
         monkeypatch.setattr(sources.FileSource, "fetch", hanging_fetch)
         verify = pool.submit(httpx.post, f"{url}/admin/verify", json={"lora_path": str(good)}, timeout=120)
@@ -254,10 +254,10 @@ def test_one_replay_per_version_and_none_once_its_callers_are_gone(tiny_llama, t
         started.append(req.lora_path)
         return await real_verify(engine, req)
 
-    def hanging_fetch(self, into):  # type: ignore[no-untyped-def]
+    def hanging_fetch(self, into, bounds=None):  # type: ignore[no-untyped-def]
         entered.append(self)
         gate.wait(timeout=60)
-        real_fetch(self, into)
+        real_fetch(self, into, bounds)
 
     monkeypatch.setattr(quality_gate, "verify_candidate", counted)
     monkeypatch.setattr(sources.FileSource, "fetch", hanging_fetch)
