@@ -28,7 +28,7 @@ def start_operator(
     port = free_port()
     env = dict(os.environ, KUBECONFIG=str(kubeconfig),
                LORAPLANE_SYNC_INTERVAL="1", LORAPLANE_METRICS_INTERVAL="0", LORAPLANE_METRICS_REFRESH="2",
-               LORAPLANE_RETRY_DELAY="1", **(extra_env or {}))  # fmt: skip
+               LORAPLANE_RETRY_DELAY="1", LORAPLANE_RESYNC_INTERVAL="10", **(extra_env or {}))  # fmt: skip
     args = ["operator", *peering, *extra_args, "--liveness", f"http://127.0.0.1:{port}/healthz"]
     with log_path.open("ab") as log:
         proc = subprocess.Popen(child_command(*args), env=env, stdout=log, stderr=log)

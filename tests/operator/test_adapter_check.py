@@ -14,9 +14,11 @@ from crd_schema import examples
 from small_disk import fill, small_disk
 
 from loraplane.adapter_format import BaseShape
+from loraplane.adapter_format.sources import S3Settings
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.api.loraadapter import LoraAdapterSpec
 from loraplane.operator.runtime import adapter_check
+from loraplane.serving.http.loopback import free_port
 
 SPEC = LoraAdapterSpec.model_validate(next(d for d in examples() if d["kind"] == "LoraAdapter")["spec"])
 ENGINE = BaseModelSpec.model_validate(next(d for d in examples() if d["kind"] == "BaseModel")["spec"]).engine
@@ -70,3 +72,14 @@ def test_a_full_scratch_volume_defers_the_check_instead_of_failing_the_adapter(
         with pytest.raises(adapter_check.CheckFailed) as failed:  # checked now: a base of another shape
             adapter_check.check_adapter(spec, SHAPE, ENGINE)
         assert failed.value.reason == "BaseMismatch"
+
+
+def test_a_store_refusing_connections_defers_the_check_instead_of_failing_the_adapter() -> None:
+    """Nothing listens at the store's address (its pods restarting): the adapter is not at fault,
+    so the check is deferred with a reason a person can read, and the handler retries it."""
+    spec = SPEC.model_copy(update={"source": SPEC.source.model_copy(update={"uri": "s3://adapters/acme/support"})})
+    s3 = S3Settings(endpoint=f"http://127.0.0.1:{free_port()}", access_key="a", secret_key="b", region="us-east-1")
+    with pytest.raises(adapter_check.CheckDeferred) as deferred:
+        adapter_check.check_adapter(spec, SHAPE, ENGINE, s3)
+    assert deferred.value.reason == "StoreUnreachable" and s3.endpoint in deferred.value.message
+    assert deferred.value.reason in adapter_check.DEFERRED_REASONS

@@ -25,6 +25,7 @@ import pytest
 from broken_adapters import corrupt
 from engine_helpers import tiny_engine
 from envtest import Kube, control_plane
+from flaky_proxy import FlakyProxy, flaky_proxy
 from operator_process import start_operator
 from s3_server import ACCESS, SECRET, moto_server, upload_folder
 from serving_pods import admin_secret, serving_pod
@@ -50,7 +51,8 @@ def digest_of(folder: Path) -> str:
 @dataclass
 class Stack:
     kube: Kube
-    endpoint: str
+    endpoint: str  # the object store as the operator and the replicas reach it: moto behind ``store``
+    store: FlakyProxy
     tiny_llama: Path
     folder: Path
     uris: dict[str, str] = field(default_factory=dict)
@@ -124,8 +126,9 @@ def stack(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory: py
     folder = tmp_path_factory.mktemp("operator")
     with ExitStack() as outer:
         endpoint = outer.enter_context(moto_server())
+        store = outer.enter_context(flaky_proxy(endpoint))
         kube = outer.enter_context(control_plane(folder / "kube"))
-        s = Stack(kube, endpoint, tiny_llama, folder)
+        s = Stack(kube, store.url, store, tiny_llama, folder)
         outer.enter_context(s.exits)
         for name, path in tiny_adapters.items():
             s.uris[name] = upload_folder(endpoint, "adapters", f"acme/{name}", path)
@@ -152,7 +155,7 @@ def stack(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory: py
             "spec": {
                 "source": {"uri": str(tiny_llama)}, "replicas": 2,
                 "engine": {"maxLoras": 3, "maxLoraRank": 8, "maxCpuLoras": 8},
-                "adapterStore": {"endpoint": endpoint, "region": "us-east-1", "credentialsSecret": {"name": "adapter-store"}},
+                "adapterStore": {"endpoint": store.url, "region": "us-east-1", "credentialsSecret": {"name": "adapter-store"}},
                 "autoPinning": {"enabled": False},
             },
         })  # fmt: skip
@@ -583,6 +586,93 @@ def test_the_operator_converges_across_an_api_server_restart(stack: Stack) -> No
         status = stack.wait_phase(name, "Ready", timeout=120)["status"]
         assert sorted(r["replica"] for r in status["replicas"]) == sorted(stack.replicas)
     assert stack.operator is not None and stack.operator.poll() is None
+
+
+OUTAGE_SECONDS = 60.0  # "unreachable for a minute": the fault suite's outage
+
+
+@dataclass
+class Traffic:
+    """Completions for one served adapter on every replica, one after another, all through an
+    outage: what a user of the adapters already serving sees."""
+
+    answered: int = 0
+    failures: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+@contextmanager
+def steady_traffic(stack: Stack, served: str) -> Iterator[Traffic]:
+    traffic = Traffic()
+    clients = [openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=30) for url in stack.replicas.values()]
+
+    def run() -> None:
+        while not traffic.stop.is_set():
+            for client in clients:
+                try:
+                    client.completions.create(model=served, prompt="hi", max_tokens=4, extra_body={"ignore_eos": True})
+                    traffic.answered += 1
+                except openai.APIError as err:
+                    traffic.failures.append(repr(err))
+            traffic.stop.wait(0.2)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield traffic
+    finally:
+        traffic.stop.set()
+        thread.join(60)
+
+
+def test_a_minute_without_the_object_store_delays_a_new_adapter_and_fails_nothing(stack: Stack) -> None:
+    """The object store refuses every connection for a minute (its pods restarting; its Service
+    without endpoints). What is served keeps serving from the replicas' own tiers; an adapter
+    applied meanwhile says it waits for the store (Validated False, StoreUnreachable, retried),
+    is never Failed, and becomes Ready on its own once the store is back."""
+    stack.apply(lora("steady", stack.uris["ku2"], stack.digests["ku2"]))
+    stack.wait_phase("steady", "Ready")
+    with steady_traffic(stack, "steady") as traffic:
+        stack.store.down()
+        try:
+            end = time.monotonic() + OUTAGE_SECONDS
+            stack.apply(lora("while-the-store-is-away", stack.uris["qv4"], stack.digests["qv4"]))
+            reasons: set[str] = set()
+            while time.monotonic() < end:
+                status = stack.adapter("while-the-store-is-away").get("status", {})
+                assert status.get("phase") != "Failed", status
+                reasons |= {c["reason"] for c in status.get("conditions", []) if c["type"] == "Validated"}
+                time.sleep(1)
+        finally:
+            stack.store.up()
+        status = stack.wait_phase("while-the-store-is-away", "Ready", timeout=60)["status"]
+    assert "StoreUnreachable" in reasons, (reasons, stack.log())
+    assert sorted(r["replica"] for r in status["replicas"]) == sorted(stack.replicas)
+    assert traffic.failures == [] and traffic.answered >= 20, (traffic.answered, traffic.failures[:3])
+
+
+def test_a_minute_without_the_api_server_stops_no_traffic_and_loses_no_accepted_adapter(stack: Stack) -> None:
+    """The API server is gone for a minute (a control-plane outage). The replicas serve on, since
+    nothing on the request path asks the API server; a write during the outage is refused to its
+    writer (so it was never accepted); an adapter accepted just before it becomes Ready after it,
+    and the operator process rides it out rather than exiting."""
+    stack.apply(lora("steady", stack.uris["ku2"], stack.digests["ku2"]))
+    stack.wait_phase("steady", "Ready")
+    with steady_traffic(stack, "steady") as traffic:
+        stack.apply(lora("accepted-before-the-outage", stack.uris["qv4"], stack.digests["qv4"]))
+        stack.kube.plane.stop_apiserver()
+        try:
+            end = time.monotonic() + OUTAGE_SECONDS
+            with pytest.raises(httpx.TransportError):
+                stack.apply(lora("refused-during-the-outage", stack.uris["qv4"], stack.digests["qv4"]))
+            time.sleep(max(0.0, end - time.monotonic()))
+        finally:
+            stack.kube.plane.start_apiserver()
+        stack.wait_phase("accepted-before-the-outage", "Ready", timeout=120)
+    assert stack.kube.get("LoraAdapter", NS, "refused-during-the-outage") is None
+    assert stack.operator is not None and stack.operator.poll() is None, stack.log()
+    assert traffic.failures == [] and traffic.answered >= 20, (traffic.answered, traffic.failures[:3])
+    stack.kube.delete("LoraAdapter", NS, "steady")
 
 
 def test_a_writer_racing_the_operator_gets_a_conflict_and_rolls_back_nothing(stack: Stack) -> None:

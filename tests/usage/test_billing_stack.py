@@ -1,8 +1,9 @@
 """Billing that loses nothing, end to end: two `loraplane serve` replicas and the router as
 processes, exporting to S3 (moto), steady traffic through the router with the official client,
-one replica SIGKILLed and restarted mid-traffic. Afterwards the report holds every request the
-client saw complete exactly once, with the tokens the client was told, and every request the
-router refused, once, as refused."""
+one replica SIGKILLed and restarted mid-traffic, in the middle of a stream and while its spool is
+being written. Afterwards the report holds every request the client saw complete exactly once,
+with the tokens the client was told, and every request the router refused, once, as refused; the
+stream the kill cut ended with an error its client saw, never as a clean finish."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from s3_server import ACCESS, SECRET, client, moto_server
@@ -60,11 +62,37 @@ def test_sigkill_of_a_replica_loses_no_billed_request(tiny_llama: Path, tiny_ada
                     assert r.usage is not None
                     completed[r.id] = (r.usage.prompt_tokens, r.usage.completion_tokens)
 
+            mid_stream, cut = threading.Event(), []
+
+            def streams() -> None:
+                """Long streams straight to the replica that is killed, so one is cut."""
+                api = openai.OpenAI(base_url=f"{fleet.urls[0]}/v1", api_key=fleet.keys["acme"], max_retries=0, timeout=60)
+                while not stop.is_set():
+                    chunks, usage, rid = 0, None, ""
+                    try:
+                        for chunk in api.completions.create(
+                            model="bot", prompt="a long story", max_tokens=200, stream=True,
+                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+                        ):  # fmt: skip
+                            rid, chunks, usage = chunk.id, chunks + 1, chunk.usage or usage
+                            if chunks == 5:
+                                mid_stream.set()
+                    except (openai.APIError, httpx.HTTPError) as err:
+                        cut.append((rid, chunks, repr(err)))
+                        time.sleep(0.5)  # the replica is down: wait for it, as a client's retry would
+                        continue
+                    finally:
+                        mid_stream.clear()
+                    assert usage is not None and usage.completion_tokens == 200, (rid, chunks, usage)
+                    completed[rid] = (usage.prompt_tokens, usage.completion_tokens)
+
             base = openai.OpenAI(base_url=f"{router}/v1", api_key=fleet.keys["acme"]).models.list().data[0].id
             workers = [threading.Thread(target=traffic, args=a) for a in (("acme", "bot"), ("acme", base), ("metered", base))]
+            workers.append(threading.Thread(target=streams))
             for w in workers:
                 w.start()
             time.sleep(3)
+            assert mid_stream.wait(30)
             fleet.kill(0)
             time.sleep(1)
             fleet.start(0)
@@ -84,6 +112,9 @@ def test_sigkill_of_a_replica_loses_no_billed_request(tiny_llama: Path, tiny_ada
             assert r.request_id not in records, f"{r.request_id} recorded twice"
             records[r.request_id] = r
     assert len(completed) > 20 and refusals > 0
+    # The stream in flight at the kill ended with an error part way, and was not billed as done.
+    assert cut and 5 <= cut[0][1] < 200, cut
+    assert cut[0][0] not in completed and (cut[0][0] not in records or records[cut[0][0]].outcome.value != "completed")
     for rid, (prompt, completion) in completed.items():
         r = records[rid]
         assert (r.prompt_tokens, r.completion_tokens, r.outcome.value) == (prompt, completion, "completed"), rid

@@ -26,6 +26,16 @@ from loraplane.adapter_format.validation import PICKLE_SUFFIXES
 ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
 READ_TIMEOUT_SECONDS = 60.0
 _NOT_THERE = {errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.EACCES, errno.EPERM, errno.EINVAL}
+# S3's answers that mean "not now" rather than "not so": the store is busy or broken for a while.
+_STORE_BUSY = {"ServiceUnavailable", "SlowDown", "InternalError", "RequestTimeout", "ServerBusy"}
+
+
+class StoreUnavailable(ConnectionError):
+    """The object store could not be reached, cut a transfer off, or answered with a server error:
+    nothing is known about the adapter, and the same fetch may succeed later. A ``ConnectionError``
+    (so an ``OSError``), so the callers that retry those with backoff (the serving load queue,
+    the node agent) go on doing so, and the operator can say "waiting for the store" rather than
+    fail an adapter because its store restarted."""
 
 
 class AdapterSource(Protocol):
@@ -120,9 +130,22 @@ class S3Source:
     settings: S3Settings
 
     def fetch(self, into: Path, bounds: FetchBounds | None = None) -> None:
+        import urllib3
+        from minio.error import S3Error, ServerError
+
+        where = self.settings.endpoint or "AWS S3"
+        try:
+            self._fetch(into, bounds or FetchBounds.within())
+        except (urllib3.exceptions.HTTPError, ServerError) as err:
+            raise StoreUnavailable(f"{self.uri}: the object store at {where} did not answer ({type(err).__name__})") from err
+        except S3Error as err:
+            if err.code in _STORE_BUSY:
+                raise StoreUnavailable(f"{self.uri}: the object store at {where} answered {err.code}") from err
+            raise
+
+    def _fetch(self, into: Path, bounds: FetchBounds) -> None:
         from minio.error import S3Error
 
-        bounds = bounds or FetchBounds.within()
         client = self.settings.client()
         listed = {o.object_name.rsplit("/", 1)[-1]: o.size for o in client.list_objects(self.bucket, prefix=self.prefix + "/")}
         pickles = sorted(n for n in listed if n.lower().endswith(PICKLE_SUFFIXES))

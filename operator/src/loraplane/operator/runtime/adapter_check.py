@@ -13,7 +13,7 @@ from pathlib import Path
 
 from loraplane.adapter_format import AdapterValidationError, BaseShape, ValidationLimits, validate_adapter_dir
 from loraplane.adapter_format.download import FETCH_DEADLINE_SECONDS, FetchBounds
-from loraplane.adapter_format.sources import S3Settings, open_source
+from loraplane.adapter_format.sources import S3Settings, StoreUnavailable, open_source
 from loraplane.adapter_format.validation import AdapterManifest
 from loraplane.admin_api.engine_sizing import EngineSizing
 from loraplane.operator.api.loraadapter import LoraAdapterSpec
@@ -24,10 +24,14 @@ from loraplane.operator.api.loraadapter import LoraAdapterSpec
 FETCHERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="adapter-fetch")
 
 
+DEFERRED_REASONS = frozenset({"ScratchFull", "StoreUnreachable"})
+
+
 @dataclass
 class CheckDeferred(Exception):
-    """The check could not run for a reason of the operator's own (its scratch volume is full):
-    nothing is known about the adapter, which is checked again later, not failed."""
+    """The check could not run for a reason that is not the adapter's (the operator's scratch
+    volume is full, the object store does not answer): nothing is known about the adapter, which
+    is checked again later (its reason is one of ``DEFERRED_REASONS``), not failed."""
 
     reason: str  # CamelCase, for a condition
     message: str
@@ -63,6 +67,8 @@ def check_adapter(
             raise CheckFailed(err.code.value, err.message) from None
         except TimeoutError:  # past the deadline: transient, the caller tries again later
             raise
+        except StoreUnavailable as err:
+            raise CheckDeferred("StoreUnreachable", f"{err}; retrying") from None
         except OSError as err:
             if err.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise CheckDeferred("ScratchFull", f"the operator's scratch volume is full ({err}); retrying") from None

@@ -23,11 +23,27 @@ from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.api.common import Quotas
 from loraplane.operator.api.loraadapter import AdapterSource, LoraAdapterSpec, LoraAdapterStatus, ReplicaPlacement
 from loraplane.operator.runtime import cluster
-from loraplane.operator.runtime.adapter_check import CheckDeferred, CheckFailed, check_adapter_off_loop
+from loraplane.operator.runtime.adapter_check import DEFERRED_REASONS, CheckDeferred, CheckFailed, check_adapter_off_loop
 from loraplane.operator.runtime.admission import tenancy_problems
 from loraplane.operator.runtime.conditions import Status, condition, set_condition
 from loraplane.operator.runtime.replica_proof import only_proven
 from loraplane.operator.runtime.settings import OperatorSettings
+
+# Conditions that mean "not yet": the handler is retried (kopf.TemporaryError) until they clear.
+WAITING_REASONS = frozenset(
+    {"BaseModelNotFound", "NoReadyReplicas", "ReplicaError", "ServedNameTaken", "FetchTimeout", *DEFERRED_REASONS}
+)
+
+
+def unfinished(obj: Mapping[str, Any]) -> bool:
+    """Whether a LoraAdapter's reconcile has more to do: its status does not speak for its
+    generation (no write of the outcome landed), or it still waits on something."""
+    status = obj.get("status") or {}
+    current = status.get("observedGeneration") == obj["metadata"].get("generation")
+    return not current or any(
+        c.get("status") != "True" and c.get("reason") in WAITING_REASONS for c in status.get("conditions", [])
+    )
+
 
 # A replica answers these the same way however often it is asked (a body or adapter it refuses).
 PERMANENT_REPLICA_STATUSES = frozenset({400, 413, 422})

@@ -15,22 +15,26 @@ Every ``sync_interval`` seconds, per BaseModel:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from loraplane.admin_api import AdapterState, AdminClient, ReplicaError
+from loraplane.operator.api import GROUP
 from loraplane.operator.api.basemodel import MAX_STATUS_TENANTS, BaseModelSpec, TenantUsage, UsageStatus
 from loraplane.operator.api.loraadapter import LoraAdapterSpec
 from loraplane.operator.runtime import cluster, decisions
-from loraplane.operator.runtime.adapter_flow import parse_status, serving_source, stage
+from loraplane.operator.runtime.adapter_flow import parse_status, serving_source, stage, unfinished
 from loraplane.operator.runtime.conditions import Status, now_rfc3339
 from loraplane.operator.runtime.node_cache_sync import sync_node_caches
 from loraplane.operator.runtime.settings import OperatorSettings
 from loraplane.usage.rollup import merge
 
 ReplicaAdapters = dict[str, dict[str, AdapterState]]  # replica -> served name -> its state there
+
+LOG = logging.getLogger(__name__)
 
 
 @dataclass
@@ -45,6 +49,7 @@ class BaseMemory:
     node_condition: tuple[Status, str, str] | None = None  # NodeCachesReady, with nodeCache.enabled
     usage: dict[str, Any] | None = None
     usage_at: float = -1e9
+    unfinished: dict[str, tuple[str, float]] = field(default_factory=dict)  # adapter -> (resourceVersion, seen since)
 
 
 @dataclass
@@ -96,6 +101,7 @@ async def sync_base(
     # name a replica reported that no LoraAdapter claims here is one nobody wants any more.
     objects = await cluster.list_custom(namespace, "loraadapters")
     adapters = _adapters_of(name, objects)
+    await _resync_stalled(name, namespace, objects, memory, settings)
     ready = {a.served: a for a in adapters if a.status.phase == "Ready"}
     await _unregister_unclaimed(name, objects, stats, clients)
     pins = _pins(base, ready, stats, memory)
@@ -134,6 +140,33 @@ async def sync_base(
     if node_caches is not None:
         patch["nodeCache"] = node_caches.status.body()
     return patch
+
+
+async def _resync_stalled(
+    base: str, namespace: str, objects: list[dict[str, Any]], memory: BaseMemory, settings: OperatorSettings
+) -> None:
+    """kopf handles a change once and records the outcome on the object; when that record cannot
+    be written (the API server went away in the middle of it), the object is left with no change
+    to react to once the server is back, and the adapter would wait for its next edit. An
+    adapter of this base that is unfinished and has not changed for ``resync_interval`` seconds
+    is touched (an annotation), which kopf sees as a change and handles as it would have. kopf's
+    own retries change the object, so an adapter they are working on is never touched, and a
+    settled one costs no write. (An adapter whose BaseModel is missing is kopf's to retry.)"""
+    now, seen = time.monotonic(), {}
+    for obj in objects:
+        meta = obj["metadata"]
+        if obj.get("spec", {}).get("baseModel") != base or meta.get("deletionTimestamp") or not unfinished(obj):
+            continue
+        version, since = meta.get("resourceVersion", ""), now
+        earlier = memory.unfinished.get(meta["name"])
+        if earlier is not None and earlier[0] == version:
+            since = earlier[1]
+        if now - since >= settings.resync_interval:
+            LOG.info("%s/%s is unfinished and unchanged for %.0f s: handled again", namespace, meta["name"], now - since)
+            await cluster.annotate(namespace, "loraadapters", meta["name"], {f"{GROUP}/resync-requested": now_rfc3339()})
+            since = now
+        seen[meta["name"]] = (version, since)
+    memory.unfinished = seen
 
 
 async def _unregister_unclaimed(

@@ -88,6 +88,16 @@ async def patch_status(
     await asyncio.to_thread(write)
 
 
+async def annotate(namespace: str, plural: str, name: str, annotations: dict[str, str]) -> None:
+    """Merge ``annotations`` into the object's metadata (a change every watcher sees)."""
+
+    def write() -> None:
+        body = {"metadata": {"annotations": annotations}}
+        _custom().patch_namespaced_custom_object(GROUP, VERSION, namespace, plural, name, body)
+
+    await asyncio.to_thread(write)
+
+
 async def ensure_admin_secret(namespace: str, base: str, owner: Mapping[str, Any]) -> None:
     """Create the BaseModel's admin-token and stats-token Secrets with random tokens, owned by the
     BaseModel, unless they exist. An existing one is never rewritten: its replicas already hold

@@ -14,14 +14,13 @@ from loraplane.operator.api import GROUP, VERSION, Condition
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.children.base_model import children
 from loraplane.operator.runtime import cluster
-from loraplane.operator.runtime.adapter_flow import reconcile, unregister_everywhere
+from loraplane.operator.runtime.adapter_flow import WAITING_REASONS, reconcile, unregister_everywhere
 from loraplane.operator.runtime.base_sync import BaseMemory, sync_base
 from loraplane.operator.runtime.conditions import Status, set_condition
 from loraplane.operator.runtime.settings import OperatorSettings
 
 SETTINGS = OperatorSettings()
 MEMORY: dict[tuple[str, str], BaseMemory] = {}
-WAITING_REASONS = {"BaseModelNotFound", "NoReadyReplicas", "ReplicaError", "ServedNameTaken", "FetchTimeout"}
 
 
 @kopf.index(GROUP, VERSION, "loraadapters")

@@ -40,6 +40,9 @@ class OperatorSettings(BaseSettings):
     webhook_port: int | None = Field(default=None, description="serve the validating webhook on this port (kopf, self-signed)")
     webhook_host: str | None = Field(default=None, description="the hostname the API server reaches the webhook at")
     retry_delay: float = Field(default=5.0, gt=0, description="seconds before retrying a step that waits on something")
+    resync_interval: float = Field(
+        default=30.0, gt=0, description="seconds an adapter left unfinished and unchanged waits before it is handled again"
+    )
 
     def policy(self, namespace: str) -> ClusterPolicy:
         """The allow-lists and tenant binding as they apply to an adapter in ``namespace``."""
