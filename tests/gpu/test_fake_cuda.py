@@ -114,22 +114,24 @@ def test_the_engine_steps_on_fake_cuda_without_mismatch_or_hidden_sync(
     assert max(per_step) == 1
 
 
-def test_rows_sampled_on_the_host_come_back_once_per_step(
+def test_sampled_rows_come_back_as_ids_and_only_penalised_rows_as_logits(
     tiny_llama: Path, tmp_path: Path, syncs: Syncs, fake_cuda: FakeTensorMode
 ) -> None:
-    """A request with a seed and log-probabilities samples on the host: its logits row comes back,
-    beside the argmax of the plain greedy rows: two read-backs in a step, never more."""
+    """A greedy row and a seeded row with temperature and log-probabilities sample on the device:
+    one read-back of their ids and figures ([2, 2 + 2 x 2] float64). A row with a penalty samples
+    on the host: its logits row comes back. Two read-backs in a step, never more."""
     engine = tiny_engine(tiny_llama, tmp_path, device="cuda")
     greedy = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
     seeded = SamplingParams(max_tokens=3, temperature=0.8, seed=7, logprobs=2, ignore_eos=True)
-    engine.add_request([4, 5, 6], greedy)
-    engine.add_request([7, 8, 9], seeded)
+    penalised = SamplingParams(max_tokens=3, temperature=0.8, frequency_penalty=0.5, ignore_eos=True)
+    for prompt, params in (([4, 5, 6], greedy), ([7, 8, 9], seeded), ([10, 11, 12], penalised)):
+        engine.add_request(prompt, params)
     while engine.has_unfinished():
         before = len(syncs.calls)
         for out in engine.step():
             assert out.error is None, out.error
         assert len(syncs.calls) - before <= 2
-    assert (1,) in syncs.calls and (1, 320) in syncs.calls  # one argmax, one logits row
+    assert (2, 6) in syncs.calls and (1, 320) in syncs.calls  # the device rows' ids and figures; one logits row
 
 
 def test_a_mixed_device_operation_is_caught(tiny_llama: Path, tmp_path: Path, fake_cuda: FakeTensorMode) -> None:

@@ -79,15 +79,26 @@ def test_a_step_with_prompts_launches_what_its_layers_declare(engine: tuple[Any,
         assert t.launches == PER_LAYER * LAYERS + AROUND, f"{scenario.name}: {t.launches} launches, {t.by_op}"
 
 
-def test_rows_sampled_on_the_host_bring_their_logits_back(engine: tuple[Any, Any, list[str | None]]) -> None:
-    """A row with temperature samples on the host: its whole logits row crosses (what sampling on
-    the device would save), beside the greedy rows' token ids."""
+def test_rows_with_temperature_sample_on_the_device_and_only_penalised_rows_bring_logits_back(
+    engine: tuple[Any, Any, list[str | None]],
+) -> None:
+    """Greedy and temperature rows (seeded or not, with top-p) are sampled on the device: their
+    token ids alone cross, in one read-back. A row with a penalty samples on the host, so its
+    whole logits row crosses, in the step's second read-back."""
     built, recorder, names = engine
-    ids = [built.add_request([5] * 8, SamplingParams(max_tokens=4, temperature=t, seed=1), adapter=names[0]) for t in (0.0, 0.7)]
+    kinds = [
+        SamplingParams(max_tokens=4, temperature=0.0),
+        SamplingParams(max_tokens=4, temperature=0.7, seed=1),
+        SamplingParams(max_tokens=4, temperature=1.0, top_p=0.9),
+    ]
+    ids = [built.add_request([5] * 8, p, adapter=names[0]) for p in kinds]
     step = measure(recorder, built.step)
+    assert (step.tally.read_backs, step.tally.read_back_bytes) == (1, 8 * len(kinds)), step.tally
+    penalised = built.add_request([5] * 8, SamplingParams(max_tokens=4, temperature=0.7, frequency_penalty=0.5))
+    step = measure(recorder, built.step)  # the new row's prompt and the three decodes, in one step
     assert step.tally.read_backs == 2
-    assert step.tally.read_back_bytes == 8 + 4 * TOY_CONFIG["vocab_size"]
-    for i in ids:
+    assert step.tally.read_back_bytes == 8 * len(kinds) + 4 * TOY_CONFIG["vocab_size"]
+    for i in [*ids, penalised]:
         built.abort(i)
     built.step()
 

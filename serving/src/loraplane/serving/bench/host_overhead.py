@@ -406,12 +406,14 @@ class Scenario:
     decode: int = 0
     prompts: int = 0
     prompt_len: int = 0
+    temperature: float = 0.0  # greedy unless set; then top_p too, and every other row seeded
+    top_p: float = 1.0
 
+    def params(self, tokens: int, row: int) -> Any:
+        from loraplane.serving.engine.sampling_params import SamplingParams
 
-def _params(tokens: int) -> Any:
-    from loraplane.serving.engine.sampling_params import SamplingParams
-
-    return SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+        seed = row if self.temperature and row % 2 else None
+        return SamplingParams(max_tokens=tokens, temperature=self.temperature, top_p=self.top_p, seed=seed, ignore_eos=True)
 
 
 def run_scenario(engine: Any, recorder: Recorder, s: Scenario, adapters: list[str | None], repeats: int) -> list[StepFigures]:
@@ -421,15 +423,15 @@ def run_scenario(engine: Any, recorder: Recorder, s: Scenario, adapters: list[st
     turn = iter(range(1 << 30))
     for attempt in range(repeats + 1):
         ids = []
-        for _ in range(s.decode):  # running sequences, each past its prompt
+        for row in range(s.decode):  # running sequences, each past its prompt
             ids.append(
-                engine.add_request([7] * 8, _params(engine.max_model_len - 8), adapter=adapters[next(turn) % len(adapters)])
+                engine.add_request([7] * 8, s.params(engine.max_model_len - 8, row), adapter=adapters[next(turn) % len(adapters)])
             )
         while any(engine.requests[i].num_computed_tokens < 8 for i in ids):
             engine.step()
         for k in range(s.prompts):
             tokens = [11 + (k + j) % 97 for j in range(s.prompt_len)]
-            ids.append(engine.add_request(tokens, _params(1), adapter=adapters[next(turn) % len(adapters)]))
+            ids.append(engine.add_request(tokens, s.params(1, s.decode + k), adapter=adapters[next(turn) % len(adapters)]))
         if s.prompts == 0:
             engine.step()  # one decode step unmeasured: the batch settles into its graph bucket
         f = measure(recorder, engine.step)

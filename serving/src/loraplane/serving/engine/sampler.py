@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from loraplane.serving.engine import transfers
+from loraplane.serving.engine import device_sampling, transfers
 from loraplane.serving.engine.penalties import apply_penalties
 from loraplane.serving.engine.sequence import Sequence, TokenLogprob
 from loraplane.serving.engine.structured import mask_guided
@@ -25,6 +25,9 @@ class SampleFailure:
 
     message: str
     code: str = "sampling_failed"
+
+
+NOT_FINITE = "sampling failed: the row's logits are not finite"
 
 
 class NoTokenAllowed(ValueError):
@@ -81,19 +84,24 @@ class Sampler:
     def _sample_from_device(
         self, logits: torch.Tensor, seqs: list[Sequence]
     ) -> list[tuple[int, TokenLogprob | None] | SampleFailure]:
-        """Plain greedy rows (no processors, penalties, grammar or log-probabilities) take their
-        argmax on the device and only the token ids come back; the other rows come back whole and
-        go through the host path, with their seeded generators, penalties and grammars. At most
-        two transfers, both through ``transfers.to_host``."""
-        plain = [i for i, s in enumerate(seqs) if _plain_greedy(s)]
-        rest = [i for i, s in enumerate(seqs) if not _plain_greedy(s)]
+        """Rows without processors, penalties or a grammar are sampled on the device and only
+        their token ids (and asked-for log-probabilities) come back: plain greedy ones by one
+        argmax, the others by ``device_sampling.draw``. The other rows come back whole and go
+        through the host path, with their penalties and grammars. At most two transfers, both
+        through ``transfers.to_host``."""
+        device = [i for i, s in enumerate(seqs) if device_sampling.on_device(s)]
+        rest = [i for i, s in enumerate(seqs) if not device_sampling.on_device(s)]
         out: list[tuple[int, TokenLogprob | None] | SampleFailure] = [SampleFailure("not sampled")] * len(seqs)
-        if plain:
-            rows = _rows(logits, plain)
-            tokens = transfers.to_host(rows.argmax(dim=-1))
+        if device and all(_plain_greedy(seqs[i]) for i in device):
+            tokens = transfers.to_host(_rows(logits, device).argmax(dim=-1))
             with host_side():
-                for i, token in zip(plain, tokens.tolist(), strict=True):
+                for i, token in zip(device, tokens.tolist(), strict=True):
                     out[i] = (token, None)
+        elif device:
+            drawn = device_sampling.draw(_rows(logits, device), [seqs[i] for i in device])
+            with host_side():
+                for i, d in zip(device, drawn, strict=True):
+                    out[i] = (d.token, d.logprob) if d.token is not None else SampleFailure(NOT_FINITE)
         if rest:
             host = transfers.to_host(_rows(logits, rest))
             with host_side():

@@ -1,0 +1,149 @@
+"""Temperature, top-k, top-p and min-p sampling (and log-probabilities) for a whole batch on the
+device, so only the sampled token ids cross back, not a vocabulary-wide row per sequence.
+
+What stays on the host: rows with logits processors, penalties or an output format (their masks
+are built from host state each step), which ``Sampler`` samples there as before.
+
+The filters are the host path's, step for step (``Sampler._draw``): temperature, top-k by value
+(ties at the k-th logit stay), top-p over what top-k left (the first token always stays), then
+min-p on the probabilities. One sort serves both top-k and top-p, and only when a row asks for
+either. The draw is the exponential race: ``argmax(p / q)`` with ``q ~ Exp(1)`` per token picks
+token ``i`` with probability ``p_i``, with no cumulative sum and no per-row kernel (vLLM's
+sampler draws the same way).
+
+Seeds: a request's ``seed`` must give the same tokens whatever else shares its batch. A device
+generator per request would cost a kernel per seeded row each step; instead a seeded row's noise
+is a counter-based hash of (seed, output position, token id), computed for the seeded rows in one
+batch of integer operations. Unseeded rows take one ``exponential_`` from the device's generator.
+
+The step's per-row parameters travel in one host-to-device copy (``transfers.to_device``, int32:
+the floats as their bit patterns), and the result in one read-back (``transfers.to_host``): the
+token ids, or, when a row asked for log-probabilities, ids and figures packed in one float64
+tensor (exact for ids below 2**53).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from loraplane.serving.engine import transfers
+from loraplane.serving.engine.sequence import Sequence, TokenLogprob
+from loraplane.serving.host_side import host_side
+
+_MASK32 = 0xFFFFFFFF
+# Odd multipliers below 2**31, so a 32-bit value times one stays inside int64 (no overflow).
+_MUL_A, _MUL_B = 0x7FEB352D, 0x4C957F2D
+
+
+def on_device(seq: Sequence) -> bool:
+    """Whether this row can be sampled on the device (nothing host-built touches its logits)."""
+    p = seq.params
+    return not (p.logits_processors or p.penalised or p.guide is not None)
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """One row's result: its token, and its log-probabilities when it asked for them; ``token``
+    is ``None`` when its logits were not finite (that row alone fails)."""
+
+    token: int | None
+    logprob: TokenLogprob | None
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (xor-shift-multiply rounds) on int64 tensors holding values below 2**32."""
+    x = x ^ (x >> 16)
+    x = (x * _MUL_A) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * _MUL_B) & _MASK32
+    return x ^ (x >> 16)
+
+
+def seeded_noise(seed_lo: torch.Tensor, seed_hi: torch.Tensor, position: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[rows, vocab] Exp(1) noise that depends only on each row's 64-bit seed (two 32-bit halves),
+    its output position and the token id: the same row draws the same token in any batch."""
+    key = _mix(_mix(seed_lo.long() & _MASK32) ^ (seed_hi.long() & _MASK32))
+    key = _mix(key ^ (position.long() & _MASK32))
+    ids = torch.arange(vocab, device=key.device, dtype=torch.long)
+    bits = _mix(_mix(key.unsqueeze(1) ^ ids) ^ key.unsqueeze(1))
+    u = (bits.double() + 0.5) / 2.0**32  # in (0, 1): never log(0)
+    return (-torch.log(u)).float()
+
+
+def _bits(values: list[float]) -> np.ndarray:
+    return np.asarray(values, dtype=np.float32).view(np.int32)
+
+
+def draw(logits: torch.Tensor, seqs: list[Sequence]) -> list[Drawn]:
+    """Sample every row of ``logits`` [len(seqs), vocab] (float32, on any device) for its
+    sequence, all of which satisfy :func:`on_device`."""
+    n, vocab = logits.shape
+    params = [s.params for s in seqs]
+    greedy = [p.greedy for p in params]
+    seeds = [(p.seed or 0) if not g else 0 for p, g in zip(params, greedy, strict=True)]
+    columns: list[tuple[np.ndarray | list[int], tuple[int, ...]]] = [
+        (_bits([0.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)]), (n,)),
+        ([p.top_k if 0 < p.top_k < vocab else vocab for p in params], (n,)),
+        (_bits([p.top_p for p in params]), (n,)),
+        (_bits([p.min_p for p in params]), (n,)),
+        (np.asarray([s & _MASK32 for s in seeds], dtype=np.uint32).view(np.int32), (n,)),
+        (np.asarray([s >> 32 for s in seeds], dtype=np.uint32).view(np.int32), (n,)),
+        ([len(s.output_token_ids) for s in seqs], (n,)),
+    ]
+    seeded = [i for i, (p, g) in enumerate(zip(params, greedy, strict=True)) if not g and p.seed is not None]
+    if seeded:
+        columns.append((seeded, (len(seeded),)))
+    temp_i, top_k, top_p_i, min_p_i, seed_lo, seed_hi, position, *seeded_rows = transfers.to_device(columns, logits.device)
+    temperature, top_p, min_p = temp_i.view(torch.float32), top_p_i.view(torch.float32), min_p_i.view(torch.float32)
+    x = logits.float()
+    token = x.argmax(dim=-1)
+    random_rows = [i for i, g in enumerate(greedy) if not g]
+    if random_rows:
+        scaled = x / torch.where(temperature > 0, temperature, 1.0).unsqueeze(1)
+        if any(0 < p.top_k < vocab or p.top_p < 1.0 for p in params):
+            ordered, index = torch.sort(scaled, dim=-1, descending=True)
+            kth = ordered.gather(1, (top_k.long() - 1).unsqueeze(1))
+            ordered = ordered.masked_fill(ordered < kth, float("-inf"))
+            mass = torch.softmax(ordered, dim=-1)
+            drop = (mass.cumsum(-1) - mass) >= top_p.unsqueeze(1)
+            drop[:, 0] = False
+            drop &= (top_p < 1.0).unsqueeze(1)  # a row without top-p keeps its tail, where the sums round to 1
+            drop |= ordered == float("-inf")
+            scaled = scaled.masked_fill(torch.zeros_like(drop).scatter(1, index, drop), float("-inf"))
+        probs = torch.softmax(scaled, dim=-1)
+        if any(p.min_p > 0 for p in params):
+            probs = probs.masked_fill(probs < min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True), 0.0)
+        noise = torch.empty_like(probs).exponential_()
+        if seeded:
+            rows = seeded_rows[0].long()
+            noise.index_copy_(0, rows, seeded_noise(seed_lo[rows], seed_hi[rows], position[rows], vocab))
+        token = torch.where(temperature > 0, (probs / noise).argmax(dim=-1), token)
+    token = torch.where(torch.isfinite(x).all(dim=-1), token, -1)
+    wanted = [p.logprobs for p in params]
+    if all(k is None for k in wanted):
+        back = transfers.to_host(token)
+        with host_side():
+            ids = back.tolist()
+        return [Drawn(t if t >= 0 else None, None) for t in ids]
+    k = max(w or 0 for w in wanted)
+    lp = torch.log_softmax(x, dim=-1)  # before temperature and the filters, as the host path
+    chosen = lp.gather(1, token.clamp(min=0).unsqueeze(1))
+    top = torch.topk(lp, k, dim=-1) if k else None
+    parts = [token.double().unsqueeze(1), chosen.double()]
+    if top is not None:
+        parts += [top.values.double(), top.indices.double()]
+    back = transfers.to_host(torch.cat(parts, dim=1))
+    with host_side():
+        packed = back.tolist()
+    out = []
+    for row, w in zip(packed, wanted, strict=True):
+        t = int(row[0])
+        if t < 0:
+            out.append(Drawn(None, None))
+            continue
+        alts = tuple(zip((int(i) for i in row[2 + k : 2 + k + (w or 0)]), row[2 : 2 + (w or 0)], strict=True))
+        out.append(Drawn(t, TokenLogprob(t, row[1], alts) if w is not None else None))
+    return out

@@ -1,0 +1,119 @@
+"""Sampling on the device (``engine/device_sampling.py``), run here on CPU tensors: the same
+code a GPU runs. Its draws follow the distribution the request's temperature, top-k, top-p and
+min-p leave (a reference written here from the OpenAI/vLLM definitions, in numpy), a seeded
+request draws the same tokens in any batch, and its log-probabilities are the host path's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from loraplane.serving.engine import device_sampling
+from loraplane.serving.engine.sampler import Sampler
+from loraplane.serving.engine.sampling_params import SamplingParams
+from loraplane.serving.engine.sequence import Sequence
+
+VOCAB = 24
+LOGITS = torch.from_numpy(np.random.default_rng(7).normal(0, 2, VOCAB).astype(np.float32))
+
+
+def seq(i: int = 0, output: int = 0, **params: Any) -> Sequence:
+    s = Sequence(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=64, **params))
+    s.output_token_ids.extend([4] * output)
+    return s
+
+
+def reference(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> np.ndarray:
+    """The probability of each token after the filters, from their definitions."""
+    z = logits.astype(np.float64) / temperature
+    if top_k:
+        z = np.where(z < np.sort(z)[::-1][top_k - 1], -np.inf, z)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    if top_p < 1.0:
+        order = np.argsort(-p, kind="stable")
+        before = np.cumsum(p[order]) - p[order]  # the mass of the more likely tokens
+        keep = np.zeros_like(p, dtype=bool)
+        keep[order] = before < top_p
+        p = np.where(keep, p, 0.0)
+        p /= p.sum()
+    if min_p:
+        p = np.where(p < min_p * p.max(), 0.0, p)
+        p /= p.sum()
+    return p
+
+
+def frequencies(tokens: list[int | None]) -> np.ndarray:
+    assert None not in tokens
+    return np.bincount(np.asarray(tokens), minlength=VOCAB) / len(tokens)
+
+
+def close_in_distribution(seen: np.ndarray, expected: np.ndarray, n: int) -> None:
+    """Every token within six standard errors of its probability, and none outside the support."""
+    assert np.all(seen[expected == 0] == 0), (seen, expected)
+    err = np.sqrt(expected * (1 - expected) / n)
+    assert np.all(np.abs(seen - expected) <= 6 * err + 1e-9), np.round(np.c_[seen, expected], 4)
+
+
+FILTERS = [
+    {"temperature": 1.0},
+    {"temperature": 0.7, "top_k": 5},
+    {"temperature": 1.3, "top_p": 0.8},
+    {"temperature": 1.0, "min_p": 0.1},
+    {"temperature": 0.9, "top_k": 8, "top_p": 0.9, "min_p": 0.05},
+]
+
+
+@pytest.mark.parametrize("params", FILTERS, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+def test_draws_follow_the_filtered_distribution(params: dict[str, Any]) -> None:
+    n = 20_000
+    torch.manual_seed(0)
+    drawn = device_sampling.draw(LOGITS.repeat(n, 1), [seq(i, **params) for i in range(n)])
+    close_in_distribution(frequencies([d.token for d in drawn]), reference(LOGITS.numpy(), **params), n)
+
+
+def test_a_seeded_row_draws_by_its_seed_and_position_whatever_shares_its_batch() -> None:
+    alone = device_sampling.draw(LOGITS.unsqueeze(0), [seq(0, output=3, temperature=1.0, seed=42)])[0].token
+    noise = torch.randn(4, VOCAB)
+    batch = torch.cat([noise[:2], LOGITS.unsqueeze(0), noise[2:]])
+    others = [seq(i, temperature=1.0, seed=i if i % 2 else None) for i in (1, 2, 3, 4)]
+    crowd = device_sampling.draw(batch, [*others[:2], seq(9, output=3, temperature=1.0, seed=42), *others[2:]])
+    assert crowd[2].token == alone
+    # Along its positions a seed's draws follow the distribution too: the hash is noise enough.
+    n = 20_000
+    drawn = device_sampling.draw(LOGITS.repeat(n, 1), [seq(0, output=i, temperature=1.0, seed=42) for i in range(n)])
+    close_in_distribution(frequencies([d.token for d in drawn]), reference(LOGITS.numpy(), 1.0), n)
+    other_seed = device_sampling.draw(LOGITS.repeat(64, 1), [seq(0, output=i, temperature=1.0, seed=43) for i in range(64)])
+    assert [d.token for d in drawn[:64]] != [d.token for d in other_seed]
+
+
+def test_log_probabilities_are_the_host_paths() -> None:
+    """Before temperature and the filters, for the chosen token and the asked-for alternatives."""
+    rows = torch.stack([LOGITS, LOGITS.flip(0)])
+    seqs = [seq(0, temperature=0.0, logprobs=3), seq(1, temperature=0.8, top_k=4, logprobs=0, seed=5)]
+    drawn = device_sampling.draw(rows, seqs)
+    host = Sampler().sample(rows[:1].clone(), [seq(0, temperature=0.0, logprobs=3)])[0]
+    assert not isinstance(host, device_sampling.Drawn) and drawn[0].token == host[0]
+    assert drawn[0].logprob is not None and host[1] is not None
+    assert drawn[0].logprob.logprob == pytest.approx(host[1].logprob, abs=1e-6)
+    assert [t for t, _ in drawn[0].logprob.top] == [t for t, _ in host[1].top]
+    assert [v for _, v in drawn[0].logprob.top] == pytest.approx([v for _, v in host[1].top], abs=1e-6)
+    second = drawn[1]
+    assert second.token in torch.topk(LOGITS.flip(0), 4).indices.tolist()
+    assert second.logprob is not None and second.logprob.top == ()
+    assert second.logprob.logprob == pytest.approx(float(torch.log_softmax(LOGITS.flip(0), 0)[second.token]), abs=1e-6)
+
+
+def test_a_row_whose_logits_are_not_finite_fails_alone() -> None:
+    rows = torch.stack([LOGITS, torch.full((VOCAB,), float("nan")), LOGITS])
+    drawn = device_sampling.draw(rows, [seq(i, temperature=1.0) for i in range(3)])
+    assert drawn[1].token is None and drawn[0].token is not None and drawn[2].token is not None
+
+
+def test_rows_that_need_host_state_stay_on_the_host() -> None:
+    assert device_sampling.on_device(seq(temperature=0.7, top_p=0.9, logprobs=2, seed=1))
+    assert not device_sampling.on_device(seq(temperature=0.7, frequency_penalty=0.5))
+    assert not device_sampling.on_device(seq(temperature=0.7, logit_bias=((3, 1.0),)))
