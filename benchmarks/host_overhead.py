@@ -8,9 +8,10 @@ read-backs and copies to the device per step, at an 8B shape, on this machine's 
 
 Steps: decode at batch 1, 64 and 256 (graph replays unless --enforce-eager); one step of 8,192
 prompt tokens over 96 rows; a mixed step (64 decodes beside 8 prompts of 512 tokens). Every row
-has an adapter (all seven projections, 32 distinct), greedy but in the one sampled decode step (temperature
-and top-p, every other row seeded). Figures are medians of ``--repeats``
-measured steps (min and max beside); the recorder's own cost per operation is printed too.
+has an adapter (all seven projections, 32 distinct), greedy but in the two sampled decode steps
+(temperature and top-p, every other row seeded; then frequency and repetition penalties too).
+Figures are medians of ``--repeats`` measured steps (min and max beside); the recorder's own cost
+per operation is printed too.
 """
 
 from __future__ import annotations
@@ -37,6 +38,14 @@ SCENARIOS = [
     Scenario("decode, batch 64", decode=64),
     Scenario("decode, batch 256", decode=256),
     Scenario("decode, batch 256, temperature 0.8, top-p 0.95", decode=256, temperature=0.8, top_p=0.95),
+    Scenario(
+        "decode, batch 256, temperature, penalties",
+        decode=256,
+        temperature=0.8,
+        top_p=0.95,
+        frequency_penalty=0.5,
+        repetition_penalty=1.1,
+    ),
     Scenario("8,192 prompt tokens over 96 rows", prompts=96, prompt_len=8192 // 96 + 1),
     Scenario("mixed: 64 decodes + 8 prompts of 512", decode=64, prompts=8, prompt_len=512),
 ]

@@ -74,7 +74,7 @@ def test_watch_namespaces_become_namespace_flags(render: Any) -> None:
 
 
 def test_the_settings_it_reads_are_the_values(render: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    objects = render({"operator": {"syncInterval": 20, "retryDelay": 2.5}})
+    objects = render({"operator": {"syncInterval": 20, "retryDelay": 2.5, "resyncInterval": 45}})
     known = {f"LORAPLANE_{name.upper()}" for name in OperatorSettings.model_fields}
     for var in container(objects)["env"]:
         assert var["name"] in known, f"{var['name']} is not an operator setting"
@@ -85,6 +85,7 @@ def test_the_settings_it_reads_are_the_values(render: Any, monkeypatch: pytest.M
             monkeypatch.setenv(var["name"], var["value"])
     settings = OperatorSettings()
     assert (settings.sync_interval, settings.retry_delay, settings.metrics_interval) == (20, 2.5, 30)
+    assert settings.resync_interval == 45
     assert settings.operator_namespace == "loraplane-system"
 
 

@@ -114,24 +114,28 @@ def test_the_engine_steps_on_fake_cuda_without_mismatch_or_hidden_sync(
     assert max(per_step) == 1
 
 
-def test_sampled_rows_come_back_as_ids_and_only_penalised_rows_as_logits(
+def test_sampled_rows_come_back_as_ids_and_only_rows_with_processors_as_logits(
     tiny_llama: Path, tmp_path: Path, syncs: Syncs, fake_cuda: FakeTensorMode
 ) -> None:
-    """A greedy row and a seeded row with temperature and log-probabilities sample on the device:
-    one read-back of their ids and figures ([2, 2 + 2 x 2] float64). A row with a penalty samples
-    on the host: its logits row comes back. Two read-backs in a step, never more."""
+    """A greedy row, a seeded row with temperature and log-probabilities and a row with penalties
+    and a bias sample on the device: one read-back of their ids and figures ([3, 2 + 2 x 2]
+    float64). A row with a logits processor (a Python callable) samples on the host: its logits
+    row comes back. Two read-backs in a step, never more."""
     engine = tiny_engine(tiny_llama, tmp_path, device="cuda")
     greedy = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
     seeded = SamplingParams(max_tokens=3, temperature=0.8, seed=7, logprobs=2, ignore_eos=True)
-    penalised = SamplingParams(max_tokens=3, temperature=0.8, frequency_penalty=0.5, ignore_eos=True)
-    for prompt, params in (([4, 5, 6], greedy), ([7, 8, 9], seeded), ([10, 11, 12], penalised)):
+    penalised = SamplingParams(
+        max_tokens=3, temperature=0.8, frequency_penalty=0.5, repetition_penalty=1.2, logit_bias=((5, 2.0),), ignore_eos=True
+    )
+    processed = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, logits_processors=(lambda ids, row: row,))
+    for prompt, params in (([4, 5, 6], greedy), ([7, 8, 9], seeded), ([10, 11, 12], penalised), ([13, 14], processed)):
         engine.add_request(prompt, params)
     while engine.has_unfinished():
         before = len(syncs.calls)
         for out in engine.step():
             assert out.error is None, out.error
         assert len(syncs.calls) - before <= 2
-    assert (2, 6) in syncs.calls and (1, 320) in syncs.calls  # the device rows' ids and figures; one logits row
+    assert (3, 6) in syncs.calls and (1, 320) in syncs.calls  # the device rows' ids and figures; one logits row
 
 
 def test_a_mixed_device_operation_is_caught(tiny_llama: Path, tmp_path: Path, fake_cuda: FakeTensorMode) -> None:

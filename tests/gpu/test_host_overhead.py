@@ -79,12 +79,12 @@ def test_a_step_with_prompts_launches_what_its_layers_declare(engine: tuple[Any,
         assert t.launches == PER_LAYER * LAYERS + AROUND, f"{scenario.name}: {t.launches} launches, {t.by_op}"
 
 
-def test_rows_with_temperature_sample_on_the_device_and_only_penalised_rows_bring_logits_back(
+def test_rows_with_temperature_sample_on_the_device_and_only_rows_with_processors_bring_logits_back(
     engine: tuple[Any, Any, list[str | None]],
 ) -> None:
     """Greedy and temperature rows (seeded or not, with top-p) are sampled on the device: their
-    token ids alone cross, in one read-back. A row with a penalty samples on the host, so its
-    whole logits row crosses, in the step's second read-back."""
+    token ids alone cross, in one read-back. A row with a logits processor (a Python callable)
+    samples on the host, so its whole logits row crosses, in the step's second read-back."""
     built, recorder, names = engine
     kinds = [
         SamplingParams(max_tokens=4, temperature=0.0),
@@ -94,7 +94,9 @@ def test_rows_with_temperature_sample_on_the_device_and_only_penalised_rows_brin
     ids = [built.add_request([5] * 8, p, adapter=names[0]) for p in kinds]
     step = measure(recorder, built.step)
     assert (step.tally.read_backs, step.tally.read_back_bytes) == (1, 8 * len(kinds)), step.tally
-    penalised = built.add_request([5] * 8, SamplingParams(max_tokens=4, temperature=0.7, frequency_penalty=0.5))
+    penalised = built.add_request(
+        [5] * 8, SamplingParams(max_tokens=4, temperature=0.7, frequency_penalty=0.5, logits_processors=(lambda ids, row: row,))
+    )
     step = measure(recorder, built.step)  # the new row's prompt and the three decodes, in one step
     assert step.tally.read_backs == 2
     assert step.tally.read_back_bytes == 8 * len(kinds) + 4 * TOY_CONFIG["vocab_size"]

@@ -110,10 +110,28 @@ def test_log_probabilities_are_the_host_paths() -> None:
 def test_a_row_whose_logits_are_not_finite_fails_alone() -> None:
     rows = torch.stack([LOGITS, torch.full((VOCAB,), float("nan")), LOGITS])
     drawn = device_sampling.draw(rows, [seq(i, temperature=1.0) for i in range(3)])
-    assert drawn[1].token is None and drawn[0].token is not None and drawn[2].token is not None
+    assert drawn[1].token == device_sampling.NOT_FINITE and drawn[0].token >= 0 and drawn[2].token >= 0
 
 
-def test_rows_that_need_host_state_stay_on_the_host() -> None:
+def test_penalties_run_on_the_device_rows_and_a_row_with_no_token_left_fails_alone() -> None:
+    """The sampler's device path (here on CPU tensors, as a GPU runs it): a penalised greedy row
+    gets the token its penalties leave on top; a row whose one allowed token is a bad word gets
+    OpenAI's client error, alone."""
+    rows = LOGITS.repeat(3, 1)
+    top = int(LOGITS.argmax())
+    seqs = [
+        seq(0, temperature=0.0),
+        seq(1, output=0, temperature=0.0, logit_bias=((top, -100.0),)),
+        seq(2, temperature=0.0, allowed_token_ids=(3,), bad_words_token_ids=((3,),)),
+    ]
+    out = Sampler()._sample_from_device(rows, seqs)
+    second = int(torch.topk(LOGITS, 2).indices[1])
+    assert out[0] == (top, None) and out[1] == (second, None)
+    failure = out[2]
+    assert not isinstance(failure, tuple) and failure.code == "no_token_allowed"
+
+
+def test_only_python_callables_and_grammars_keep_a_row_on_the_host() -> None:
     assert device_sampling.on_device(seq(temperature=0.7, top_p=0.9, logprobs=2, seed=1))
-    assert not device_sampling.on_device(seq(temperature=0.7, frequency_penalty=0.5))
-    assert not device_sampling.on_device(seq(temperature=0.7, logit_bias=((3, 1.0),)))
+    assert device_sampling.on_device(seq(temperature=0.7, frequency_penalty=0.5, logit_bias=((3, 1.0),)))
+    assert not device_sampling.on_device(seq(temperature=0.7, logits_processors=(lambda ids, row: row,)))

@@ -148,6 +148,9 @@ class Operator(KubeModel):
     sync_interval: float = Field(default=10, gt=0, description="seconds between a BaseModel's syncs")
     metrics_interval: float = Field(default=30, ge=0, description="seconds between metrics writes per adapter")
     retry_delay: float = Field(default=5, gt=0, description="seconds before retrying a waiting step")
+    resync_interval: float = Field(
+        default=30, gt=0, description="seconds an unfinished adapter that nothing changes waits before it is handled again"
+    )
     allowed_sources: list[Annotated[str, Field(pattern=SOURCE_URI)]] = Field(
         default_factory=list,
         description="URI prefixes every LoraAdapter's source must be under, in every namespace; empty: any",

@@ -408,12 +408,17 @@ class Scenario:
     prompt_len: int = 0
     temperature: float = 0.0  # greedy unless set; then top_p too, and every other row seeded
     top_p: float = 1.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def params(self, tokens: int, row: int) -> Any:
         from loraplane.serving.engine.sampling_params import SamplingParams
 
         seed = row if self.temperature and row % 2 else None
-        return SamplingParams(max_tokens=tokens, temperature=self.temperature, top_p=self.top_p, seed=seed, ignore_eos=True)
+        return SamplingParams(
+            max_tokens=tokens, temperature=self.temperature, top_p=self.top_p, seed=seed, ignore_eos=True,
+            frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
+        )  # fmt: skip
 
 
 def run_scenario(engine: Any, recorder: Recorder, s: Scenario, adapters: list[str | None], repeats: int) -> list[StepFigures]:

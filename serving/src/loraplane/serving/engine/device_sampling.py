@@ -1,8 +1,9 @@
 """Temperature, top-k, top-p and min-p sampling (and log-probabilities) for a whole batch on the
 device, so only the sampled token ids cross back, not a vocabulary-wide row per sequence.
 
-What stays on the host: rows with logits processors, penalties or an output format (their masks
-are built from host state each step), which ``Sampler`` samples there as before.
+Penalties, biases and token masks (``penalties.apply_penalties``) run on the device first, on
+the same rows. What stays on the host: rows with logits processors (Python callables) or an
+output format (a grammar's mask is the host's state machine), which ``Sampler`` samples there.
 
 The filters are the host path's, step for step (``Sampler._draw``): temperature, top-k by value
 (ties at the k-th logit stay), top-p over what top-k left (the first token always stays), then
@@ -38,18 +39,22 @@ _MASK32 = 0xFFFFFFFF
 _MUL_A, _MUL_B = 0x7FEB352D, 0x4C957F2D
 
 
+NOT_FINITE, NONE_ALLOWED = -1, -2  # what a row's token id says when it has none
+
+
 def on_device(seq: Sequence) -> bool:
-    """Whether this row can be sampled on the device (nothing host-built touches its logits)."""
+    """Whether this row can be sampled on the device (no Python callable or grammar touches it)."""
     p = seq.params
-    return not (p.logits_processors or p.penalised or p.guide is not None)
+    return not (p.logits_processors or p.guide is not None)
 
 
 @dataclass(frozen=True)
 class Drawn:
     """One row's result: its token, and its log-probabilities when it asked for them; ``token``
-    is ``None`` when its logits were not finite (that row alone fails)."""
+    is ``NOT_FINITE`` when its logits held a NaN or +inf, ``NONE_ALLOWED`` when its masks ruled
+    out every token (that row alone fails)."""
 
-    token: int | None
+    token: int
     logprob: TokenLogprob | None
 
 
@@ -116,18 +121,21 @@ def draw(logits: torch.Tensor, seqs: list[Sequence]) -> list[Drawn]:
         probs = torch.softmax(scaled, dim=-1)
         if any(p.min_p > 0 for p in params):
             probs = probs.masked_fill(probs < min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True), 0.0)
-        noise = torch.empty_like(probs).exponential_()
+        # Never 0 (a zero would make a zero-probability token's 0 / 0 a NaN, which argmax picks).
+        noise = torch.empty_like(probs).exponential_().clamp_(min=torch.finfo(torch.float32).tiny)
         if seeded:
             rows = seeded_rows[0].long()
             noise.index_copy_(0, rows, seeded_noise(seed_lo[rows], seed_hi[rows], position[rows], vocab))
         token = torch.where(temperature > 0, (probs / noise).argmax(dim=-1), token)
-    token = torch.where(torch.isfinite(x).all(dim=-1), token, -1)
+    broken = ~(torch.isfinite(x) | (x == float("-inf"))).all(dim=-1)  # a NaN or +inf
+    token = torch.where((x > float("-inf")).any(dim=-1), token, NONE_ALLOWED)
+    token = torch.where(broken, NOT_FINITE, token)
     wanted = [p.logprobs for p in params]
     if all(k is None for k in wanted):
         back = transfers.to_host(token)
         with host_side():
             ids = back.tolist()
-        return [Drawn(t if t >= 0 else None, None) for t in ids]
+        return [Drawn(t, None) for t in ids]
     k = max(w or 0 for w in wanted)
     lp = torch.log_softmax(x, dim=-1)  # before temperature and the filters, as the host path
     chosen = lp.gather(1, token.clamp(min=0).unsqueeze(1))
@@ -142,7 +150,7 @@ def draw(logits: torch.Tensor, seqs: list[Sequence]) -> list[Drawn]:
     for row, w in zip(packed, wanted, strict=True):
         t = int(row[0])
         if t < 0:
-            out.append(Drawn(None, None))
+            out.append(Drawn(t, None))
             continue
         alts = tuple(zip((int(i) for i in row[2 + k : 2 + k + (w or 0)]), row[2 : 2 + (w or 0)], strict=True))
         out.append(Drawn(t, TokenLogprob(t, row[1], alts) if w is not None else None))

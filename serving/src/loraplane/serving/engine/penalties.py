@@ -26,21 +26,28 @@ added, so nothing here depends on one request's input being valid.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
+import numpy as np
 import torch
 
+from loraplane.serving.engine import transfers
 from loraplane.serving.engine.sequence import Sequence
 
 
-def _padded(rows: list[list[int]], pad: int) -> torch.Tensor:
+def _padded(rows: list[list[int]], pad: int) -> np.ndarray:
     width = max(1, max(len(r) for r in rows))
-    return torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long)
+    out = np.full((len(rows), width), pad, dtype=np.int32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
 
 
-def _occurrences(rows: list[list[int]], vocab: int) -> torch.Tensor:
-    """[len(rows), vocab] counts of each token id per row (the pad id lands in a dropped column)."""
-    ids = _padded(rows, vocab)
-    counts = torch.zeros(len(rows), vocab + 1, dtype=torch.float32)
+def _occurrences(ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[rows, vocab] counts of each token id per row of ``ids`` (the pad id, ``vocab``, lands in a
+    dropped column)."""
+    ids = ids.long()
+    counts = torch.zeros(ids.shape[0], vocab + 1, dtype=torch.float32, device=ids.device)
     counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
     return counts[:, :vocab]
 
@@ -49,39 +56,25 @@ def _ends_with(tokens: list[int], tail: tuple[int, ...]) -> bool:
     return not tail or (len(tokens) >= len(tail) and tuple(tokens[-len(tail) :]) == tail)
 
 
+def _bits(values: list[float]) -> np.ndarray:
+    """float32 values as int32 bit patterns: they travel in the step's int32 copy."""
+    return np.asarray(values, dtype=np.float32).view(np.int32)
+
+
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence], eos_ids: Iterable[int]) -> torch.Tensor:
-    """``logits`` [len(seqs), vocab] adjusted in place for the sequences whose requests ask for it."""
+    """``logits`` [len(seqs), vocab] adjusted in place for the sequences whose requests ask for it,
+    on whatever device ``logits`` is: what the rows need (their token ids, coefficients, biases
+    and masks, gathered from host state here) goes over in one ``transfers.to_device`` copy."""
     rows = [i for i, s in enumerate(seqs) if s.params.penalised]
     if not rows:
         return logits
     group = [seqs[i] for i in rows]
-    index = torch.tensor(rows, dtype=torch.long)
-    x = logits.index_select(0, index).float()
-    vocab = x.shape[1]
+    vocab = logits.shape[1]
     params = [s.params for s in group]
-
-    def column(values: list[float]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.float32).unsqueeze(1)
-
-    if any(p.frequency_penalty or p.presence_penalty or p.repetition_penalty != 1.0 for p in params):
-        counts = _occurrences([s.output_token_ids for s in group], vocab)
-        if any(p.repetition_penalty != 1.0 for p in params):  # first, as vLLM orders them
-            seen = (counts > 0) | (_occurrences([s.prompt_token_ids for s in group], vocab) > 0)
-            penalty = column([p.repetition_penalty for p in params])
-            x = torch.where(seen, torch.where(x > 0, x / penalty, x * penalty), x)
-        x -= column([p.frequency_penalty for p in params]) * counts
-        x -= column([p.presence_penalty for p in params]) * (counts > 0)
+    counted = any(p.frequency_penalty or p.presence_penalty or p.repetition_penalty != 1.0 for p in params)
+    repeated = any(p.repetition_penalty != 1.0 for p in params)
     biased = [(r, t, b) for r, p in enumerate(params) for t, b in p.logit_bias]
-    if biased:
-        r, t, b = zip(*biased, strict=True)
-        x.index_put_((torch.tensor(r), torch.tensor(t)), torch.tensor(b, dtype=torch.float32), accumulate=True)
     limited = [(r, t) for r, p in enumerate(params) for t in p.allowed_token_ids]
-    if limited:
-        r, t = zip(*limited, strict=True)
-        allowed = torch.ones_like(x, dtype=torch.bool)  # rows without a list keep every token
-        allowed[sorted(set(r))] = False
-        allowed[torch.tensor(r), torch.tensor(t)] = True
-        x = x.masked_fill(~allowed, float("-inf"))
     eos = tuple(eos_ids)
     banned = [
         (r, t)
@@ -96,8 +89,45 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence], eos_ids: Iterabl
         for word in s.params.bad_words_token_ids
         if _ends_with(s.output_token_ids, word[:-1]) and word[-1] < vocab
     ]
-    if banned:
-        r, t = zip(*banned, strict=True)
-        x[torch.tensor(r), torch.tensor(t)] = float("-inf")
+    arrays: list[tuple[Any, tuple[int, ...]]] = [(rows, (len(rows),))]
+    if counted:
+        output = _padded([s.output_token_ids for s in group], vocab)
+        coefficients = [
+            *(p.repetition_penalty for p in params),
+            *(p.frequency_penalty for p in params),
+            *(p.presence_penalty for p in params),
+        ]
+        arrays += [(output, output.shape), (_bits(coefficients), (3, len(group)))]
+    if repeated:
+        prompt = _padded([s.prompt_token_ids for s in group], vocab)
+        arrays.append((prompt, prompt.shape))
+    for pairs in (biased, limited, banned):
+        if pairs:
+            arrays.append(([v for pair in pairs for v in pair[:2]], (len(pairs), 2)))
+    if biased:
+        arrays.append((_bits([b for _, _, b in biased]), (len(biased),)))
+    parts = iter(transfers.to_device(arrays, logits.device))
+    index = next(parts).long()
+    x = logits.index_select(0, index).float()
+    if counted:
+        counts = _occurrences(next(parts), vocab)
+        repetition, frequency, presence = next(parts).view(torch.float32).unsqueeze(2)
+        if repeated:  # first, as vLLM orders them
+            seen = (counts > 0) | (_occurrences(next(parts), vocab) > 0)
+            x = torch.where(seen, torch.where(x > 0, x / repetition, x * repetition), x)
+        x -= frequency * counts
+        x -= presence * (counts > 0)
+    bias_at = next(parts).long() if biased else None
+    allowed_at = next(parts).long() if limited else None
+    banned_at = next(parts).long() if banned else None
+    if bias_at is not None:
+        x.index_put_((bias_at[:, 0], bias_at[:, 1]), next(parts).view(torch.float32), accumulate=True)
+    if allowed_at is not None:
+        allowed = torch.ones_like(x, dtype=torch.bool)  # rows without a list keep every token
+        allowed[allowed_at[:, 0]] = False
+        allowed[allowed_at[:, 0], allowed_at[:, 1]] = True
+        x = x.masked_fill(~allowed, float("-inf"))
+    if banned_at is not None:
+        x[banned_at[:, 0], banned_at[:, 1]] = float("-inf")
     logits.index_copy_(0, index, x.to(logits.dtype))
     return logits

@@ -28,6 +28,7 @@ class SampleFailure:
 
 
 NOT_FINITE = "sampling failed: the row's logits are not finite"
+NONE_ALLOWED = "every token is ruled out: allowed_token_ids, bad_words, logit_bias, min_tokens and the output format leave none"
 
 
 class NoTokenAllowed(ValueError):
@@ -84,11 +85,11 @@ class Sampler:
     def _sample_from_device(
         self, logits: torch.Tensor, seqs: list[Sequence]
     ) -> list[tuple[int, TokenLogprob | None] | SampleFailure]:
-        """Rows without processors, penalties or a grammar are sampled on the device and only
-        their token ids (and asked-for log-probabilities) come back: plain greedy ones by one
-        argmax, the others by ``device_sampling.draw``. The other rows come back whole and go
-        through the host path, with their penalties and grammars. At most two transfers, both
-        through ``transfers.to_host``."""
+        """Rows without processors or a grammar are sampled on the device and only their token
+        ids (and asked-for log-probabilities) come back: plain greedy ones by one argmax, the
+        others through ``apply_penalties`` and ``device_sampling.draw``. The other rows come back
+        whole and go through the host path, with their processors and grammars. At most two
+        transfers, both through ``transfers.to_host``."""
         device = [i for i, s in enumerate(seqs) if device_sampling.on_device(s)]
         rest = [i for i, s in enumerate(seqs) if not device_sampling.on_device(s)]
         out: list[tuple[int, TokenLogprob | None] | SampleFailure] = [SampleFailure("not sampled")] * len(seqs)
@@ -98,10 +99,17 @@ class Sampler:
                 for i, token in zip(device, tokens.tolist(), strict=True):
                     out[i] = (token, None)
         elif device:
-            drawn = device_sampling.draw(_rows(logits, device), [seqs[i] for i in device])
+            rows, group = _rows(logits, device), [seqs[i] for i in device]
+            broken: dict[int, SampleFailure] = {}
+            try:
+                apply_penalties(rows, group, self.eos_ids)
+            except Exception as err:  # a bug in the batched adjustments: only the rows that asked for them fail
+                failure = SampleFailure(f"penalties failed: {type(err).__name__}: {err}")
+                broken = {s.seq_id: failure for s in group if s.params.penalised}
+            drawn = device_sampling.draw(rows, group)
             with host_side():
                 for i, d in zip(device, drawn, strict=True):
-                    out[i] = (d.token, d.logprob) if d.token is not None else SampleFailure(NOT_FINITE)
+                    out[i] = broken.get(seqs[i].seq_id) or _result(d)
         if rest:
             host = transfers.to_host(_rows(logits, rest))
             with host_side():
@@ -118,9 +126,7 @@ class Sampler:
         # argmax would then answer token 0, silently; a plain row skips the vocabulary-wide check.
         masked = p.penalised or p.guide is not None or bool(p.logits_processors)
         if masked and not bool((row > float("-inf")).any()):
-            raise NoTokenAllowed(
-                "every token is ruled out: allowed_token_ids, bad_words, logit_bias, min_tokens and the output format leave none"
-            )
+            raise NoTokenAllowed(NONE_ALLOWED)
         token = int(torch.argmax(row)) if p.greedy else self._draw(row, seq)
         if not 0 <= token < vocab:  # a processor that reshaped the row would feed the next step a bad id
             raise ValueError(f"token {token} is outside the vocabulary of {vocab}")
@@ -151,6 +157,14 @@ class Sampler:
         if p.min_p > 0:  # after temperature, as vLLM: the most likely token always stays
             probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
         return int(torch.multinomial(probs, 1, generator=self._generator(seq)))
+
+
+def _result(d: device_sampling.Drawn) -> tuple[int, TokenLogprob | None] | SampleFailure:
+    if d.token == device_sampling.NOT_FINITE:
+        return SampleFailure(NOT_FINITE)
+    if d.token == device_sampling.NONE_ALLOWED:
+        return SampleFailure(NONE_ALLOWED, code="no_token_allowed")
+    return d.token, d.logprob
 
 
 def _plain_greedy(seq: Sequence) -> bool:
