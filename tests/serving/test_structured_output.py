@@ -8,13 +8,14 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import torch
 from engine_helpers import tiny_engine
 
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.builder import build_engine
 from loraplane.serving.engine.sampling_params import SamplingParams
-from loraplane.serving.engine.sequence import FinishReason
-from loraplane.serving.engine.structured import GrammarError
+from loraplane.serving.engine.sequence import FinishReason, Sequence
+from loraplane.serving.engine.structured import GrammarError, advance
 
 FLAG = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
 PICK = {
@@ -70,3 +71,21 @@ def test_twenty_prompts_on_the_embedded_base_give_twenty_valid_documents() -> No
         assert out.finish_reason is FinishReason.STOP, out.text
         jsonschema.validate(json.loads(out.text), PERSON)
     assert len({out.text for out in outs}) > 10
+
+
+def test_the_device_path_holds_a_row_to_its_grammar(tiny_llama: Path, tmp_path: Path) -> None:
+    """The sampler's device path (``_sample_from_device``, run here on CPU tensors as a GPU runs
+    it): the grammar's bitmask goes over and is applied there, so every drawn token is one the
+    grammar accepts, whatever the logits favour."""
+    engine = tiny_engine(tiny_llama, tmp_path)
+    guide = engine.grammars.compile(FLAG)
+    vocab = engine.base.config.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    for seed in range(8):
+        seq = Sequence(f"r{seed}", [5, 6], SamplingParams(max_tokens=8, temperature=1.5, seed=seed, guide=guide))
+        seq.matcher = guide.matcher()  # what the engine's first mask would make: advance() checks against it
+        for _ in range(4):  # the first few tokens of a document, each from fresh logits
+            logits = torch.randn(1, vocab, generator=generator) * 5
+            ((token, _),) = engine.sampler._sample_from_device(logits, [seq])  # type: ignore[misc]
+            assert advance(seq, token, engine.eos_ids) is None, engine.tokenizer.decode([*seq.output_token_ids, token])
+            seq.output_token_ids.append(token)

@@ -1,9 +1,9 @@
 """Temperature, top-k, top-p and min-p sampling (and log-probabilities) for a whole batch on the
 device, so only the sampled token ids cross back, not a vocabulary-wide row per sequence.
 
-Penalties, biases and token masks (``penalties.apply_penalties``) run on the device first, on
-the same rows. What stays on the host: rows with logits processors (Python callables) or an
-output format (a grammar's mask is the host's state machine), which ``Sampler`` samples there.
+Penalties, biases and token masks (``penalties.apply_penalties``) and a grammar's bitmask
+(``structured.mask_guided``) are applied on the device first, on the same rows. What stays on the
+host: rows with logits processors (Python callables over a row), which ``Sampler`` samples there.
 
 The filters are the host path's, step for step (``Sampler._draw``): temperature, top-k by value
 (ties at the k-th logit stay), top-p over what top-k left (the first token always stays), then
@@ -43,9 +43,8 @@ NOT_FINITE, NONE_ALLOWED = -1, -2  # what a row's token id says when it has none
 
 
 def on_device(seq: Sequence) -> bool:
-    """Whether this row can be sampled on the device (no Python callable or grammar touches it)."""
-    p = seq.params
-    return not (p.logits_processors or p.guide is not None)
+    """Whether this row can be sampled on the device (no Python callable touches its logits)."""
+    return not seq.params.logits_processors
 
 
 @dataclass(frozen=True)

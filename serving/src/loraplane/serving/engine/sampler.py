@@ -59,17 +59,7 @@ class Sampler:
         if logits.device.type != "cpu":
             return self._sample_from_device(logits, seqs)
         out: list[tuple[int, TokenLogprob | None] | SampleFailure] = []
-        broken: dict[int, SampleFailure] = {}
-        try:
-            apply_penalties(logits, seqs, self.eos_ids)
-        except Exception as err:  # a bug in the batched adjustments: only the rows that asked for them fail
-            broken |= {
-                s.seq_id: SampleFailure(f"penalties failed: {type(err).__name__}: {err}") for s in seqs if s.params.penalised
-            }
-        try:
-            broken |= {sid: SampleFailure(message) for sid, message in mask_guided(logits, seqs).items()}
-        except Exception as err:  # as above, for the structured-output rows
-            broken |= {s.seq_id: SampleFailure(f"structured output failed: {err}") for s in seqs if s.params.guide is not None}
+        broken = self._adjust(logits, seqs)
         for row, seq in zip(logits, seqs, strict=True):
             if seq.seq_id in broken:
                 out.append(broken[seq.seq_id])
@@ -82,14 +72,30 @@ class Sampler:
                 out.append(SampleFailure(f"sampling failed: {type(err).__name__}: {err}"))
         return out
 
+    def _adjust(self, logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, SampleFailure]:
+        """Penalties, biases, token masks and grammars applied to ``logits`` in place, wherever
+        it is; the rows (by seq id) that could not be adjusted, which fail alone."""
+        broken: dict[int, SampleFailure] = {}
+        try:
+            apply_penalties(logits, seqs, self.eos_ids)
+        except Exception as err:  # a bug in the batched adjustments: only the rows that asked for them fail
+            failure = SampleFailure(f"penalties failed: {type(err).__name__}: {err}")
+            broken |= {s.seq_id: failure for s in seqs if s.params.penalised}
+        try:
+            broken |= {sid: SampleFailure(message) for sid, message in mask_guided(logits, seqs).items()}
+        except Exception as err:  # as above, for the structured-output rows
+            failure = SampleFailure(f"structured output failed: {err}")
+            broken |= {s.seq_id: failure for s in seqs if s.params.guide is not None}
+        return broken
+
     def _sample_from_device(
         self, logits: torch.Tensor, seqs: list[Sequence]
     ) -> list[tuple[int, TokenLogprob | None] | SampleFailure]:
-        """Rows without processors or a grammar are sampled on the device and only their token
-        ids (and asked-for log-probabilities) come back: plain greedy ones by one argmax, the
-        others through ``apply_penalties`` and ``device_sampling.draw``. The other rows come back
-        whole and go through the host path, with their processors and grammars. At most two
-        transfers, both through ``transfers.to_host``."""
+        """Rows without logits processors are sampled on the device and only their token ids
+        (and asked-for log-probabilities) come back: plain greedy ones by one argmax, the others
+        through ``apply_penalties``, ``mask_guided`` and ``device_sampling.draw``. Rows with
+        processors (Python callables over a row) come back whole and go through the host path.
+        At most two transfers, both through ``transfers.to_host``."""
         device = [i for i, s in enumerate(seqs) if device_sampling.on_device(s)]
         rest = [i for i, s in enumerate(seqs) if not device_sampling.on_device(s)]
         out: list[tuple[int, TokenLogprob | None] | SampleFailure] = [SampleFailure("not sampled")] * len(seqs)
@@ -100,12 +106,7 @@ class Sampler:
                     out[i] = (token, None)
         elif device:
             rows, group = _rows(logits, device), [seqs[i] for i in device]
-            broken: dict[int, SampleFailure] = {}
-            try:
-                apply_penalties(rows, group, self.eos_ids)
-            except Exception as err:  # a bug in the batched adjustments: only the rows that asked for them fail
-                failure = SampleFailure(f"penalties failed: {type(err).__name__}: {err}")
-                broken = {s.seq_id: failure for s in group if s.params.penalised}
+            broken = self._adjust(rows, group)
             drawn = device_sampling.draw(rows, group)
             with host_side():
                 for i, d in zip(device, drawn, strict=True):

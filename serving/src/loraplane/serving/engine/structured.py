@@ -28,6 +28,7 @@ import llguidance.hf
 import llguidance.numpy
 import torch
 
+from loraplane.serving.engine import transfers
 from loraplane.serving.engine.sequence import Sequence
 
 
@@ -125,12 +126,15 @@ def mask_guided(logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, str]:
     vocab = logits.shape[1]
     words = llguidance.numpy.allocate_token_bitmask(len(live), grammars.tokenizer.vocab_size)
     llguidance.numpy.fill_next_token_bitmask_par(grammars.executor, [(s.matcher, k) for k, (_, s) in enumerate(live)], words)
-    bitmask = torch.from_numpy(words)
-    bits = torch.arange(32, dtype=torch.int32)
+    # The bitmask (a bit per token, 16 KB a row at a 128k vocabulary) goes to wherever the logits
+    # are, in one copy with the rows' indices, and is unpacked there: vLLM applies xgrammar's the
+    # same way, so a guided row's logits never come back to the host.
+    index, bitmask = transfers.to_device([([i for i, _ in live], (len(live),)), (words, words.shape)], logits.device)
+    bits = torch.arange(32, dtype=torch.int32, device=logits.device)
     allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).flatten(1).bool()[:, :vocab]
     if allowed.shape[1] < vocab:  # the model's padding rows beyond the tokenizer's vocabulary
         allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
-    index = torch.tensor([i for i, _ in live], dtype=torch.long)
+    index = index.long()
     logits.index_copy_(0, index, logits.index_select(0, index).masked_fill(~allowed, float("-inf")))
     return broken
 
