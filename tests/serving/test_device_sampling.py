@@ -135,3 +135,14 @@ def test_only_python_callables_and_grammars_keep_a_row_on_the_host() -> None:
     assert device_sampling.on_device(seq(temperature=0.7, top_p=0.9, logprobs=2, seed=1))
     assert device_sampling.on_device(seq(temperature=0.7, frequency_penalty=0.5, logit_bias=((3, 1.0),)))
     assert not device_sampling.on_device(seq(temperature=0.7, logits_processors=(lambda ids, row: row,)))
+
+
+def test_unseeded_rows_repeat_with_the_engines_seed() -> None:
+    """Unseeded rows draw from a generator seeded like the host path's, so a run repeats."""
+    rows = LOGITS.repeat(64, 1)
+
+    def run(seed: int) -> list[Any]:
+        return Sampler(seed=seed)._sample_from_device(rows.clone(), [seq(i, temperature=1.0) for i in range(64)])
+
+    assert run(0) == run(0)
+    assert run(0) != run(1)

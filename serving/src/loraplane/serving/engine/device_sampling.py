@@ -77,35 +77,33 @@ def seeded_noise(seed_lo: torch.Tensor, seed_hi: torch.Tensor, position: torch.T
     return (-torch.log(u)).float()
 
 
-def _bits(values: list[float]) -> np.ndarray:
-    return np.asarray(values, dtype=np.float32).view(np.int32)
-
-
-def draw(logits: torch.Tensor, seqs: list[Sequence]) -> list[Drawn]:
+def draw(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None = None) -> list[Drawn]:
     """Sample every row of ``logits`` [len(seqs), vocab] (float32, on any device) for its
-    sequence, all of which satisfy :func:`on_device`."""
+    sequence, all of which satisfy :func:`on_device`. Unseeded rows draw from ``generator`` (a
+    generator on the logits' device; the device's default when None)."""
     n, vocab = logits.shape
     params = [s.params for s in seqs]
     greedy = [p.greedy for p in params]
-    seeds = [(p.seed or 0) if not g else 0 for p, g in zip(params, greedy, strict=True)]
-    columns: list[tuple[np.ndarray | list[int], tuple[int, ...]]] = [
-        (_bits([0.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)]), (n,)),
-        ([p.top_k if 0 < p.top_k < vocab else vocab for p in params], (n,)),
-        (_bits([p.top_p for p in params]), (n,)),
-        (_bits([p.min_p for p in params]), (n,)),
-        (np.asarray([s & _MASK32 for s in seeds], dtype=np.uint32).view(np.int32), (n,)),
-        (np.asarray([s >> 32 for s in seeds], dtype=np.uint32).view(np.int32), (n,)),
-        ([len(s.output_token_ids) for s in seqs], (n,)),
-    ]
     seeded = [i for i, (p, g) in enumerate(zip(params, greedy, strict=True)) if not g and p.seed is not None]
-    if seeded:
-        columns.append((seeded, (len(seeded),)))
-    temp_i, top_k, top_p_i, min_p_i, seed_lo, seed_hi, position, *seeded_rows = transfers.to_device(columns, logits.device)
+    seeds = [params[i].seed or 0 for i in seeded]
+    columns: list[tuple[np.ndarray | list[int], tuple[int, ...]]] = [
+        (transfers.float_bits([0.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)]), (n,)),
+        ([p.top_k if 0 < p.top_k < vocab else vocab for p in params], (n,)),
+        (transfers.float_bits([p.top_p for p in params]), (n,)),
+        (transfers.float_bits([p.min_p for p in params]), (n,)),
+    ]
+    if seeded:  # the seeded rows, their seeds' two halves and their output positions
+        columns += [
+            (seeded, (len(seeded),)),
+            (np.asarray([s & _MASK32 for s in seeds], dtype=np.uint32).view(np.int32), (len(seeded),)),
+            (np.asarray([s >> 32 for s in seeds], dtype=np.uint32).view(np.int32), (len(seeded),)),
+            ([len(seqs[i].output_token_ids) for i in seeded], (len(seeded),)),
+        ]
+    temp_i, top_k, top_p_i, min_p_i, *seeded_columns = transfers.to_device(columns, logits.device)
     temperature, top_p, min_p = temp_i.view(torch.float32), top_p_i.view(torch.float32), min_p_i.view(torch.float32)
     x = logits.float()
     token = x.argmax(dim=-1)
-    random_rows = [i for i, g in enumerate(greedy) if not g]
-    if random_rows:
+    if not all(greedy):
         scaled = x / torch.where(temperature > 0, temperature, 1.0).unsqueeze(1)
         if any(0 < p.top_k < vocab or p.top_p < 1.0 for p in params):
             ordered, index = torch.sort(scaled, dim=-1, descending=True)
@@ -121,10 +119,10 @@ def draw(logits: torch.Tensor, seqs: list[Sequence]) -> list[Drawn]:
         if any(p.min_p > 0 for p in params):
             probs = probs.masked_fill(probs < min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True), 0.0)
         # Never 0 (a zero would make a zero-probability token's 0 / 0 a NaN, which argmax picks).
-        noise = torch.empty_like(probs).exponential_().clamp_(min=torch.finfo(torch.float32).tiny)
+        noise = torch.empty_like(probs).exponential_(generator=generator).clamp_(min=torch.finfo(torch.float32).tiny)
         if seeded:
-            rows = seeded_rows[0].long()
-            noise.index_copy_(0, rows, seeded_noise(seed_lo[rows], seed_hi[rows], position[rows], vocab))
+            rows, seed_lo, seed_hi, position = seeded_columns
+            noise.index_copy_(0, rows.long(), seeded_noise(seed_lo, seed_hi, position, vocab))
         token = torch.where(temperature > 0, (probs / noise).argmax(dim=-1), token)
     broken = ~(torch.isfinite(x) | (x == float("-inf"))).all(dim=-1)  # a NaN or +inf
     token = torch.where((x > float("-inf")).any(dim=-1), token, NONE_ALLOWED)

@@ -56,11 +56,6 @@ def _ends_with(tokens: list[int], tail: tuple[int, ...]) -> bool:
     return not tail or (len(tokens) >= len(tail) and tuple(tokens[-len(tail) :]) == tail)
 
 
-def _bits(values: list[float]) -> np.ndarray:
-    """float32 values as int32 bit patterns: they travel in the step's int32 copy."""
-    return np.asarray(values, dtype=np.float32).view(np.int32)
-
-
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence], eos_ids: Iterable[int]) -> torch.Tensor:
     """``logits`` [len(seqs), vocab] adjusted in place for the sequences whose requests ask for it,
     on whatever device ``logits`` is: what the rows need (their token ids, coefficients, biases
@@ -97,7 +92,7 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence], eos_ids: Iterabl
             *(p.frequency_penalty for p in params),
             *(p.presence_penalty for p in params),
         ]
-        arrays += [(output, output.shape), (_bits(coefficients), (3, len(group)))]
+        arrays += [(output, output.shape), (transfers.float_bits(coefficients), (3, len(group)))]
     if repeated:
         prompt = _padded([s.prompt_token_ids for s in group], vocab)
         arrays.append((prompt, prompt.shape))
@@ -105,7 +100,7 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence], eos_ids: Iterabl
         if pairs:
             arrays.append(([v for pair in pairs for v in pair[:2]], (len(pairs), 2)))
     if biased:
-        arrays.append((_bits([b for _, _, b in biased]), (len(biased),)))
+        arrays.append((transfers.float_bits([b for _, _, b in biased]), (len(biased),)))
     parts = iter(transfers.to_device(arrays, logits.device))
     index = next(parts).long()
     x = logits.index_select(0, index).float()

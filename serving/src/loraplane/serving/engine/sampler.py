@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from loraplane.serving import cuda_runtime
 from loraplane.serving.engine import device_sampling, transfers
 from loraplane.serving.engine.penalties import apply_penalties
 from loraplane.serving.engine.sequence import Sequence, TokenLogprob
@@ -37,7 +38,9 @@ class NoTokenAllowed(ValueError):
 
 class Sampler:
     def __init__(self, seed: int = 0, eos_ids: frozenset[int] = frozenset()) -> None:
+        self.seed = seed
         self.default = torch.Generator().manual_seed(seed)
+        self._device_default: dict[torch.device, torch.Generator | None] = {}
         self.generators: dict[int, torch.Generator] = {}
         self.eos_ids = eos_ids  # what min_tokens holds back
 
@@ -48,6 +51,19 @@ class Sampler:
         if gen is None:
             gen = self.generators[seq.seq_id] = torch.Generator().manual_seed(seq.params.seed)
         return gen
+
+    def _device_generator(self, device: torch.device) -> torch.Generator | None:
+        """The unseeded rows' generator on ``device``, seeded like the host's, so a run's
+        unseeded draws repeat with the engine's seed on a GPU as on the CPU. None where no real
+        device is there to hold one (a fake-tensor trace: the device's default stands in)."""
+        if device not in self._device_default:
+            if device.type == "cpu":
+                self._device_default[device] = self.default
+            elif cuda_runtime.available(device):
+                self._device_default[device] = torch.Generator(device=device).manual_seed(self.seed)
+            else:
+                self._device_default[device] = None
+        return self._device_default[device]
 
     def forget(self, seq: Sequence) -> None:
         self.generators.pop(seq.seq_id, None)
@@ -107,7 +123,7 @@ class Sampler:
         elif device:
             rows, group = _rows(logits, device), [seqs[i] for i in device]
             broken = self._adjust(rows, group)
-            drawn = device_sampling.draw(rows, group)
+            drawn = device_sampling.draw(rows, group, self._device_generator(rows.device))
             with host_side():
                 for i, d in zip(device, drawn, strict=True):
                     out[i] = broken.get(seqs[i].seq_id) or _result(d)

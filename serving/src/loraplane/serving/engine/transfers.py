@@ -42,6 +42,12 @@ def to_device(arrays: Sequence[tuple[Sequence[int] | np.ndarray, Shape]], device
     return out
 
 
+def float_bits(values: Sequence[float]) -> np.ndarray:
+    """float32 values as int32 bit patterns, so per-row coefficients travel in :func:`to_device`'s
+    one int32 copy (the device side reads them back with ``.view(torch.float32)``)."""
+    return np.asarray(values, dtype=np.float32).view(np.int32)
+
+
 def to_host(t: torch.Tensor) -> torch.Tensor:
     """``t`` on the host: the step's declared synchronisation with the device."""
     return t.cpu()
