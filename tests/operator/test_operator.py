@@ -655,7 +655,10 @@ def test_a_minute_without_the_api_server_stops_no_traffic_and_loses_no_accepted_
     """The API server is gone for a minute (a control-plane outage). The replicas serve on, since
     nothing on the request path asks the API server; a write during the outage is refused to its
     writer (so it was never accepted); an adapter accepted just before it becomes Ready after it,
-    and the operator process rides it out rather than exiting."""
+    and the operator process rides it out rather than exiting. Where the outage catches the
+    reconcile's writes, kopf's own retry finishes it, or, where kopf lost the outcome too, the
+    operator's resync does (``tests/operator/test_resync.py``). (Not held at a registration, as
+    the restart test is: a held registration holds the replica's engine, and the traffic.)"""
     stack.apply(lora("steady", stack.uris["ku2"], stack.digests["ku2"]))
     stack.wait_phase("steady", "Ready")
     with steady_traffic(stack, "steady") as traffic:

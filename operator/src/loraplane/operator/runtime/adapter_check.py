@@ -57,22 +57,14 @@ def check_adapter(
         max_lora_rank=engine.max_lora_rank, allow_rank_truncation=spec.rank_policy == "Truncate",
         require_adapter_digest=engine.require_adapter_digest,
     )  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="loraplane-check-") as tmp:
-        folder = Path(tmp) / "adapter"
-        folder.mkdir()
-        try:
-            open_source(spec.source.uri, s3).fetch(folder, FetchBounds.within(deadline))
-            manifest = validate_adapter_dir(folder, base, limits, expected_digest=spec.source.digest)
-        except AdapterValidationError as err:
-            raise CheckFailed(err.code.value, err.message) from None
-        except TimeoutError:  # past the deadline: transient, the caller tries again later
-            raise
-        except StoreUnavailable as err:
-            raise CheckDeferred("StoreUnreachable", f"{err}; retrying") from None
-        except OSError as err:
-            if err.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise CheckDeferred("ScratchFull", f"the operator's scratch volume is full ({err}); retrying") from None
-            raise CheckFailed("FetchFailed", f"{spec.source.uri}: {err}") from None
+    try:
+        manifest = _fetch_and_validate(spec, base, limits, s3, deadline)
+    except TimeoutError:  # past the deadline (an OSError too): transient, the caller tries again later
+        raise
+    except OSError as err:  # the scratch folder itself, or the files landing in it
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise CheckDeferred("ScratchFull", f"the operator's scratch volume is full ({err}); retrying") from None
+        raise CheckFailed("FetchFailed", f"{spec.source.uri}: {err}") from None
     if spec.rank is not None and spec.rank != manifest.rank:
         raise CheckFailed("DeclaredRankMismatch", f"the manifest declares rank {spec.rank}, the files have rank {manifest.rank}")
     if spec.target_modules is not None and set(spec.target_modules) != set(manifest.target_modules):
@@ -81,6 +73,23 @@ def check_adapter(
             f"the manifest declares {sorted(spec.target_modules)}, the files adapt {sorted(manifest.target_modules)}",
         )
     return manifest
+
+
+def _fetch_and_validate(
+    spec: LoraAdapterSpec, base: BaseShape, limits: ValidationLimits, s3: S3Settings | None, deadline: float
+) -> AdapterManifest:
+    """The adapter's files fetched into a scratch folder and validated there; the folder goes
+    with the call. A full or failing disk is the caller's ``OSError``."""
+    with tempfile.TemporaryDirectory(prefix="loraplane-check-") as tmp:
+        folder = Path(tmp) / "adapter"
+        folder.mkdir()
+        try:
+            open_source(spec.source.uri, s3).fetch(folder, FetchBounds.within(deadline))
+            return validate_adapter_dir(folder, base, limits, expected_digest=spec.source.digest)
+        except AdapterValidationError as err:
+            raise CheckFailed(err.code.value, err.message) from None
+        except StoreUnavailable as err:  # a ConnectionError, so before the caller's OSError
+            raise CheckDeferred("StoreUnreachable", f"{err}; retrying") from None
 
 
 async def check_adapter_off_loop(

@@ -35,14 +35,17 @@ WAITING_REASONS = frozenset(
 )
 
 
+def waits(status: str | None, reason: str | None) -> bool:
+    """Whether a condition says its adapter waits on something (and is retried until it clears)."""
+    return status != "True" and reason in WAITING_REASONS
+
+
 def unfinished(obj: Mapping[str, Any]) -> bool:
     """Whether a LoraAdapter's reconcile has more to do: its status does not speak for its
     generation (no write of the outcome landed), or it still waits on something."""
     status = obj.get("status") or {}
     current = status.get("observedGeneration") == obj["metadata"].get("generation")
-    return not current or any(
-        c.get("status") != "True" and c.get("reason") in WAITING_REASONS for c in status.get("conditions", [])
-    )
+    return not current or any(waits(c.get("status"), c.get("reason")) for c in status.get("conditions", []))
 
 
 # A replica answers these the same way however often it is asked (a body or adapter it refuses).

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from loraplane.admin_api import AdapterState, AdminClient, ReplicaError
 from loraplane.operator.api import GROUP
 from loraplane.operator.api.basemodel import MAX_STATUS_TENANTS, BaseModelSpec, TenantUsage, UsageStatus
@@ -150,8 +152,10 @@ async def _resync_stalled(
     to react to once the server is back, and the adapter would wait for its next edit. An
     adapter of this base that is unfinished and has not changed for ``resync_interval`` seconds
     is touched (an annotation), which kopf sees as a change and handles as it would have. kopf's
-    own retries change the object, so an adapter they are working on is never touched, and a
-    settled one costs no write. (An adapter whose BaseModel is missing is kopf's to retry.)"""
+    retries of a waiting adapter (every ``retry_delay``) change the object, so those are not
+    touched; a handler that raised waits kopf's own backoff (60 s), and may be touched before it,
+    which only brings its retry forward. A settled adapter costs no write. (An adapter whose
+    BaseModel is missing is kopf's to retry.)"""
     now, seen = time.monotonic(), {}
     for obj in objects:
         meta = obj["metadata"]
@@ -161,10 +165,13 @@ async def _resync_stalled(
         earlier = memory.unfinished.get(meta["name"])
         if earlier is not None and earlier[0] == version:
             since = earlier[1]
-        if now - since >= settings.resync_interval:
+        if now - since >= settings.resync_interval:  # the annotation changes its version: timed again from there
             LOG.info("%s/%s is unfinished and unchanged for %.0f s: handled again", namespace, meta["name"], now - since)
-            await cluster.annotate(namespace, "loraadapters", meta["name"], {f"{GROUP}/resync-requested": now_rfc3339()})
-            since = now
+            try:
+                await cluster.annotate(namespace, "loraadapters", meta["name"], {f"{GROUP}/resync-requested": now_rfc3339()})
+            except ApiException as err:
+                if err.status != 404:  # deleted since the list: nothing to resync
+                    raise
         seen[meta["name"]] = (version, since)
     memory.unfinished = seen
 

@@ -14,7 +14,7 @@ from loraplane.operator.api import GROUP, VERSION, Condition
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.children.base_model import children
 from loraplane.operator.runtime import cluster
-from loraplane.operator.runtime.adapter_flow import WAITING_REASONS, reconcile, unregister_everywhere
+from loraplane.operator.runtime.adapter_flow import reconcile, unregister_everywhere, waits
 from loraplane.operator.runtime.base_sync import BaseMemory, sync_base
 from loraplane.operator.runtime.conditions import Status, set_condition
 from loraplane.operator.runtime.settings import OperatorSettings
@@ -58,7 +58,7 @@ async def adapter_changed(
     )
     for type_, reason, message in out.events:
         kopf.event(body, type=type_, reason=reason, message=message)
-    waiting = [c for c in out.status.conditions if c.status != "True" and c.reason in WAITING_REASONS]
+    waiting = [c for c in out.status.conditions if waits(c.status, c.reason)]
     if waiting:
         raise kopf.TemporaryError(f"{waiting[0].reason}: {waiting[0].message}", delay=SETTINGS.retry_delay)
 

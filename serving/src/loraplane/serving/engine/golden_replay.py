@@ -46,7 +46,7 @@ class ForcedPath:
 def _kl(reference: dict[int, float], logits: torch.Tensor) -> float:
     ids = list(reference)
     p = torch.softmax(torch.tensor([reference[i] for i in ids], dtype=torch.float64), dim=0)
-    q = torch.softmax(torch.log_softmax(logits.double(), dim=-1)[ids], dim=0)
+    q = torch.softmax(logits[ids].double(), dim=0)  # renormalised over the reference's tokens: the full softmax cancels
     return float((p * (p.clamp_min(1e-300).log() - q.clamp_min(1e-300).log())).sum())
 
 

@@ -18,7 +18,13 @@ from loraplane.serving.http.protocol.chat import ChatCompletionRequest
 from loraplane.serving.http.protocol.common import new_id
 from loraplane.serving.http.protocol.completions import DEFAULT_COMPLETION_TOKENS, CompletionRequest
 from loraplane.serving.http.protocol.responses import ResponsesRequest
-from loraplane.serving.http.protocol.tokenize import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
+from loraplane.serving.http.protocol.tokenize import (
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    tokenize_limit,
+    tokens_estimate,
+)
 from loraplane.serving.http.tenants import TenantConfig, Tenants
 from loraplane.serving.router.state import RouterState
 
@@ -156,12 +162,7 @@ async def tokenizer_call(state: RouterState, request: Request, path: str) -> Res
     listed, owner = state.table.owner(body.model)
     if (listed and not Tenants.may_use(tenant, owner)) or (not listed and not await _replica_serves(state, request, body.model)):
         raise APIError(404, f"The model `{body.model}` does not exist.", code="model_not_found", param="model")
-    if isinstance(body, DetokenizeRequest):
-        estimate = len(body.tokens)
-    elif isinstance(body, TokenizeChatRequest):
-        estimate = min(state.table.max_model_len, sum(len(m.text()) for m in body.messages) // 4)
-    else:
-        estimate = min(state.table.max_model_len, len(body.prompt) // 4)
+    estimate = tokens_estimate(body, tokenize_limit(state.table.max_model_len))
     adapter = body.model if listed else None
     reservation = state.tenants.admit(tenant, adapter, estimate)
     counted = 0

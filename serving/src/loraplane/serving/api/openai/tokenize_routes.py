@@ -24,22 +24,20 @@ from loraplane.serving.api.openai.completions.generation import templated
 from loraplane.serving.api.openai.models_routes import resolve_model
 from loraplane.serving.http.errors import APIError
 from loraplane.serving.http.protocol.tokenize import (
+    TOKENIZE_CONTEXTS,
+    TOKENIZE_MIN_TOKENS,
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
     TokenizeResponse,
+    tokenize_limit,
+    tokens_estimate,
 )
 from loraplane.serving.http.tenants import TenantConfig
 from loraplane.serving.tokenizer import PromptTooLong
 
 router = APIRouter()
-TOKENIZE_CONTEXTS = 4  # the longest prompt /tokenize counts, in contexts (max_model_len)
-TOKENIZE_MIN_TOKENS = 65536  # ... or this many, for a small context (about 0.3 s of tokenizer work here)
-
-
-def tokenize_limit(context: int) -> int:
-    return max(TOKENIZE_CONTEXTS * context, TOKENIZE_MIN_TOKENS)
 
 
 def _too_long(limit: int, context: int, param: str) -> APIError:
@@ -50,9 +48,9 @@ def _too_long(limit: int, context: int, param: str) -> APIError:
 
 @contextlib.asynccontextmanager
 async def admitted(server: ServerState, tenant: TenantConfig | None, adapter: str | None, most: int) -> AsyncIterator[list[int]]:
-    """One tokenizer call admitted as a request is: the pending bound, then the quotas, with ``most``
-    tokens reserved; yields a list to put the tokens it counted in, which count in the quota
-    windows when it ends."""
+    """One tokenizer call admitted as a request is: the pending bound, then the quotas, with
+    ``most`` tokens reserved (``tokens_estimate``, as the router's edge reserves); yields a list
+    to put the tokens it counted in, which count in the quota windows when it ends."""
     who = tenant.name if tenant is not None else None
     if not server.pending.admit(who, 1):
         raise APIError(503, "the server is at capacity; retry shortly", type_="server_error", code="overloaded", retry_after=1)
@@ -74,7 +72,7 @@ async def tokenize(
     adapter = resolve_model(engine, req.model, tenant)
     tok, context = engine.engine.tokenizer, engine.engine.max_model_len
     limit = tokenize_limit(context)
-    async with admitted(server, tenant, adapter, limit) as counted:
+    async with admitted(server, tenant, adapter, tokens_estimate(req, limit)) as counted:
         if isinstance(req, TokenizeChatRequest):
             try:
                 ids = await templated(engine, req, limit=limit)
@@ -102,6 +100,6 @@ async def detokenize(req: DetokenizeRequest, engine: Engine, tenant: Caller, ser
     if len(req.tokens) > limit:
         raise _too_long(limit, context, "tokens")
     tok = engine.engine.tokenizer
-    async with admitted(server, tenant, adapter, len(req.tokens)) as counted:
+    async with admitted(server, tenant, adapter, tokens_estimate(req, limit)) as counted:
         counted.append(len(req.tokens))
         return DetokenizeResponse(prompt=await asyncio.to_thread(tok.decode, req.tokens, skip_special_tokens=False))
