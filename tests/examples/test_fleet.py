@@ -100,9 +100,8 @@ def test_the_hottest_adapters_are_pinned_and_leave_slots_for_the_tail() -> None:
 
 def test_the_base_is_sized_as_the_planner_recommends() -> None:
     plan_input = load_plan_input(PLAN)
-    # The operator builds no merged deployments, so the planner's merge candidates stay in the pool.
-    pooled = plan_input.model_copy(update={"knobs": plan_input.knobs.model_copy(update={"merge_replica_fraction": 1e9})})
-    plan, default_plan = make_plan(pooled), make_plan(plan_input)
+    plan = make_plan(plan_input)
+    assert plan.merged == []  # no adapter dominates: the whole fleet is on the shared base
     spec = base()["spec"]
     engine = spec["engine"]
     assert engine["maxLoraRank"] == plan.rank_cap
@@ -111,9 +110,8 @@ def test_the_base_is_sized_as_the_planner_recommends() -> None:
     assert engine["evictionPolicy"] == plan_input.knobs.policy
     assert engine["maxNumSeqs"] == plan_input.budget.max_num_seqs
     assert spec["replicas"] == plan.replicas
-    assert spec["replicas"] <= default_plan.replicas + sum(n for _, n in default_plan.merged)
-    pinned = {d["metadata"]["name"] for d in adapters() if d["spec"].get("pinned")}
-    assert {a.name for a, _ in default_plan.merged} <= pinned
+    dedicated = spec["dedicated"]
+    assert dedicated["mode"] == "recommend" and dedicated["share"] == plan_input.knobs.dedicated_share
 
 
 def test_the_operator_builds_gpu_serving_objects_from_the_base() -> None:

@@ -139,6 +139,8 @@ def test_kubectl_get_prints_the_printer_columns(kube: Kube, tmp_path: Path) -> N
     manifest = example("LoraAdapter")
     manifest["metadata"]["name"] = "columns"
     status = filled(LoraAdapterStatus)
+    dedicated = {**status["conditions"][0], "type": "DedicatedRecommended", "reason": "Dominant"}
+    status["conditions"] = [status["conditions"][0], dedicated]
     kube.apply({**manifest, "status": status})
     out = kube.kubectl("get", "loraadapters", "columns", "-n", NS).stdout.splitlines()
     assert out[0].split() == ["NAME", "BASE", "TENANT", "RANK", "PHASE", "PINNED", "HIT", "RATE", "REQ/S", "AGE"]
@@ -146,7 +148,9 @@ def test_kubectl_get_prints_the_printer_columns(kube: Kube, tmp_path: Path) -> N
     spec = manifest["spec"]
     assert row[:7] == ["columns", spec["baseModel"], spec["tenant"], "3", status["phase"], "true", "0.5"], out
     wide = kube.kubectl("get", "loraadapters", "columns", "-n", NS, "-o", "wide").stdout.splitlines()
-    assert wide[0].split()[-1] == "NODES" and wide[1].split()[-1] == str(status["nodesCached"])  # -o wide only
+    assert wide[0].split()[-2:] == ["NODES", "DEDICATED"]  # -o wide only
+    assert wide[1].split()[-2] == str(status["nodesCached"])
+    assert wide[1].split()[-1] == "Dominant"  # the reason of the one condition of its type
 
 
 def test_a_cel_rule_is_evaluated_by_the_server(kube: Kube) -> None:
@@ -157,6 +161,19 @@ def test_a_cel_rule_is_evaluated_by_the_server(kube: Kube) -> None:
     assert r.returncode != 0 and "spec.engine: Invalid value" in r.stderr, r.stderr
     assert "maxCpuLoras must be at least maxLoras" in r.stderr
     assert kube.get("BaseModel", NS, "cel") is None
+
+
+def test_the_server_refuses_a_return_share_above_the_dominance_share_even_from_its_default(kube: Kube) -> None:
+    manifest = example("BaseModel")
+    manifest["metadata"]["name"] = "hysteresis"
+    manifest["spec"]["dedicated"] = {"mode": "recommend", "share": 0.1}  # returnShare's default, 0.15, is above it
+    r = kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest), check=False)
+    assert r.returncode != 0 and "dedicated.returnShare must be at most dedicated.share" in r.stderr, r.stderr
+    manifest["spec"]["dedicated"]["returnShare"] = 0.05
+    kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
+    stored = kube.get("BaseModel", NS, "hysteresis")
+    assert stored is not None and stored["spec"]["dedicated"]["holdSeconds"] == 600  # the schema's default filled in
+    kube.delete("BaseModel", NS, "hysteresis")
 
 
 def test_the_server_refuses_an_s3_base_without_the_node_cache(kube: Kube) -> None:

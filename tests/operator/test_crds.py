@@ -5,6 +5,7 @@ against them offline, without an API server (test_apiserver.py asks a real one).
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +57,17 @@ def test_schemas_are_structural_and_printer_columns_resolve(kind: str) -> None:
     assert "status" in version["subresources"]
     for column in version["additionalPrinterColumns"]:
         node = schema
-        parts = column["jsonPath"].strip(".").split(".")
+        # A filter over a list (`conditions[?(@.type=="Ready")]`) steps into its items, and the field
+        # it filters on must be one of theirs.
+        filters = re.findall(r"\[\?\(@\.(\w+)==", column["jsonPath"])
+        parts = re.sub(r"\[\?\(@[^]]*\]", "[]", column["jsonPath"]).strip(".").split(".")
         if parts[0] == "metadata":
             continue
         for part in parts:
-            node = node["properties"][part]
+            node = node["properties"][part.removesuffix("[]")]
+            if part.endswith("[]"):
+                node = node["items"]
+                assert filters.pop(0) in node["properties"]
         assert node["type"] == column["type"] or (column["type"] == "number" and node["type"] in ("number", "integer"))
 
 

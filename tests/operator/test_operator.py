@@ -755,6 +755,56 @@ def test_auto_pinning_follows_the_traffic(stack: Stack) -> None:
     assert stack.adapter("support")["status"]["pinned"]  # pinned by its manifest: never auto-unpinned
 
 
+def test_a_dominant_adapter_is_recommended_for_a_dedicated_deployment_and_returns_when_traffic_falls(stack: Stack) -> None:
+    """``dedicated.mode: recommend`` on the real operator: traffic to one adapter of the base makes
+    it dominant after the hold (condition, Event, the printer column), and its end returns it after
+    the return hold; turning the policy off removes the condition."""
+    stack.apply(lora("busy", stack.uris["qv4"], stack.digests["qv4"]))
+    stack.wait_phase("busy", "Ready")
+    base = stack.kube.get("BaseModel", NS, "tiny")
+    assert base is not None
+
+    def policy(mode: str) -> None:
+        dedicated = {"mode": mode, "share": 0.6, "holdSeconds": 2, "returnShare": 0.3, "returnSeconds": 2,
+                     "minRequestsPerSecond": 0.5}  # fmt: skip
+        stack.apply({"apiVersion": "loraplane.dev/v1alpha1", "kind": "BaseModel", "metadata": {"name": "tiny", "namespace": NS},
+                     "spec": {**base["spec"], "dedicated": dedicated}})  # fmt: skip
+
+    def now_shown(status: str) -> dict[str, Any] | None:
+        condition = dedicated_condition(stack, "busy")
+        return condition if condition and condition["status"] == status else None
+
+    def events(reason: str) -> list[dict[str, Any]]:
+        found = stack.kube.list("Event", NS, fieldSelector="involvedObject.name=busy")
+        return [e for e in found if e["reason"] == reason]
+
+    policy("recommend")
+    try:
+        with steady_traffic(stack, "busy") as traffic:
+            dominant = stack.kube.wait_for("'busy' to be recommended", lambda: now_shown("True"), timeout=60)
+            assert dominant["reason"] == "Dominant"
+            assert "a merged dedicated deployment of 1 of the base's 2 replicas" in dominant["message"]
+            (event,) = stack.kube.wait_for("its Event", lambda: events("Dominant"), timeout=20)
+            assert event["type"] == "Normal" and "% of the base's requests" in event["message"]
+            header, row = stack.kube.kubectl("-n", NS, "get", "loraadapter", "busy", "-o", "wide").stdout.splitlines()
+            assert header.split()[-1] == "DEDICATED" and row.split()[-1] == "Dominant"
+            assert dedicated_condition(stack, "support") is None  # the others carry nothing
+        assert traffic.failures == []
+        back = stack.kube.wait_for("'busy' to return to shared", lambda: now_shown("False"), timeout=60)
+        assert back["reason"] == "NoLongerDominant"
+        stack.kube.wait_for("its Event", lambda: events("NoLongerDominant"), timeout=20)
+        policy("off")
+        stack.kube.wait_for("the condition removed", lambda: dedicated_condition(stack, "busy") is None, timeout=30)
+    finally:
+        policy("off")
+        stack.kube.delete("LoraAdapter", NS, "busy")
+
+
+def dedicated_condition(stack: Stack, name: str) -> dict[str, Any] | None:
+    conditions = stack.adapter(name).get("status", {}).get("conditions", [])
+    return next((c for c in conditions if c["type"] == "DedicatedRecommended"), None)
+
+
 def test_a_fleet_settles_in_bounded_time_with_bounded_writes(stack: Stack) -> None:
     """LORAPLANE_FLEET adapters (default 40, to keep CI short; see docs/benchmarks.md for 2,000)
     created at once: time to all Ready, the operator's API writes per adapter while settling (from

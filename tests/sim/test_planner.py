@@ -36,8 +36,9 @@ def spec_file(tmp_path: Path, **overrides: Any) -> Path:
 def test_decisions_on_a_hand_worked_fleet(tmp_path: Path) -> None:
     spec = load_plan_input(spec_file(tmp_path))
     plan = make_plan(spec)
-    # big: 30 req/s >= 0.5 x 20 -> merged, on ceil(30 / (20 x 0.7)) = 3 replicas
-    assert [(a.name, n) for a, n in plan.merged] == [("big", 3)]
+    # big: 30 of 40 req/s = 75% >= 25% -> dominant; the whole base needs ceil(40 / (20 x 0.7)) = 3
+    # replicas, of which its share is 2.25 -> a merged deployment of 2
+    assert [(a.name, n) for a, n in plan.merged] == [("big", 2)]
     assert [a.name for a in plan.shared] == ["a", "b", "c", "d"]
     # ranks <= 16 carry 9.9 of 10 req/s = 99% -> cap 16; d (rank 64) is above it
     assert plan.rank_cap == 16 and [a.name for a in plan.above_cap] == ["d"]
@@ -54,7 +55,7 @@ def test_small_host_tier_is_flagged_and_replicas_are_capped(tmp_path: Path) -> N
     path = spec_file(
         tmp_path,
         budget={"gpu_adapter_memory_gib": 0.05, "host_memory_gib": 0.02, "max_replicas": 1, "replica_rps": 5},
-        knobs={"merge_replica_fraction": 10},
+        knobs={"dedicated_share": 1.0},
     )
     plan = make_plan(load_plan_input(path))
     assert plan.merged == [] and plan.host_slots == 1  # 0.02 GiB x 0.9 = 18.4 MB: one 10 MB adapter
@@ -62,6 +63,27 @@ def test_small_host_tier_is_flagged_and_replicas_are_capped(tmp_path: Path) -> N
     assert "add host memory first" in host_line
     replica_line = next(r for r in plan.reasons if r.startswith("replicas"))
     assert "would be needed, the budget caps it at 1" in replica_line
+
+
+def test_one_dominant_adapter_at_most_and_none_from_a_one_replica_pool(tmp_path: Path) -> None:
+    two_big = [{"name": "x", "rps": 12, "rank": 8}, {"name": "y", "rps": 10, "rank": 8}, {"name": "z", "rps": 8, "rank": 8}]
+    plan = make_plan(load_plan_input(spec_file(tmp_path, adapters=two_big)))
+    # x 40%, y 33%, z 27%: all above 25%, but max_dedicated is 1: the largest share goes; the pool
+    # for all 30 req/s is ceil(30 / 14) = 3 replicas, of which 40% is 1.2 -> 1
+    assert [(a.name, n) for a, n in plan.merged] == [("x", 1)] and [a.name for a in plan.shared] == ["y", "z"]
+    plan = make_plan(load_plan_input(spec_file(tmp_path, adapters=two_big, knobs={"max_dedicated": 2})))
+    assert [(a.name, n) for a, n in plan.merged] == [("x", 1), ("y", 1)]
+    small = [{"name": "x", "rps": 3, "rank": 8}, {"name": "y", "rps": 1, "rank": 8}]
+    plan = make_plan(load_plan_input(spec_file(tmp_path, adapters=small)))
+    assert plan.merged == [] and plan.reasons[0].startswith("keep x shared: it carries 75.0% of requests")
+    quiet = [{"name": "x", "rps": 0.3, "rank": 8}, {"name": "y", "rps": 0.1, "rank": 8}]
+    plan = make_plan(load_plan_input(spec_file(tmp_path, adapters=quiet)))
+    assert plan.merged == [] and "under the 25% (and 1 req/s)" in plan.reasons[0]
+
+
+def test_the_old_merge_knob_names_its_replacement(tmp_path: Path) -> None:
+    with pytest.raises(PlanInputError, match="merge_replica_fraction was replaced by dedicated_share"):
+        load_plan_input(spec_file(tmp_path, knobs={"merge_replica_fraction": 0.5}))
 
 
 def test_shares_need_a_total_rate(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from loraplane.adapter_format.base_shape import LLAMA_TARGETS, BaseShape
+from loraplane.routing.dominance import DominanceRule
 from loraplane.sim.table_rows import csv_rows, validate_row
 
 
@@ -47,9 +48,17 @@ class Budget(_Strict):
 
 
 class Knobs(_Strict):
-    merge_replica_fraction: float = Field(
-        default=0.5, gt=0, description="an adapter whose own traffic needs this much of a replica gets a merged deployment"
+    dedicated_share: float = Field(
+        default=DominanceRule.share,
+        gt=0,
+        le=1,
+        description="an adapter with at least this share of the base's requests dominates it and gets a merged "
+        "dedicated deployment (the operator's BaseModel dedicated.share, the same rule)",
     )
+    dedicated_min_rps: float = Field(
+        default=DominanceRule.min_rps, ge=0, description="and at least this many requests/s of its own"
+    )
+    max_dedicated: int = Field(default=DominanceRule.max_dedicated, ge=0, description="dedicated deployments at most")
     rank_cap_coverage: float = Field(
         default=0.99, gt=0, le=1, description="share of shared traffic the rank cap must serve untruncated"
     )
@@ -57,6 +66,16 @@ class Knobs(_Strict):
     target_utilization: float = Field(default=0.7, gt=0, le=1)
     policy: str = "tinylfu"
     requests_to_simulate: int = Field(default=50_000, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: object) -> object:
+        if isinstance(data, dict) and "merge_replica_fraction" in data:
+            raise ValueError(
+                "merge_replica_fraction was replaced by dedicated_share: a dedicated deployment is for an adapter "
+                "that dominates the base's traffic, the rule the operator applies (docs/operator-guide.md)"
+            )
+        return data
 
 
 class FineTune(_Strict):

@@ -1,9 +1,10 @@
 """``loraplane plan``: from a table of fine-tunes and a budget to slot counts, rank cap and replicas.
 
 Every decision is a pure function of the input and comes with a one-line reason, in the order an
-engineer would argue it: first take heavy steady adapters out of the shared pool (merged
-deployments), then cap ranks so slots are not sized for the rare high-rank adapter, then size
-device slots and the host tier from memory, then replicas from load, and finally ask the
+engineer would argue it: first take an adapter that dominates the base's traffic out of the shared
+pool (a merged dedicated deployment, by the rule the operator applies:
+``loraplane.routing.dominance``), then cap ranks so slots are not sized for the rare high-rank
+adapter, then size device slots and the host tier from memory, then replicas from load, and finally ask the
 simulator what hit rates and load waits that plan gets on a trace with the same traffic mix.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from loraplane.routing.dominance import DominanceRule, dedicated_replicas, shares, steady_dominant
 from loraplane.sim.plan_input import FineTune, PlanInput
 from loraplane.sim.replicas import ReplicaResult, simulate_replicas
 from loraplane.sim.trace import weighted_trace
@@ -64,22 +66,46 @@ def _coverage_count(adapters: list[Adapter], share: float) -> int:
 
 
 def make_plan(spec: PlanInput) -> Plan:
-    """Merge the adapters hot enough for their own deployment, size the multi-LoRA pool for the
+    """Merge the adapters that dominate the base's traffic, size the multi-LoRA pool for the
     rest and say why at each step. One pass on purpose: ``reasons`` is the plan's explanation, in
     the order the decisions were taken."""
     knobs, budget = spec.knobs, spec.budget
     adapters = _adapters(spec)
     reasons: list[str] = []
 
-    merge_at = knobs.merge_replica_fraction * budget.replica_rps
-    merged = [(a, math.ceil(a.rps / (budget.replica_rps * knobs.target_utilization))) for a in adapters if a.rps >= merge_at]
-    for a, n in merged:
+    rule = DominanceRule(
+        share=knobs.dedicated_share,
+        return_share=knobs.dedicated_share,
+        min_rps=knobs.dedicated_min_rps,
+        max_dedicated=knobs.max_dedicated,
+    )
+    share = shares({a.name: a.rps for a in adapters})
+    total_rps = sum(a.rps for a in adapters)
+    pool = math.ceil(total_rps / (budget.replica_rps * knobs.target_utilization))  # every adapter on the shared base
+    dominant = set(steady_dominant(rule, {a.name: a.rps for a in adapters}))
+    merged = []
+    for a in adapters:
+        n = dedicated_replicas(share[a.name], pool, budget.max_replicas) if a.name in dominant else 0
+        if a.name in dominant and n == 0:
+            reasons.append(
+                f"keep {a.name} shared: it carries {100 * share[a.name]:.1f}% of requests (dominant from "
+                f"{100 * rule.share:g}%), but {pool} replica(s) leave none to carve a dedicated deployment out of"
+            )
+        elif n:
+            merged.append((a, n))
+            reasons.append(
+                f"merge {a.name}: {100 * share[a.name]:.1f}% of requests ({a.rps:.1f} req/s; dominant from "
+                f"{100 * rule.share:g}%), so a dedicated merged deployment of {n} of the {pool} replica(s) the whole "
+                "base needs serves it with no adapter overhead and frees its slots for the tail"
+            )
+    if not dominant and adapters:
+        top = adapters[0]
         reasons.append(
-            f"merge {a.name}: {a.rps:.1f} req/s keeps {a.rps / budget.replica_rps:.2f} replicas busy on its own "
-            f"(threshold {merge_at:.1f} req/s), so a dedicated merged deployment of {n} replica(s) "
-            "runs it with no adapter overhead"
+            f"no dedicated deployment: the busiest adapter, {top.name}, carries {100 * share[top.name]:.1f}% of requests "
+            f"({top.rps:.1f} req/s), under the {100 * rule.share:g}% (and {rule.min_rps:g} req/s) that make one dominant"
         )
-    shared = [a for a in adapters if a.rps < merge_at]
+    merged_names = {a.name for a, _ in merged}
+    shared = [a for a in adapters if a.name not in merged_names]
     if not shared:
         reasons.append("every adapter is heavy enough for its own deployment; no shared pool is needed")
         return Plan(merged, [], 0, [], 0.0, 0.0, 0, 0, 0, reasons)

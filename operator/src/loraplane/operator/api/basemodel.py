@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from loraplane.admin_api import engine_sizing
 from loraplane.operator.api.common import DNS_LABEL, SOURCE_URI, Condition, KubeModel, ObjectMeta, Quotas, SecretRef
+from loraplane.routing.dominance import DominanceRule
 
 # The API server's spelling of EngineSizing._host_holds_device (tests check they agree).
 CPU_LORAS_RULE = "!has(self.maxCpuLoras) || self.maxCpuLoras >= self.maxLoras"
@@ -21,6 +22,10 @@ S3_BASE_MESSAGE = "an s3:// base needs nodeCache.enabled (the node agent copies 
 NODE_CACHE_RULE = "!self.nodeCache.enabled || size(self.resources.nodeSelector) > 0"
 NODE_CACHE_MESSAGE = "nodeCache.enabled needs resources.nodeSelector: the nodes that serve this base, where its agents run"
 MAX_STATUS_NODES = 32
+# Hysteresis needs the return line at or below the entry line. The model's check and the CRD's rule (whose
+# has() lets the schema's default, {}, pass: the API server fills both fields in before it checks a real object).
+DEDICATED_RULE = "!has(self.returnShare) || !has(self.share) || self.returnShare <= self.share"
+DEDICATED_MESSAGE = "dedicated.returnShare must be at most dedicated.share"
 
 
 class ModelSource(KubeModel):
@@ -144,6 +149,54 @@ class AutoPinning(KubeModel):
     )
 
 
+class DedicatedPolicy(KubeModel):
+    """When one adapter dominates this base's traffic (the lesson's decision chart: give it a merged
+    dedicated deployment, keep the long tail on the shared base). The operator measures each
+    adapter's share of the base's requests every sync and applies ``loraplane.routing.dominance``,
+    the rule ``loraplane plan`` applies to a traffic table. ``recommend``: the adapter's
+    ``DedicatedRecommended`` condition and an Event say so, with the figures and the replicas the
+    rule gives; nothing is created."""
+
+    mode: Literal["off", "recommend"] = Field(default="off", description="off: not measured; recommend: conditions and Events")
+    share: float = Field(
+        default=DominanceRule.share, gt=0, le=1, description="the share of the base's requests from which an adapter dominates"
+    )
+    hold_seconds: int = Field(
+        default=int(DominanceRule.hold_seconds), ge=0, le=86400, description="held this long before it counts"
+    )
+    return_share: float = Field(
+        default=DominanceRule.return_share, gt=0, le=1, description="below this share it stops dominating (at most share)"
+    )
+    return_seconds: int = Field(
+        default=int(DominanceRule.return_seconds), ge=0, le=86400, description="held this long below returnShare"
+    )
+    min_requests_per_second: float = Field(
+        default=DominanceRule.min_rps, ge=0, description="and at least this rate of its own (an idle base has none)"
+    )
+    max_deployments: int = Field(
+        default=DominanceRule.max_dedicated, ge=0, le=16, description="dominant adapters at most, largest shares first"
+    )
+    max_replicas: int = Field(
+        default=4, ge=1, le=256, description="a dedicated deployment's replicas at most, out of spec.replicas (never on top)"
+    )
+
+    @model_validator(mode="after")
+    def _return_below_entry(self) -> DedicatedPolicy:
+        if self.return_share > self.share:
+            raise ValueError(DEDICATED_MESSAGE)
+        return self
+
+    def rule(self) -> DominanceRule:
+        return DominanceRule(
+            share=self.share,
+            hold_seconds=self.hold_seconds,
+            return_share=self.return_share,
+            return_seconds=self.return_seconds,
+            min_rps=self.min_requests_per_second,
+            max_dedicated=self.max_deployments,
+        )
+
+
 class UsageRecords(KubeModel):
     """Per-request usage records: every serving pod spools them on its disk; with a bucket, closed
     segments go to ``s3://bucket/prefix/date=…/replica=…/`` through the adapter store's endpoint and
@@ -168,6 +221,7 @@ class BaseModelSpec(KubeModel):
     auto_pinning: AutoPinning = Field(default_factory=AutoPinning)
     usage: UsageRecords = Field(default_factory=UsageRecords)
     node_cache: NodeCache = Field(default_factory=NodeCache)
+    dedicated: DedicatedPolicy = Field(default_factory=DedicatedPolicy)
 
     @model_validator(mode="after")
     def _s3_base_through_the_node_cache(self) -> BaseModelSpec:

@@ -9,7 +9,9 @@ Every ``sync_interval`` seconds, per BaseModel:
 4. with ``nodeCache.enabled``, every node agent is told what to hold and read back
    (``node_cache_sync``): per-node state and the ``NodeCachesReady`` condition on the BaseModel,
    ``nodesCached`` on each LoraAdapter;
-5. the BaseModel's own status: replicas, fingerprint, Ready adapters, pins, and the replicas'
+5. with ``dedicated.mode`` on, the adapter that dominates the base's traffic is told so
+   (``dedicated_sync``);
+6. the BaseModel's own status: replicas, fingerprint, Ready adapters, pins, and the replicas'
    per-tenant usage of the last day (refreshed at most once per ``metrics_interval``).
 """
 
@@ -30,6 +32,7 @@ from loraplane.operator.api.loraadapter import LoraAdapterSpec
 from loraplane.operator.runtime import cluster, decisions
 from loraplane.operator.runtime.adapter_flow import parse_status, serving_source, stage, unfinished
 from loraplane.operator.runtime.conditions import Status, now_rfc3339
+from loraplane.operator.runtime.dedicated_sync import DedicatedMemory, Event, sync_dedicated
 from loraplane.operator.runtime.node_cache_sync import sync_node_caches
 from loraplane.operator.runtime.settings import OperatorSettings
 from loraplane.usage.rollup import merge
@@ -52,6 +55,8 @@ class BaseMemory:
     usage: dict[str, Any] | None = None
     usage_at: float = -1e9
     unfinished: dict[str, tuple[str, float]] = field(default_factory=dict)  # adapter -> (resourceVersion, seen since)
+    dedicated: DedicatedMemory = field(default_factory=DedicatedMemory)
+    events: list[Event] = field(default_factory=list)  # for the handler to post (kopf.event)
 
 
 @dataclass
@@ -60,6 +65,7 @@ class AdapterView:
     served: str
     spec: LoraAdapterSpec
     status: Any
+    raw: dict[str, Any] = field(default_factory=dict)  # the object as listed
 
 
 def _adapters_of(base: str, objects: list[dict[str, Any]]) -> list[AdapterView]:
@@ -73,7 +79,7 @@ def _adapters_of(base: str, objects: list[dict[str, Any]]) -> list[AdapterView]:
             continue  # its own reconcile reports the bad spec
         views.append(
             AdapterView(
-                obj["metadata"]["name"], spec.served_name or obj["metadata"]["name"], spec, parse_status(obj.get("status"))
+                obj["metadata"]["name"], spec.served_name or obj["metadata"]["name"], spec, parse_status(obj.get("status")), obj
             )
         )
     return views
@@ -106,7 +112,11 @@ async def sync_base(
     await _resync_stalled(name, namespace, objects, memory, settings)
     ready = {a.served: a for a in adapters if a.status.phase == "Ready"}
     await _unregister_unclaimed(name, objects, stats, clients)
-    pins = _pins(base, ready, stats, memory)
+    now = time.monotonic()
+    rates = {served: rate for served in ready
+             if (rate := decisions.request_rate(memory.samples.get(served), decisions.sample(now, _entries(stats, served))))
+             is not None}  # fmt: skip
+    pins = _pins(base, ready, stats, memory, rates)
     for replica, known in stats.items():
         for served in decisions.missing(known, ready):
             try:
@@ -119,13 +129,11 @@ async def sync_base(
     await _apply_pins(pins, ready, stats, clients)
     node_caches = None
     if base.node_cache.enabled:
-        now = time.monotonic()
-        rates = {served: rate for served in ready
-                 if (rate := decisions.request_rate(memory.samples.get(served), decisions.sample(now, _entries(stats, served))))
-                 is not None}  # fmt: skip
         node_token = await cluster.node_cache_token(namespace, name)
         node_caches = await sync_node_caches(name, namespace, base, adapters, pins, rates, node_token)
     memory.node_condition = node_caches.condition if node_caches else None
+    ready_objects = {served: view.raw for served, view in ready.items()}
+    memory.events += await sync_dedicated(namespace, base, ready_objects, rates, memory.dedicated, now)
     await _write_metrics(namespace, ready, stats, memory, settings, node_caches.nodes_cached if node_caches else None)
     if time.monotonic() - memory.usage_at >= settings.metrics_interval:
         memory.usage, memory.usage_at = await _usage(list(clients.values())), time.monotonic()
@@ -193,19 +201,15 @@ async def _unregister_unclaimed(
             del known[served]
 
 
-def _pins(base: BaseModelSpec, ready: dict[str, AdapterView], stats: ReplicaAdapters, memory: BaseMemory) -> set[str]:
+def _pins(
+    base: BaseModelSpec, ready: dict[str, AdapterView], stats: ReplicaAdapters, memory: BaseMemory, rates: dict[str, float]
+) -> set[str]:
     """Adapters pinned by their manifest, plus the auto-pinned hot set."""
     pinned = {served for served, a in ready.items() if a.spec.pinned}
     auto = base.auto_pinning
     if auto.enabled and stats:
         slots = auto.hot_set_size if auto.hot_set_size is not None else base.engine.max_loras - auto.headroom_slots
         slots = min(slots, base.engine.max_loras - 1)  # a replica refuses the pin that takes its last slot
-        rates = {}
-        for served in ready:
-            previous = memory.samples.get(served)
-            rate = decisions.request_rate(previous, decisions.sample(time.monotonic(), _entries(stats, served)))
-            if rate is not None:
-                rates[served] = rate
         if rates:
             memory.auto_pinned = decisions.hot_set(rates, slots - len(pinned), memory.auto_pinned, auto.hysteresis)
     return pinned | (memory.auto_pinned & set(ready))

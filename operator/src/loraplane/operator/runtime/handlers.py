@@ -4,7 +4,7 @@ status and posts Events. `loraplane operator` runs them."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from kubernetes.client.exceptions import ApiException
@@ -137,6 +137,9 @@ async def base_sync(name: str, namespace: str | None, spec: kopf.Spec, status: k
     namespace = namespace or "default"
     memory = MEMORY.setdefault((namespace, name), BaseMemory())
     patch = await sync_base(name, namespace, spec, memory, SETTINGS)
+    for obj, type_, reason, message in memory.events:
+        kopf.event(kopf.Body(cast(kopf.RawBody, obj)), type=type_, reason=reason, message=message)
+    memory.events.clear()
     written = {k: v for k, v in patch.items() if v is not None}
     version = None
     if memory.node_condition is not None or "nodeCache" in status:

@@ -21,6 +21,8 @@ from pydantic import BaseModel
 from loraplane.operator.api import GROUP, VERSION
 from loraplane.operator.api.basemodel import (
     CPU_LORAS_RULE,
+    DEDICATED_MESSAGE,
+    DEDICATED_RULE,
     NODE_CACHE_MESSAGE,
     NODE_CACHE_RULE,
     S3_BASE_MESSAGE,
@@ -67,6 +69,7 @@ KINDS = (
         ],
         rules={
             "engine": [{"rule": CPU_LORAS_RULE, "message": "maxCpuLoras must be at least maxLoras"}],
+            "dedicated": [{"rule": DEDICATED_RULE, "message": DEDICATED_MESSAGE}],
             "": [{"rule": S3_BASE_RULE, "message": S3_BASE_MESSAGE}, {"rule": NODE_CACHE_RULE, "message": NODE_CACHE_MESSAGE}],
         },
     ),
@@ -86,6 +89,12 @@ KINDS = (
             {"name": "Req/s", "type": "number", "jsonPath": ".status.metrics.requestsPerSecond"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
             {"name": "Nodes", "type": "integer", "jsonPath": ".status.nodesCached", "priority": 1},
+            {
+                "name": "Dedicated",
+                "type": "string",
+                "jsonPath": '.status.conditions[?(@.type=="DedicatedRecommended")].reason',
+                "priority": 1,
+            },
         ],
         rules={"source": [{"rule": DOT_SEGMENT_RULE, "message": DOT_SEGMENT_MESSAGE}]},
     ),
