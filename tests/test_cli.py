@@ -71,7 +71,13 @@ def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
 def test_plan_explains_each_decision() -> None:
     code, out = run("plan", str(ROOT / "examples" / "plan-500-finetunes-8b" / "plan.yaml"))
     assert code == 0
-    for decision in ("- no dedicated deployment: the busiest adapter, customer-000", "- rank cap 16", "- GPU slots", "- host slots", "- replicas"):
+    for decision in (
+        "- no dedicated deployment: the busiest adapter, customer-000",
+        "- rank cap 16",
+        "- GPU slots",
+        "- host slots",
+        "- replicas",
+    ):
         assert decision in out
     assert re.search(r"predicted .*\n  GPU hit \d+\.\d%", out)
 

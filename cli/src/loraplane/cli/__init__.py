@@ -9,6 +9,7 @@ from loraplane.cli.bench import bench
 from loraplane.cli.demo import demo
 from loraplane.cli.digest import digest
 from loraplane.cli.generate import generate
+from loraplane.cli.merge import merge
 from loraplane.cli.node_agent import node_agent
 from loraplane.cli.operator import crds, operator
 from loraplane.cli.router import router
@@ -33,5 +34,5 @@ def main() -> None:
     """
 
 
-for command in (sim, plan, generate, serve, demo, bench, router, crds, operator, usage, digest, node_agent):
+for command in (sim, plan, generate, serve, demo, bench, router, crds, operator, usage, digest, merge, node_agent):
     main.add_command(command)

@@ -1,0 +1,91 @@
+"""Fold one adapter into its base: ``W + scale · B A`` for every module it targets, written as a
+checkpoint folder any replica serves as a base (the merged model of a dedicated deployment).
+
+The adapter is read the way the engine reads it for serving (``load_peft_adapter``: the shared
+validation, rank and alpha patterns, rsLoRA, each module's scaling folded into its B), so the
+merged model computes what the served adapter computes, with no second reading of PEFT's format
+to drift. The arithmetic is done in float32 and stored in the base's dtype, shard by shard (one
+shard in memory at a time, as the base is laid out). Every other file of the base folder
+(config, tokenizer, chat template, shard index) is copied unchanged, so the merged folder is a
+base like the original: same architecture, and a new identity (its weights' digests differ, so
+its fingerprint does too), plus ``merged_from.json`` saying which base and which adapter version
+it is. PEFT's ``merge_and_unload`` is the reference (tests/serving/test_merge.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from loraplane.adapter_format import ValidationLimits
+from loraplane.serving.host_side import host_side
+from loraplane.serving.lora.peft_loader import load_peft_adapter
+from loraplane.serving.weights.base import BaseCheckpoint
+from loraplane.serving.weights.checkpoint import shard_files
+
+PROVENANCE = "merged_from.json"
+_MODULE = re.compile(r"^model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.weight$")
+
+
+@dataclass(frozen=True)
+class MergedCheckpoint:
+    folder: Path
+    modules: int  # weight matrices changed
+    adapter_digest: str
+
+
+def merge_adapter(base: BaseCheckpoint, adapter: Path, out: Path, *, expected_digest: str | None = None) -> MergedCheckpoint:
+    """Write ``base`` with ``adapter`` folded in to the new folder ``out`` (written beside it and
+    renamed into place, so ``out`` is whole or absent). ``expected_digest``: the adapter version
+    to merge, checked as a load checks it."""
+    if out.exists():
+        raise FileExistsError(f"{out} exists; a merged checkpoint is written once, to a new folder")
+    # No rank cap and no size cap: a merge changes no slot, so nothing is truncated.
+    limits = ValidationLimits(max_lora_rank=512, max_bytes=1 << 40)
+    loaded = load_peft_adapter(adapter, base.shape, limits, expected_digest=expected_digest, dtype=torch.float32)
+    scale = loaded.manifest.scaling
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        shards = set(shard_files(base.folder))
+        for item in base.folder.iterdir():
+            if item.is_file() and item not in shards and item.name != PROVENANCE:
+                shutil.copy2(item, staging / item.name)
+        changed = 0
+        for shard in sorted(shards):
+            tensors: dict[str, torch.Tensor] = {}
+            metadata: dict[str, str] | None
+            with safe_open(str(shard), framework="pt") as f:
+                metadata = f.metadata()
+                for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    with host_side():
+                        tensor = f.get_tensor(name)
+                    m = _MODULE.match(name)
+                    pair = loaded.weights.get((int(m.group(1)), m.group(2))) if m else None
+                    if pair is not None:
+                        a, b = pair
+                        tensor = (tensor.float() + scale * (b.float() @ a.float())).to(tensor.dtype)
+                        changed += 1
+                    tensors[name] = tensor.contiguous()
+            save_file(tensors, str(staging / shard.name), metadata=metadata)
+        if changed != len(loaded.weights):
+            raise ValueError(f"the adapter targets {len(loaded.weights)} modules, the base holds {changed} of them")
+        provenance = {
+            "base": {"name": base.shape.name, "fingerprint": base.shape.fingerprint},
+            "adapter": {"digest": loaded.manifest.adapter_digest, "rank": loaded.rank, "scaling": scale, "modules": changed},
+        }
+        (staging / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
+        os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return MergedCheckpoint(out, changed, loaded.manifest.adapter_digest)
