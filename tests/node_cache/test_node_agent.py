@@ -15,6 +15,7 @@ from engine_helpers import engine_greedy, tiny_engine
 from flaky_proxy import flaky_proxy
 from node_agent_process import TOKEN, call, node_agent, serving_process
 from s3_server import moto_server, upload_folder
+from small_disk import fill, small_disk
 from waiting import wait_for
 
 from loraplane.adapter_format import adapter_digest
@@ -148,6 +149,22 @@ def test_the_node_cache_stays_in_its_bound_keeping_what_is_pinned(store, tiny_ad
             held = {n for n in names if (tmp_path / "node" / "adapters" / adapter_digest(tiny_adapters[n])[7:]).is_dir()}
             assert held == {"mlp16", name} and figures["bytes"] <= bound, figures
         assert figures["evictions"] >= 3
+
+
+def test_a_full_disk_is_an_error_retried_not_a_staged_set_too_large(store, tiny_adapters, tmp_path) -> None:
+    """The volume full (a real one: a small tmpfs) under a cache with no bound of its own: the
+    fetch's ENOSPC is the disk's, not the bound's. The adapter says so in its error and is retried;
+    the staged set is not reported as larger than the cache (it has no bound), and once space is
+    freed the retry lands it."""
+    proxy, uris = store
+    digest = adapter_digest(tiny_adapters["qv4"])
+    with small_disk(tmp_path / "node", 2048) as disk, node_agent(disk, proxy.url) as url:
+        filler = fill(disk)
+        assert call(url, "PUT", "/v1/staging", {"adapters": [{"source": uris["qv4"], "digest": digest}]}).status_code == 204
+        failed = wait_for("the fetch to fail", lambda: (s := state(url))["staged"][0]["error"] and s, timeout=30)
+        assert "No space left" in failed["staged"][0]["error"] and failed["staged_fit"] is True, failed
+        filler.unlink()
+        wait_for("the retry to land it", lambda: state(url)["staged"][0]["cached"], timeout=60)
 
 
 def test_an_agent_killed_mid_fetch_starts_clean_and_fetches_again(store, tiny_adapters, tmp_path) -> None:

@@ -124,6 +124,13 @@ def test_every_scratch_volume_has_a_size_limit_and_the_cache_holds_its_bound() -
     serving = objects["Deployment/smollm2-serving"]["spec"]["template"]["spec"]
     (cache,) = [v for v in serving["volumes"] if v["name"] == "cache"]
     assert int(cache["emptyDir"]["sizeLimit"]) == 5 * 2**30 + 3 * 2**30
+    # "null" bounds the engine as the volume is bounded: the engine evicts files before the kubelet
+    # would evict the pod.
+    unbounded = built({**BASE["spec"], "engine": {**BASE["spec"]["engine"], "diskCacheSize": None}})
+    config = EngineConfig.model_validate(yaml.safe_load(unbounded["ConfigMap/smollm2-engine"]["data"]["engine.yaml"]))
+    (cache,) = [v for v in unbounded["Deployment/smollm2-serving"]["spec"]["template"]["spec"]["volumes"] if v["name"] == "cache"]
+    assert config.disk_cache_max_bytes is not None
+    assert config.disk_cache_max_bytes + 3 * 2**30 == int(cache["emptyDir"]["sizeLimit"])
 
 
 def test_the_deployment_carries_secrets_by_reference_and_the_sizing() -> None:

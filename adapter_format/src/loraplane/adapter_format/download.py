@@ -20,10 +20,10 @@ from loraplane.adapter_format.digest import CONFIG_FILE, GOLDEN_FILE, WEIGHTS_FI
 from loraplane.adapter_format.errors import AdapterValidationError, ErrorCode
 from loraplane.adapter_format.golden import MAX_GOLDEN_BYTES
 from loraplane.adapter_format.peft_config import MAX_CONFIG_BYTES
+from loraplane.adapter_format.validation import MAX_WEIGHTS_BYTES
 
 CHUNK_BYTES = 1 << 20
 FETCH_DEADLINE_SECONDS = 600.0  # a multi-GB adapter over a slow link, not forever
-MAX_WEIGHTS_BYTES = 2 * 2**30  # the engine's default ``max_adapter_bytes``
 
 
 @dataclass(frozen=True)

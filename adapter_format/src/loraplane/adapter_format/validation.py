@@ -29,10 +29,15 @@ FLOAT_DTYPES = ("F32", "F16", "BF16")
 _TENSOR = re.compile(r"^(?:.*\.)?layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[\w-]+)?\.weight$")
 
 
+# The largest adapter weights file accepted by default: the engine's ``max_adapter_bytes``, the
+# operator's check and every fetch's cap (one figure, so a file one accepts the others do).
+MAX_WEIGHTS_BYTES = 2 * 2**30
+
+
 @dataclass(frozen=True)
 class ValidationLimits:
     max_lora_rank: int = 64
-    max_bytes: int = 2 * 2**30
+    max_bytes: int = MAX_WEIGHTS_BYTES
     allow_rank_truncation: bool = False
     supported_modules: tuple[str, ...] = LLAMA_TARGETS
     # Refuse a declared digest of the weights file alone (the earlier form), which leaves the

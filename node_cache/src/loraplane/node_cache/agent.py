@@ -15,7 +15,6 @@ fit), retries transient failures with backoff, and copies the base once (``base_
 
 from __future__ import annotations
 
-import errno
 import logging
 import secrets
 import threading
@@ -36,7 +35,7 @@ from loraplane.node_cache.models import (
     StagedAdapter,
     StagedState,
 )
-from loraplane.node_cache.store import DiskCache
+from loraplane.node_cache.store import BoundFull, DiskCache
 
 log = logging.getLogger("loraplane.node_agent")
 
@@ -320,7 +319,7 @@ class NodeAgent:
         try:
             got = self.acquire(a.source, a.digest, counted=False)
         except Exception as err:  # reported in state; refused files wait for a new digest
-            if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            if isinstance(err, BoundFull):  # the bound, not the disk: a full disk is reported and retried below
                 return NO_ROOM
             message = f"{type(err).__name__}: {err}"[:1024]
             with self._lock:

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraplane.adapter_format.download import MAX_WEIGHTS_BYTES, FetchBounds
+from loraplane.adapter_format.download import FetchBounds
 from loraplane.adapter_format.sources import S3Settings, open_source
+from loraplane.adapter_format.validation import MAX_WEIGHTS_BYTES
 from loraplane.node_cache.store import DiskCache
 
 

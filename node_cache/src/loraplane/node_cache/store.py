@@ -63,6 +63,12 @@ def _folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
 
 
+class BoundFull(OSError):
+    """ENOSPC from the cache's own bound (what is pinned or being read leaves no room), as against
+    the volume's: the first means the staged set does not fit the bound, the second a disk fuller
+    than the bound assumed, which is an error to report and retry."""
+
+
 class DiskCache:
     def __init__(
         self, root: Path, *, max_bytes: int | None = None, policy: str = "demand", enforce_now: bool = True,
@@ -218,7 +224,7 @@ class DiskCache:
             self._enforce()
             if self._enforcing and self.max_bytes is not None and self.tier.used + self.landing_bytes > self.max_bytes:
                 self._landing[staged.name] -= size
-                raise OSError(errno.ENOSPC, f"the node cache's bound of {self.max_bytes} bytes is full of adapters in use")
+                raise BoundFull(errno.ENOSPC, f"the node cache's bound of {self.max_bytes} bytes is full of adapters in use")
 
     def commit(self, staged: Path, source: str) -> tuple[str, Path]:
         """Move a fetched folder into place under its content address, durably; returns (weights

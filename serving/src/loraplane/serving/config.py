@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from loraplane.adapter_format.validation import MAX_WEIGHTS_BYTES
 from loraplane.admin_api.engine_sizing import EngineSizing
 
 
@@ -68,7 +69,7 @@ class EngineConfig(EngineSizing):
         "default on with the CPU backend, where one step of a burster's decodes costs about a neighbour's whole "
         "prompt, off with Triton (a step is milliseconds there, and decode steps replay CUDA graphs)",
     )
-    max_adapter_bytes: int = Field(default=2 * 2**30, gt=0, description="largest adapter weights file accepted")
+    max_adapter_bytes: int = Field(default=MAX_WEIGHTS_BYTES, gt=0, description="largest adapter weights file accepted")
     max_loads_in_flight: int = Field(default=2, ge=1, description="adapter loads running at once, off the request path")
     disk_cache_max_bytes: int | None = Field(
         default=20 * 2**30,

@@ -59,7 +59,7 @@ class EngineSizing(KubeModel, engine_sizing.EngineSizing):
         default="20Gi",
         pattern=QUANTITY,
         description="adapter files each replica keeps on its cache volume, the least wanted evicted beyond it "
-        "(a Kubernetes quantity); null: unbounded",
+        "(a Kubernetes quantity); null: the default, since the volume is bounded either way",
     )
 
 

@@ -57,7 +57,7 @@ def engine_config(spec: BaseModelSpec, name: str = "", namespace: str = "") -> d
         "device": "cuda" if spec.resources.gpus else "cpu",
         # The sizing knobs carry the engine's own names (one model, admin_api.engine_sizing).
         **e.model_dump(include=set(engine_sizing.EngineSizing.model_fields)),
-        "disk_cache_max_bytes": int(parse_quantity(e.disk_cache_size)) if e.disk_cache_size else None,  # type: ignore[no-untyped-call]
+        "disk_cache_max_bytes": disk_cache_bytes(spec),
         "s3_endpoint": spec.adapter_store.endpoint,
         "s3_region": spec.adapter_store.region,
         "cache_dir": "/var/cache/loraplane",
@@ -76,12 +76,18 @@ def config_hash(name: str, namespace: str, spec: BaseModelSpec) -> str:
     return hashlib.sha256(yaml.safe_dump(hashed, sort_keys=True).encode()).hexdigest()
 
 
+def disk_cache_bytes(spec: BaseModelSpec) -> int:
+    """The engine's bound on its adapter cache. ``diskCacheSize: null`` gets the default: the
+    cache's volume is bounded whatever it says (every scratch volume is, so the kubelet evicts the
+    pod that overruns it and not every pod on a full node), and an engine bounded by less than its
+    volume evicts files where one bounded by nothing would have its pod evicted."""
+    return int(parse_quantity(spec.engine.disk_cache_size or DEFAULT_DISK_CACHE_SIZE))  # type: ignore[no-untyped-call]
+
+
 def cache_size_limit(spec: BaseModelSpec) -> str:
     """The sizeLimit of a replica's cache volume: the adapter cache's bound (the engine counts a
-    fetch's bytes against it as they land) and room for one more adapter's files beside it. An
-    unbounded cache (``diskCacheSize: null``) is bounded by the engine's default instead."""
-    bound = int(parse_quantity(spec.engine.disk_cache_size or DEFAULT_DISK_CACHE_SIZE))  # type: ignore[no-untyped-call]
-    return str(bound + CACHE_MARGIN_BYTES)
+    fetch's bytes against it as they land) and room for one more adapter's files beside it."""
+    return str(disk_cache_bytes(spec) + CACHE_MARGIN_BYTES)
 
 
 def config_map(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]:

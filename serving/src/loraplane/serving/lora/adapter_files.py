@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from loraplane.adapter_format.download import MAX_WEIGHTS_BYTES
 from loraplane.adapter_format.sources import S3Settings
+from loraplane.adapter_format.validation import MAX_WEIGHTS_BYTES
 from loraplane.admin_api import DiskCacheStats
 from loraplane.node_cache.client import AgentClient, AgentUnavailable
 from loraplane.node_cache.fetch import acquire
