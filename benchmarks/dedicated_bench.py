@@ -44,9 +44,9 @@ from loraplane.serving.bench.report import percentile
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.builder import build_engine, resolve_dtype
 from loraplane.serving.lora.entries import AdapterSpec
+from loraplane.serving.lora.merge import merge_adapter
 from loraplane.serving.lora.synthetic import write_adapter
 from loraplane.serving.weights.base import resolve_base
-from loraplane.serving.weights.merge import merge_adapter
 
 DOMINANT = "dominant"
 CONTENDERS = ("shared", "dedicated")

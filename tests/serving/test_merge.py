@@ -17,8 +17,8 @@ from tiny_models import make_peft_adapter
 from loraplane.adapter_format import AdapterValidationError, adapter_digest
 from loraplane.cli import main
 from loraplane.node_cache.base_copy import folder_digest
+from loraplane.serving.lora.merge import PROVENANCE, merge_adapter
 from loraplane.serving.weights.base import resolve_base
-from loraplane.serving.weights.merge import PROVENANCE, merge_adapter
 
 
 def logits(folder: Path, ids: torch.Tensor, adapter: Path | None = None) -> torch.Tensor:

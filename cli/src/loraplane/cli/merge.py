@@ -26,8 +26,8 @@ def merge(adapter: Path, model: str, out: Path, expected_digest: str | None, cac
     from loraplane.adapter_format import AdapterValidationError
     from loraplane.node_cache.base_copy import folder_digest
     from loraplane.serving.config import default_cache_dir
+    from loraplane.serving.lora.merge import merge_adapter
     from loraplane.serving.weights.base import resolve_base
-    from loraplane.serving.weights.merge import merge_adapter
 
     base = resolve_base(model, default_cache_dir())  # where the engine converts a GGUF base, once
     try:
