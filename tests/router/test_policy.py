@@ -97,3 +97,21 @@ def test_static_replicas_must_be_urls() -> None:
     assert static_members(["http://127.0.0.1:8001/"]) == {"127.0.0.1:8001": "http://127.0.0.1:8001"}
     with pytest.raises(ValueError, match="not an http"):
         static_members(["127.0.0.1:8001"])
+
+
+def test_the_context_a_request_may_use_follows_the_members_as_they_are() -> None:
+    """The largest context a member reports, the engine's default before any says: a replica that
+    leaves, or restarts with a smaller context, no longer lets a request assume its old one."""
+    from loraplane.admin_api import ReplicaStats
+    from loraplane.serving.router.table import DEFAULT_MAX_MODEL_LEN
+
+    table = ReplicaTable()
+    table.set_members({"a": "http://a", "b": "http://b"})
+    assert table.max_model_len == DEFAULT_MAX_MODEL_LEN
+    table.apply_stats(table.replicas["a"], ReplicaStats(max_model_len=8192))
+    table.apply_stats(table.replicas["b"], ReplicaStats(max_model_len=2048))
+    assert table.max_model_len == 8192
+    table.apply_stats(table.replicas["a"], ReplicaStats(max_model_len=1024))  # restarted with less
+    assert table.max_model_len == 2048
+    table.set_members({"a": "http://a"})  # b left
+    assert table.max_model_len == 1024

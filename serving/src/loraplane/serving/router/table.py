@@ -48,10 +48,13 @@ class ReplicaTable:
         holds a token): being in the Service says only that a pod wears the labels."""
         self.replicas: dict[str, Replica] = {}
         self.proof_first = proof_first
-        # The largest context a replica reported: what a request without max_tokens, or one going on
-        # from a stored conversation the router cannot see, may use at most. The engine's default
-        # until a replica says.
-        self.max_model_len = DEFAULT_MAX_MODEL_LEN
+
+    @property
+    def max_model_len(self) -> int:
+        """The largest context a member reports now: what a request without max_tokens, or one
+        going on from a stored conversation the router cannot see, may use at most. The engine's
+        default until a replica says; a replica gone, or restarted with less, counts no more."""
+        return max((r.max_model_len for r in self.replicas.values() if r.max_model_len), default=DEFAULT_MAX_MODEL_LEN)
 
     def set_members(self, members: dict[str, str]) -> None:
         """Replace the membership (name -> URL) with what discovery reports now; a replica that
@@ -82,7 +85,6 @@ class ReplicaTable:
         replica.host = {n for n, a in adapters.items() if a.tier is Tier.HOST}
         replica.waiting = stats.waiting
         if stats.max_model_len is not None:
-            self.max_model_len = max(stats.max_model_len, *(r.max_model_len for r in self.replicas.values()))
             replica.max_model_len = stats.max_model_len
 
     def owner(self, adapter: str) -> tuple[bool, str | None]:
