@@ -789,12 +789,19 @@ def test_a_dominant_adapter_is_recommended_for_a_dedicated_deployment_and_return
             header, row = stack.kube.kubectl("-n", NS, "get", "loraadapter", "busy", "-o", "wide").stdout.splitlines()
             assert header.split()[-1] == "DEDICATED" and row.split()[-1] == "Dominant"
             assert dedicated_condition(stack, "support") is None  # the others carry nothing
+            stack.kube.wait_for(
+                "the base to list it",
+                lambda: stack.kube.get("BaseModel", NS, "tiny")["status"].get("dominantAdapters") == ["busy"],
+            )
         assert traffic.failures == []
         back = stack.kube.wait_for("'busy' to return to shared", lambda: now_shown("False"), timeout=60)
         assert back["reason"] == "NoLongerDominant"
         stack.kube.wait_for("its Event", lambda: events("NoLongerDominant"), timeout=20)
         policy("off")
         stack.kube.wait_for("the condition removed", lambda: dedicated_condition(stack, "busy") is None, timeout=30)
+        stack.kube.wait_for(
+            "the base's list removed", lambda: "dominantAdapters" not in stack.kube.get("BaseModel", NS, "tiny")["status"]
+        )
     finally:
         policy("off")
         stack.kube.delete("LoraAdapter", NS, "busy")

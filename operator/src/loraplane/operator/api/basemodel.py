@@ -283,6 +283,9 @@ class BaseModelStatus(KubeModel):
     fingerprint: str | None = Field(default=None, description="sha256 of the base's architecture and weights")
     ready_adapters: int = 0
     pinned_adapters: list[str] = Field(default_factory=list)
+    dominant_adapters: list[str] | None = Field(
+        default=None, description="with dedicated.mode on: the adapters that dominate the base's traffic (served names)"
+    )
     usage: UsageStatus | None = None
     node_cache: NodeCacheStatus | None = None
 

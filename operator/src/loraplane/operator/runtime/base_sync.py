@@ -144,6 +144,7 @@ async def sync_base(
         "readyAdapters": len(ready),
         "fingerprint": fingerprint,
         "pinnedAdapters": sorted(pins),
+        "dominantAdapters": sorted(memory.dedicated.dominant) if base.dedicated.mode != "off" else None,
         "usage": memory.usage,
         "observedGeneration": None,
     }

@@ -141,6 +141,8 @@ async def base_sync(name: str, namespace: str | None, spec: kopf.Spec, status: k
         kopf.event(kopf.Body(cast(kopf.RawBody, obj)), type=type_, reason=reason, message=message)
     memory.events.clear()
     written = {k: v for k, v in patch.items() if v is not None}
+    if patch.get("dominantAdapters") is None and "dominantAdapters" in status:
+        written["dominantAdapters"] = None  # dedicated.mode turned off: a merge patch's removal
     version = None
     if memory.node_condition is not None or "nodeCache" in status:
         fields, version = await _node_cache_status(namespace, name, memory.node_condition)
