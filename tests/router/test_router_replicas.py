@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import shutil
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -15,6 +17,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import yaml
 from envtest import control_plane, node_address
 from fastapi import FastAPI, Request  # at module level: FastAPI resolves the routes' annotations here
 from impostors import copying_app
@@ -22,10 +25,12 @@ from impostors import copying_app
 from loraplane.admin_api.auth import SignedResponses, tokens_carried
 from loraplane.serving.bench.deployment import Fleet, spawn_replicas
 from loraplane.serving.config import EngineConfig
-from loraplane.serving.http.loopback import serve_app
+from loraplane.serving.http.loopback import free_port, serve_app
 from loraplane.serving.http.tenants import Tenants, load_tenants
+from loraplane.serving.lora.merge import merge_adapter
 from loraplane.serving.router.app import create_router_app
 from loraplane.serving.router.config import RouterConfig
+from loraplane.serving.weights.base import resolve_base
 
 OWNERS = {"qv4": "acme", "all8": "acme", "mlp16": "globex", "ku2": "globex"}
 EPSILON = 0.25
@@ -349,6 +354,72 @@ def test_replicas_are_discovered_from_the_services_endpointslices(fleet: Fleet, 
             kube.wait_for("the new one", lambda: "serving-c" in table(fleet, url), timeout=20)
             kube.delete("EndpointSlice", "default", "a")
             kube.wait_for("the removal", lambda: set(table(fleet, url)) == {"serving-b", "serving-c"}, timeout=20)
+
+
+def test_a_dedicated_replica_takes_its_adapters_requests_and_gives_them_back_when_gone(
+    fleet: Fleet, tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    """A replica serving ``qv4`` merged into the base (``loraplane merge``; named ``qv4``) joins the
+    router's members: ``qv4``'s requests go to it and answer as the adapter does on the shared
+    replicas; nothing else goes to it; the edge still hides ``qv4`` from another tenant; killed
+    under steady traffic, it fails no request (they go back to the shared replicas, where ``qv4``
+    stays registered)."""
+    merged = merge_adapter(resolve_base(str(tiny_llama), tmp_path / "cache"), tiny_adapters["qv4"], tmp_path / "merged")
+    work = tmp_path / "dedicated"
+    work.mkdir()
+    shutil.copy(fleet.work / "tenants.yaml", work / "tenants.yaml")
+    config = EngineConfig(
+        model=str(merged.folder), base_name="qv4", dtype="float32", cache_dir=tmp_path / "dedicated-cache", max_loras=1,
+        max_lora_rank=16, block_size=4, num_kv_blocks=256, max_num_seqs=2,
+    )  # fmt: skip
+    (work / "engine.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
+    dedicated = Fleet([free_port()], {}, fleet.keys, fleet.admin_token, fleet.tenant_names, work, host=fleet.host)
+    dedicated.start(0)
+    try:
+        dedicated.ready(0, timeout=180)
+        (dedicated_url,) = dedicated.urls
+        acme = fleet.keys["acme"]
+        on_shared = complete(fleet.urls[0], acme, "qv4").json()["choices"][0]["text"]
+        with router_for(fleet, replicas=[*fleet.urls, dedicated_url]) as router:
+            deadline = time.monotonic() + 30
+            while table(fleet, router)[name_of(dedicated_url)]["dedicated_model"] != "qv4":
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+
+            def served_there() -> int:
+                return sum(c["requests"] for c in replica_stats(dedicated, dedicated_url)["tenants"].values())
+
+            answer = complete(router, acme, "qv4")
+            assert answer.status_code == 200 and answer.json()["choices"][0]["text"] == on_shared
+            assert served_there() == 1
+            for model in ("all8", "qv4-nope"):
+                complete(router, acme, model)
+            base = httpx.get(f"{router}/v1/models", headers={"Authorization": f"Bearer {acme}"}, timeout=30).json()
+            assert {m["id"] for m in base["data"]} >= {"qv4", "all8"}  # the shared replicas' list, not the merged one's
+            assert served_there() == 1  # nothing else went there
+            assert complete(router, fleet.keys["globex"], "qv4").status_code == 404  # acme's, at the edge
+            failures: list[str] = []
+            stop = threading.Event()
+
+            def traffic() -> None:
+                while not stop.is_set():
+                    r = complete(router, acme, "qv4")
+                    if r.status_code != 200:
+                        failures.append(f"{r.status_code} {r.text}")
+
+            thread = threading.Thread(target=traffic)
+            thread.start()
+            time.sleep(1.0)
+            dedicated.kill(0)
+            time.sleep(2.0)
+            stop.set()
+            thread.join(60)
+            assert failures == []
+            assert complete(router, acme, "qv4").json()["choices"][0]["text"] == on_shared  # from the shared replicas
+            metrics = httpx.get(f"{router}/metrics", headers={"Authorization": f"Bearer {fleet.admin_token}"}).text
+            assert f'loraplane_router_requests_total{{replica="{name_of(dedicated_url)}",decision="dedicated"}}' in metrics
+    finally:
+        dedicated.stop()
 
 
 def test_killing_a_replica_loses_no_request_that_had_not_started_streaming(fleet: Fleet, router: str) -> None:

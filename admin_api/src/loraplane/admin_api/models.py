@@ -195,3 +195,8 @@ class ReplicaStats(_Reply):
     max_model_len: int | None = Field(
         default=None, description="the replica's context: what the router reserves a request's tokens against"
     )
+    dedicated_model: str | None = Field(
+        default=None,
+        description="set when the replica's base is an adapter merged into the base (a dedicated deployment): the one "
+        "model it serves, whose requests the router sends here first and nothing else",
+    )

@@ -101,9 +101,10 @@ class Forwarder:
 
     async def ask_any(self, path: str, headers: dict[str, str], body: bytes | None = None) -> httpx.Response | None:
         """A call that only reads (a GET, or with ``body`` a POST to vLLM's tokenizer routes),
-        answered by one replica that is up, the least busy first (every replica serves the same
-        adapters; the operator sees to it); None when none answers."""
-        for replica in sorted(self.table.up(), key=lambda r: r.in_flight):
+        answered by one replica of the shared base that is up, the least busy first (every one
+        serves the same adapters; the operator sees to it; a dedicated replica would list only its
+        own model); None when none answers."""
+        for replica in sorted(self.table.shared(), key=lambda r: r.in_flight):
             try:
                 if body is not None:
                     return await self.client.post(f"{replica.url}{path}", headers=headers, content=body)

@@ -7,7 +7,10 @@ The decisions are:
 - ``overflow``: the home was above the load bound, the next replica on the ring took it;
 - ``round_robin``: the round-robin policy, warm or not;
 - ``stored_response``: the replica that keeps the stored response a Responses API request goes
-  on from (``previous_response_id``; chosen by the forwarder, before the policy).
+  on from (``previous_response_id``; chosen by the forwarder, before the policy);
+- ``dedicated``: a replica serving the adapter merged into the base (a dedicated deployment) took
+  it. Such a replica takes nothing else, and while none is up (or each failed this request) the
+  adapter's requests go to the shared replicas, where it stays registered.
 
 The load is the router's own count of requests in flight to each replica, the same load model as
 ``loraplane sim --replicas`` so that the benchmark can put the two side by side.
@@ -22,7 +25,7 @@ from loraplane.routing import BoundedLoadRing
 from loraplane.serving.router.table import Replica
 
 Policy = Literal["affinity", "round-robin"]
-DECISIONS = ("device_hit", "host_hit", "hashed", "overflow", "round_robin", "stored_response")
+DECISIONS = ("device_hit", "host_hit", "hashed", "overflow", "round_robin", "stored_response", "dedicated")
 
 
 class Router:
@@ -43,6 +46,10 @@ class Router:
 
     def choose(self, model: str, replicas: list[Replica]) -> tuple[Replica, str] | None:
         """The replica for a request to ``model`` among ``replicas`` (the up ones not yet tried)."""
+        dedicated = [r for r in replicas if r.dedicated_model == model]
+        if dedicated:
+            return min(dedicated, key=lambda r: (r.in_flight, r.name)), "dedicated"
+        replicas = [r for r in replicas if r.dedicated_model is None]
         if not replicas:
             return None
         # Replicas that list the adapter at all come first: a replica the operator has not staged

@@ -23,6 +23,7 @@ class Replica:
     served: int = 0
     waiting: int = 0  # the replica's own queue depth at the last stats read
     max_model_len: int = 0  # its context, once its stats said
+    dedicated_model: str | None = None  # the one model a merged (dedicated) replica serves, once its stats said
     registered: set[str] = field(default_factory=set)  # every adapter it lists, in any tier
     owners: dict[str, str | None] = field(default_factory=dict)  # adapter -> its tenant (None: shared)
     device: set[str] = field(default_factory=set)
@@ -33,7 +34,7 @@ class Replica:
         return {
             "name": self.name, "url": self.url, "up": self.up, "in_flight": self.in_flight, "served": self.served,
             "waiting": self.waiting, "device": sorted(self.device), "host": sorted(self.host),
-            "registered": len(self.registered), "error": self.error,
+            "registered": len(self.registered), "error": self.error, "dedicated_model": self.dedicated_model,
         }  # fmt: skip
 
 
@@ -86,6 +87,11 @@ class ReplicaTable:
         replica.waiting = stats.waiting
         if stats.max_model_len is not None:
             replica.max_model_len = stats.max_model_len
+        replica.dedicated_model = stats.dedicated_model
+
+    def shared(self) -> list[Replica]:
+        """The up replicas of the shared base: those that serve every adapter (not a dedicated one)."""
+        return [r for r in self.replicas.values() if r.up and r.dedicated_model is None]
 
     def owner(self, adapter: str) -> tuple[bool, str | None]:
         """Whether a replica lists the adapter now, and its tenant (None: shared), so the edge can
