@@ -1,7 +1,7 @@
 """A dominant adapter on a merged dedicated replica against the same adapter on the shared pool.
 
-Run: python benchmarks/dedicated_bench.py [--replicas 2]  (about 17 minutes on 2 AVX2 CPU cores in
-float32 with two replicas, twice that with four)
+Run: python benchmarks/dedicated_bench.py [--replicas 2]  (on 2 AVX2 CPU cores in float32: about 17
+minutes with two replicas, 19 with four)
 
 The lesson's decision chart: *one adapter dominates traffic? give it a merged dedicated deployment,
 keep the long tail on the shared base.* Here one adapter carries ``--dominant-share`` (default

@@ -17,8 +17,8 @@ from tiny_models import make_peft_adapter
 from loraplane.adapter_format import AdapterValidationError, adapter_digest
 from loraplane.cli import main
 from loraplane.node_cache.base_copy import folder_digest
-from loraplane.serving.lora.merge import PROVENANCE, merge_adapter
-from loraplane.serving.weights.base import resolve_base
+from loraplane.serving.lora.merge import merge_adapter
+from loraplane.serving.weights.base import PROVENANCE, resolve_base
 
 
 def logits(folder: Path, ids: torch.Tensor, adapter: Path | None = None) -> torch.Tensor:
@@ -68,6 +68,10 @@ def test_the_engine_serves_the_merged_folder_as_the_adapter_on_the_base(
     shared = tiny_engine(tiny_llama, tmp_path / "e2", {"all8": tiny_adapters["all8"]})
     with_adapter, _ = engine_greedy(shared, [(p, "all8") for p in prompts], 16, eos_id=2)
     assert dedicated == with_adapter
+    assert (
+        resolve_base(str(merged.folder), tmp_path / "cache").merged
+        and not resolve_base(str(tiny_llama), tmp_path / "cache").merged
+    )
     # A base of its own: another fingerprint, so adapters trained on the original are refused on it.
     assert resolve_base(str(merged.folder), tmp_path / "cache").shape.fingerprint != resolve_base(
         str(tiny_llama), tmp_path / "cache").shape.fingerprint  # fmt: skip

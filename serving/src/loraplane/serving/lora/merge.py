@@ -29,10 +29,9 @@ from safetensors.torch import save_file
 from loraplane.adapter_format import ValidationLimits
 from loraplane.serving.host_side import host_side
 from loraplane.serving.lora.peft_loader import load_peft_adapter
-from loraplane.serving.weights.base import BaseCheckpoint
+from loraplane.serving.weights.base import PROVENANCE, BaseCheckpoint
 from loraplane.serving.weights.checkpoint import shard_files
 
-PROVENANCE = "merged_from.json"
 _MODULE = re.compile(r"^model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.weight$")
 
 

@@ -25,6 +25,11 @@ class BaseCheckpoint:
     folder: Path
     config: LlamaConfig
     shape: BaseShape
+    merged: bool = False  # an adapter folded into a base (``loraplane merge``): a dedicated deployment's model
+
+
+# Written by ``loraplane merge`` beside a merged checkpoint's weights: which base, which adapter.
+PROVENANCE = "merged_from.json"
 
 
 def _memo_digest(path: Path, cache_dir: Path) -> str:
@@ -76,4 +81,4 @@ def resolve_base(
         num_kv_heads=config.num_key_value_heads,
         head_dim=config.head_dim,
     )
-    return BaseCheckpoint(folder=folder, config=config, shape=shape)
+    return BaseCheckpoint(folder=folder, config=config, shape=shape, merged=(folder / PROVENANCE).is_file())

@@ -14,7 +14,6 @@ from loraplane.adapter_format.names import INTERNAL_OWNER
 from loraplane.admin_api import AdapterState, NamedAdapterState, Quotas, ReplicaStats
 from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.serving.lora.entries import AdapterNotFound
-from loraplane.serving.lora.merge import PROVENANCE
 
 S = TypeVar("S", bound=AdapterState)
 
@@ -68,5 +67,5 @@ def replica_stats(engine: LLMEngine, quotas: Mapping[str, Quotas] | None = None)
         device_prefetches=engine.adapters.device_prefetches,
         disk_cache=engine.adapters.files.figures(),
         max_model_len=engine.max_model_len,
-        dedicated_model=engine.base.shape.name if (engine.base.folder / PROVENANCE).is_file() else None,
+        dedicated_model=engine.base.shape.name if engine.base.merged else None,
     )
