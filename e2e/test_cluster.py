@@ -70,6 +70,7 @@ def test_the_daily_promotion_story_on_a_real_cluster() -> None:
     import torch
 
     from loraplane.adapter_format import adapter_digest
+    from loraplane.serving.config import default_cache_dir
     from loraplane.serving.lora.synthetic import PEFT_DEFAULT, write_adapter
     from loraplane.serving.weights.base import resolve_base
 
@@ -85,7 +86,7 @@ def test_the_daily_promotion_story_on_a_real_cluster() -> None:
     }.items():
         kube.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": ns}, "stringData": data})
 
-    shape = resolve_base("embedded").shape
+    shape = resolve_base("embedded", default_cache_dir()).shape
     from minio import Minio
 
     versions: dict[str, tuple[str, str]] = {}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -173,3 +175,37 @@ def test_serve_takes_vllms_command_line(tmp_path: Path, monkeypatch) -> None:  #
     assert run("serve", "--max-stored-responses", "5", "--stored-responses-mib", "2")[0] == 0
     assert (made[-1][1]["responses"].max_responses, made[-1][1]["responses"].max_bytes) == (5, 2 << 20)
     assert run("serve", "--max-stored-responses", "0")[0] == 0 and not made[-1][1]["responses"].enabled
+
+
+OPERATOR_IMAGE = """
+import sys
+
+class NotInstalled:
+    # The operator image's installation: no serving part, no kernels, no torch.
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "torch" or name.startswith(("loraplane.serving", "loraplane.kernels")):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NotInstalled())
+from loraplane.cli import main
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("args", [["--help"], ["operator", "--help"], ["crds", "--help"], ["digest", "--help"]])
+def test_the_operator_images_commands_run_without_the_serving_part(args: list[str]) -> None:
+    """The operator image installs no serving part: its `loraplane` must still start (it once
+    imported serving for every command, and the operator pod crashed on its first start)."""
+    r = subprocess.run([sys.executable, "-c", OPERATOR_IMAGE, *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "Usage:" in r.stdout
+
+
+def test_a_command_whose_part_is_missing_names_the_part() -> None:
+    r = subprocess.run([sys.executable, "-c", OPERATOR_IMAGE, "serve", "--port", "8000"], capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == 1
+    assert "`loraplane serve` needs loraplane-serving" in r.stderr
+    assert "Traceback" not in r.stderr
+    listing = subprocess.run([sys.executable, "-c", OPERATOR_IMAGE, "--help"], capture_output=True, text=True, timeout=120)
+    assert "not installed here: needs loraplane-serving" in listing.stdout

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
+import click
 import pytest
 import yaml
 from crd_schema import ROOT
@@ -23,7 +24,8 @@ def container(objects: Any) -> dict[str, Any]:
 
 def cli_params(args: list[str]) -> dict[str, Any]:
     """Parse ``args`` with the real `loraplane` command, without running it."""
-    command = main.commands[args[0]]
+    command = main.get_command(click.Context(main), args[0])
+    assert command is not None
     return dict(command.make_context(args[0], args[1:]).params)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+import click
 import helm_python as helm
 import kopf
 import kubernetes_validate
@@ -31,7 +32,9 @@ def deployment(objects: Any) -> Any:
 def cli_params(objects: Any) -> dict[str, Any]:
     """The operator container's args, parsed by the real `loraplane operator` without running it."""
     args = deployment(objects)["spec"]["template"]["spec"]["containers"][0]["args"]
-    return dict(main.commands[args[0]].make_context(args[0], args[1:]).params)
+    command = main.get_command(click.Context(main), args[0])
+    assert command is not None
+    return dict(command.make_context(args[0], args[1:]).params)
 
 
 def kopf_selectors(objects: Any) -> list[references.Selector]:

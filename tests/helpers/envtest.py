@@ -110,7 +110,7 @@ class Pki:
     """A CA per run and what it signs: the API server's serving certificate, an admin client
     certificate (group system:masters) and the service-account signing key."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, hosts: list[str] | None = None, ips: list[str] | None = None) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder
         now = datetime.datetime.now(datetime.UTC)
@@ -118,10 +118,12 @@ class Pki:
         self._ca_key = ec.generate_private_key(ec.SECP256R1())
         self._ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "loraplane-test-ca")])
         ca = self._builder(self._ca_name, self._ca_key).add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-        self.ca = self._write("ca", ca.sign(self._ca_key, hashes.SHA256()), None)
-        san = x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
-        self.serving = self._leaf("apiserver", "kube-apiserver", None, san, server=True)
-        self.admin = self._leaf("admin", "loraplane-test-admin", "system:masters", None, server=False)
+        self.ca = self._write("ca", ca.sign(self._ca_key, hashes.SHA256()), self._ca_key)
+        self.ca_key = folder / "ca.key"
+        names = [x509.DNSName(h) for h in ["localhost", *(hosts or [])]]
+        names += [x509.IPAddress(ipaddress.ip_address(a)) for a in ["127.0.0.1", *(ips or [])]]
+        self.serving = self.leaf("apiserver", "kube-apiserver", None, x509.SubjectAlternativeName(names), server=True)
+        self.admin = self.leaf("admin", "loraplane-test-admin", "system:masters", None, server=False)
         sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         self.sa_key = folder / "sa.key"
         self.sa_key.write_bytes(sa_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -141,7 +143,8 @@ class Pki:
                 .public_key(key.public_key()).serial_number(x509.random_serial_number())
                 .not_valid_before(self._valid[0]).not_valid_after(self._valid[1]))  # fmt: skip
 
-    def _leaf(self, stem: str, cn: str, org: str | None, san: Any, server: bool) -> tuple[Path, Path]:
+    def leaf(self, stem: str, cn: str, org: str | None, san: Any, server: bool) -> tuple[Path, Path]:
+        """A key and a certificate this CA signs (``org`` is the Kubernetes group)."""
         key = ec.generate_private_key(ec.SECP256R1())
         attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
         if org:
@@ -277,9 +280,9 @@ class ControlPlane:
     """etcd and kube-apiserver as child processes; ``restart_apiserver`` keeps etcd (and so every
     object) and starts a new API server on the same port, as a control-plane upgrade does."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, hosts: list[str] | None = None, ips: list[str] | None = None) -> None:
         self.folder, self.bins = folder, binaries()
-        self.pki = Pki(folder / "pki")
+        self.pki = Pki(folder / "pki", hosts, ips)
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self.audit_log = folder / "audit.log"
@@ -302,9 +305,24 @@ class ControlPlane:
         self.start_apiserver()
 
     def start_apiserver(self, timeout: float = 120) -> None:
-        policy = self.folder / "audit-policy.yaml"
-        policy.write_text(yaml.safe_dump(AUDIT_POLICY))
-        self.apiserver = self._spawn("kube-apiserver", [
+        (self.folder / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
+        self.apiserver = self._spawn("kube-apiserver", self.apiserver_args())
+        deadline = time.monotonic() + timeout
+        with httpx.Client(verify=self.pki.admin_tls()) as http:
+            while True:
+                assert self.apiserver.poll() is None, f"kube-apiserver exited:\n{self.log('kube-apiserver')}"
+                try:
+                    if http.get(f"{self.url}/readyz", timeout=5).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"kube-apiserver not ready after {timeout:.0f} s:\n{self.log('kube-apiserver')}")
+                time.sleep(0.25)
+
+    def apiserver_args(self) -> list[str]:
+        """Loopback only, no kubelet or controllers behind it (cluster.Node overrides this)."""
+        return [
             "--etcd-servers", self.etcd_url, "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
             "--secure-port", str(self.port), "--cert-dir", str(self.folder / "pki"),
             "--tls-cert-file", str(self.pki.serving[0]), "--tls-private-key-file", str(self.pki.serving[1]),
@@ -318,20 +336,9 @@ class ControlPlane:
             "--disable-admission-plugins", "ServiceAccount",
             # The `kubernetes` Service's endpoints would be this loopback address, which it refuses.
             "--endpoint-reconciler-type", "none",
-            "--audit-policy-file", str(policy), "--audit-log-path", str(self.audit_log), "--audit-log-format", "json",
-        ])  # fmt: skip
-        deadline = time.monotonic() + timeout
-        with httpx.Client(verify=self.pki.admin_tls()) as http:
-            while True:
-                assert self.apiserver.poll() is None, f"kube-apiserver exited:\n{self.log('kube-apiserver')}"
-                try:
-                    if http.get(f"{self.url}/readyz", timeout=5).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"kube-apiserver not ready after {timeout:.0f} s:\n{self.log('kube-apiserver')}")
-                time.sleep(0.25)
+            "--audit-policy-file", str(self.folder / "audit-policy.yaml"), "--audit-log-path", str(self.audit_log),
+            "--audit-log-format", "json",
+        ]  # fmt: skip
 
     def stop_apiserver(self) -> None:
         _stop(self.apiserver)

@@ -8,20 +8,23 @@ import base64
 from typing import Any
 from urllib.parse import urlsplit
 
-from loraplane.operator.children.names import ADMIN_TOKEN_KEY, BASE_LABEL, COMPONENT_LABEL, admin_secret_name
+from loraplane.operator.children.names import ADMIN_TOKEN_KEY, BASE_LABEL, COMPONENT_LABEL, STAGED_CONDITION, admin_secret_name
 
 
 def serving_pod(name: str, namespace: str, base: str, url: str, **metadata: Any) -> dict[str, Any]:
-    """A Ready serving Pod whose IP and ``http`` port are the replica's ``url``: the only address the
-    operator sends the admin token to."""
+    """A serving Pod whose IP and ``http`` port are the replica's ``url`` (the only address the
+    operator sends the admin token to), as the kubelet reports it once its container passes its
+    probes: ContainersReady, and not Ready while its readiness gate waits for the operator."""
     where = urlsplit(url)
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "labels": {BASE_LABEL: base, COMPONENT_LABEL: "serving"},
                      **metadata},
         "spec": {"containers": [{"name": "serving", "image": "loraplane/serving",
-                                 "ports": [{"name": "http", "containerPort": where.port}]}]},
-        "status": {"phase": "Running", "podIP": where.hostname, "conditions": [{"type": "Ready", "status": "True"}]},
+                                 "ports": [{"name": "http", "containerPort": where.port}]}],
+                 "readinessGates": [{"conditionType": STAGED_CONDITION}]},
+        "status": {"phase": "Running", "podIP": where.hostname,
+                   "conditions": [{"type": "ContainersReady", "status": "True"}, {"type": "Ready", "status": "False"}]},
     }  # fmt: skip
 
 

@@ -35,7 +35,13 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from loraplane.adapter_format import AdapterValidationError, ErrorCode, adapter_digest, file_digest
-from loraplane.operator.children.names import ADMIN_TOKEN_KEY, STATS_TOKEN_KEY, admin_secret_name, stats_secret_name
+from loraplane.operator.children.names import (
+    ADMIN_TOKEN_KEY,
+    STAGED_CONDITION,
+    STATS_TOKEN_KEY,
+    admin_secret_name,
+    stats_secret_name,
+)
 from loraplane.serving.api.app import create_app
 from loraplane.serving.http.loopback import serve_app
 
@@ -487,6 +493,12 @@ def test_a_new_replica_learns_every_ready_adapter(stack: Stack) -> None:
 
     state = stack.kube.wait_for("the new replica to hold support, pinned", staged, timeout=20)
     assert state["tenant"] == "acme" and state["digest"] == stack.digests["qv4"]
+
+    def gate_open() -> bool:  # only now may the pod join the Service and count for a rollout
+        pod = stack.kube.get("Pod", NS, "tiny-serving-2") or {}
+        return any(c["type"] == STAGED_CONDITION and c["status"] == "True" for c in pod["status"]["conditions"])
+
+    stack.kube.wait_for("the new pod's readiness gate to open", gate_open, timeout=30)
 
 
 def test_promotion_switches_versions_and_a_bad_version_leaves_the_old_one_serving(stack: Stack) -> None:

@@ -3,22 +3,61 @@
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 import click
 
-from loraplane.cli.bench import bench
-from loraplane.cli.demo import demo
-from loraplane.cli.digest import digest
-from loraplane.cli.generate import generate
-from loraplane.cli.merge import merge
-from loraplane.cli.node_agent import node_agent
-from loraplane.cli.operator import crds, operator
-from loraplane.cli.router import router
-from loraplane.cli.serve import serve
-from loraplane.cli.simulate import plan, sim
-from loraplane.cli.usage import usage
+# name -> (module, attribute): imported only when that command runs, so that each image carries only
+# the parts its own commands need (the operator image has no serving part, hence no torch).
+COMMANDS = {
+    "sim": ("loraplane.cli.simulate", "sim"),
+    "plan": ("loraplane.cli.simulate", "plan"),
+    "generate": ("loraplane.cli.generate", "generate"),
+    "serve": ("loraplane.cli.serve", "serve"),
+    "demo": ("loraplane.cli.demo", "demo"),
+    "bench": ("loraplane.cli.bench", "bench"),
+    "router": ("loraplane.cli.router", "router"),
+    "crds": ("loraplane.cli.operator", "crds"),
+    "operator": ("loraplane.cli.operator", "operator"),
+    "usage": ("loraplane.cli.usage", "usage"),
+    "digest": ("loraplane.cli.digest", "digest"),
+    "merge": ("loraplane.cli.merge", "merge"),
+    "node-agent": ("loraplane.cli.node_agent", "node_agent"),
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+class LazyGroup(click.Group):
+    """Subcommands imported on first use (click's documented lazy-loading pattern). A command whose
+    part is not installed is listed as such and fails with the part's name, not a traceback."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*COMMANDS, *super().list_commands(ctx)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return super().get_command(ctx, cmd_name)
+        module, attribute = COMMANDS[cmd_name]
+        try:
+            command: click.Command = getattr(importlib.import_module(module), attribute)
+        except ModuleNotFoundError as err:
+            if not (err.name or "").startswith("loraplane."):
+                raise
+            return _missing(cmd_name, err.name or "")
+        return command
+
+
+def _missing(name: str, module: str) -> click.Command:
+    distribution = "loraplane-" + module.split(".")[1].replace("_", "-")
+
+    def fail(**_: Any) -> None:
+        raise click.ClickException(f"`loraplane {name}` needs {distribution}, which this installation lacks")
+
+    return click.Command(name, callback=fail, help=f"(not installed here: needs {distribution})",
+                         context_settings={"ignore_unknown_options": True, "allow_extra_args": True})  # fmt: skip
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.version_option(package_name="loraplane", prog_name="loraplane")
 def main() -> None:
     """Serve many LoRA fine-tunes of one base model on a fixed GPU budget.
@@ -32,7 +71,3 @@ def main() -> None:
       loraplane generate "Say hello" [--adapter DIR]
                                  one completion from the engine
     """
-
-
-for command in (sim, plan, generate, serve, demo, bench, router, crds, operator, usage, digest, merge, node_agent):
-    main.add_command(command)

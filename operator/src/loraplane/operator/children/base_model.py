@@ -24,6 +24,7 @@ from loraplane.operator.children.names import (
     COMPONENT_LABEL,
     METRICS_PORT,
     SERVING_PORT,
+    STAGED_CONDITION,
     admin_token_env,
     stats_token_env,
 )
@@ -173,6 +174,7 @@ def deployment(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]
         **({"initContainers": init_containers} if init_containers else {}),
         "containers": [container],
         "volumes": volumes,
+        "readinessGates": [{"conditionType": STAGED_CONDITION}],
         "terminationGracePeriodSeconds": 60,  # graceful shutdown finishes in-flight requests
     }
     if r.node_selector:

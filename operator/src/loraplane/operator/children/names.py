@@ -12,6 +12,10 @@ ADMIN_TOKEN_KEY = "admin-token"
 STATS_TOKEN_KEY = "stats-token"
 NODE_CACHE_TOKEN_KEY = "node-cache-token"
 METRICS_PORT = 9090  # /metrics alone (`--metrics-port`): what Prometheus scrapes, not the API
+# A serving pod's readiness gate: its containers being ready says the base is loaded; the pod is
+# Ready (in the Service, counted by a rollout) only once the operator has staged every Ready
+# adapter on it, so a new replica never answers 404 for an adapter the old one served.
+STAGED_CONDITION = "loraplane.dev/adapters-staged"
 
 
 def admin_secret_name(base: str) -> str:

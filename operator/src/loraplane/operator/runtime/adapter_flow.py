@@ -26,6 +26,7 @@ from loraplane.operator.runtime import cluster
 from loraplane.operator.runtime.adapter_check import DEFERRED_REASONS, CheckDeferred, CheckFailed, check_adapter_off_loop
 from loraplane.operator.runtime.admission import tenancy_problems
 from loraplane.operator.runtime.conditions import Status, condition, set_condition
+from loraplane.operator.runtime.readiness_gate import open_after_staging
 from loraplane.operator.runtime.replica_proof import only_proven
 from loraplane.operator.runtime.settings import OperatorSettings
 
@@ -297,6 +298,7 @@ async def _reconcile_on(
         out.condition("Pinned", "False", "PinLimitReached", pin_refusals[0], generation)
     elif pinned or condition(status.conditions, "Pinned") is not None:
         out.condition("Pinned", "True" if pinned else "False", "Pinned" if pinned else "NotRequested", "", generation)
+    await open_after_staging(namespace, spec.base_model, served, replicas, clients)
     status.serving_uri, status.serving_digest, status.promoting_digest = spec.source.uri, digest, None
     status.phase = "Ready"
     out.condition("Staged", "True", "Staged", f"registered on {len(replicas)} replicas", generation)

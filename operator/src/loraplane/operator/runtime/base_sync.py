@@ -34,6 +34,7 @@ from loraplane.operator.runtime.adapter_flow import parse_status, serving_source
 from loraplane.operator.runtime.conditions import Status, now_rfc3339
 from loraplane.operator.runtime.dedicated_sync import DedicatedMemory, Event, sync_dedicated
 from loraplane.operator.runtime.node_cache_sync import sync_node_caches
+from loraplane.operator.runtime.readiness_gate import open_if_complete
 from loraplane.operator.runtime.settings import OperatorSettings
 from loraplane.usage.rollup import merge
 
@@ -117,15 +118,19 @@ async def sync_base(
              if (rate := decisions.request_rate(memory.samples.get(served), decisions.sample(now, _entries(stats, served))))
              is not None}  # fmt: skip
     pins = _pins(base, ready, stats, memory, rates)
+    by_name = {r.name: r for r in replicas}
     for replica, known in stats.items():
+        holds = set(known)
         for served in decisions.missing(known, ready):
             try:
                 view = ready[served]
                 quotas = view.spec.quotas or base.tenancy.default_quotas
                 source = serving_source(view.spec, view.status)
                 await stage(clients[replica], served, view.spec, source, pinned=served in pins, quotas=quotas)
+                holds.add(served)
             except ReplicaError:
                 continue
+        await open_if_complete(namespace, by_name[replica], holds, ready)
     await _apply_pins(pins, ready, stats, clients)
     node_caches = None
     if base.node_cache.enabled:

@@ -26,11 +26,13 @@ from loraplane.operator.children.names import (
     COMPONENT_LABEL,
     NODE_CACHE_TOKEN_KEY,
     SERVING_PORT,
+    STAGED_CONDITION,
     STATS_TOKEN_KEY,
     admin_secret_name,
     node_cache_secret_name,
     stats_secret_name,
 )  # fmt: skip
+from loraplane.operator.runtime.conditions import now_rfc3339
 
 ADMIN_TOKEN_TTL = 60.0  # seconds a token read from its Secret is reused before it is read again
 
@@ -248,11 +250,33 @@ class Replica:
     url: str
     node: str | None = None
     uid: str | None = None  # the pod's: a new pod at a reused name and address proves itself again
+    staged: bool = False  # its STAGED_CONDITION readiness gate is True
+
+
+def _condition(pod: Any, kind: str) -> bool:
+    conditions = (pod.status.conditions if pod.status else None) or []
+    return any(c.type == kind and c.status == "True" for c in conditions)
 
 
 def _ready(pod: Any) -> bool:
-    conditions = (pod.status.conditions if pod.status else None) or []
-    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+    """Its containers pass their probes. Not the pod's Ready: a serving pod's readiness gate waits
+    for the operator, which must therefore see the pod before it is Ready."""
+    return _condition(pod, "ContainersReady") or _condition(pod, "Ready")
+
+
+async def mark_staged(namespace: str, pod: str) -> None:
+    """Open the pod's readiness gate (STAGED_CONDITION): every Ready adapter is on it."""
+    body = {"status": {"conditions": [{"type": STAGED_CONDITION, "status": "True", "reason": "AdaptersStaged",
+                                       "lastTransitionTime": now_rfc3339()}]}}  # fmt: skip
+
+    def write() -> None:
+        try:
+            _core().patch_namespaced_pod_status(pod, namespace, body)
+        except ApiException as err:
+            if err.status != 404:  # the pod went away since it was listed
+                raise
+
+    await asyncio.to_thread(write)
 
 
 async def ready_replicas(namespace: str, base: str) -> list[Replica]:
@@ -279,7 +303,7 @@ async def ready_pods(namespace: str, base: str, component: str, container: str, 
                 host = f"[{ip}]" if ":" in ip else ip
                 node = pod.spec.node_name if pod.spec else None
                 url = f"http://{host}:{_http_port(pod, container, default_port)}"
-                out.append(Replica(pod.metadata.name, url, node, pod.metadata.uid))
+                out.append(Replica(pod.metadata.name, url, node, pod.metadata.uid, _condition(pod, STAGED_CONDITION)))
         return sorted(out, key=lambda r: r.name)
 
     return await asyncio.to_thread(read)

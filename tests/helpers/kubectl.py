@@ -1,0 +1,55 @@
+"""kubectl and helm as a user runs them, through the KUBECONFIG the environment names (the cluster
+tests' only way in: no client library, so they drive the cluster exactly as the docs do)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+RELEASE_NS = os.environ.get("LORAPLANE_E2E_RELEASE_NAMESPACE", "loraplane")
+RELEASE = os.environ.get("LORAPLANE_E2E_RELEASE", "loraplane")
+CHART = REPO / "charts" / "loraplane"
+LOCAL_VALUES = CHART / "ci" / "local-cluster-values.yaml"
+
+
+def kubectl(*args: str, check: bool = True, timeout: float = 300) -> str:
+    r = subprocess.run(["kubectl", *args], capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} failed: {r.stderr or r.stdout}")
+    return r.stdout
+
+
+def get(kind: str, namespace: str | None, name: str | None = None, selector: str | None = None,
+        all_namespaces: bool = False) -> Any:  # fmt: skip
+    args = ["get", kind] + ([name] if name else []) + (["-n", namespace] if namespace else [])
+    args += (["-l", selector] if selector else []) + (["-A"] if all_namespaces else [])
+    return json.loads(kubectl(*args, "-o", "json"))
+
+
+def helm(*args: str, timeout: float = 900) -> str:
+    r = subprocess.run(["helm", *args], capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed: {r.stderr or r.stdout}")
+    return r.stdout
+
+
+def running_pods(namespace: str, selector: str) -> list[dict[str, Any]]:
+    """Pods of the selector that are Ready and not being deleted."""
+    pods = get("pods", namespace, selector=selector)["items"]
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]  # fmt: skip
+
+
+def enabled() -> bool:
+    """Whether a cluster is there to drive: `make cluster-test` (or a user) sets LORAPLANE_E2E_CLUSTER=1
+    with a KUBECONFIG, and kubectl and helm are on PATH. The cluster tests are skipped otherwise."""
+    import shutil
+
+    return os.environ.get("LORAPLANE_E2E_CLUSTER") == "1" and bool(shutil.which("kubectl") and shutil.which("helm"))
+
+
+SKIP_REASON = "a real-cluster test: make cluster-test (or LORAPLANE_E2E_CLUSTER=1 with a KUBECONFIG, kubectl and helm)"
