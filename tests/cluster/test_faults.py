@@ -8,20 +8,16 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import yaml
-from kubectl import RELEASE_NS, SKIP_REASON, enabled, get, kubectl, running_pods
-from scenario import example_manifests
+from kubectl import RELEASE_NS, SKIP_REASON, enabled, get, kubectl, port_forward, running_pods
+from scenario import SteadyTraffic, example_manifests
 from waiting import wait_for
-
-from loraplane.serving.http.loopback import free_port
 
 pytestmark = [pytest.mark.cluster, pytest.mark.skipif(not enabled(), reason=SKIP_REASON)]
 REPLICA_HEADER = "x-loraplane-replica"
@@ -40,52 +36,9 @@ def story() -> dict[str, Any]:
             "serving": f"loraplane.dev/base-model={name},app.kubernetes.io/component=serving"}  # fmt: skip
 
 
-@contextmanager
-def port_forward(namespace: str, target: str, port: int) -> Iterator[str]:
-    local = free_port()
-    proc = subprocess.Popen(["kubectl", "port-forward", "-n", namespace, target, f"{local}:{port}"], stdout=subprocess.PIPE)
-    try:
-        wait_for(f"port-forward {target}", lambda: _listening(local) or proc.poll() is not None, 30)
-        assert proc.poll() is None, f"kubectl port-forward {target} exited"
-        yield f"http://127.0.0.1:{local}"
-    finally:
-        proc.terminate()
-        proc.wait()
-
-
-def _listening(port: int) -> bool:
-    try:
-        httpx.get(f"http://127.0.0.1:{port}/", timeout=1)
-    except httpx.HTTPError as err:
-        return not isinstance(err, httpx.ConnectError)
-    return True
-
-
-class Load:
-    """Short completions through the router, one after another, counting failures: what must not
-    notice a replica going away."""
-
-    def __init__(self, url: str, key: str, model: str) -> None:
-        self.url, self.key, self.model = url, key, model
-        self.sent, self.failures = 0, list[str]()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with httpx.Client(base_url=self.url, headers={"authorization": f"Bearer {self.key}"}, timeout=120) as http:
-            while not self.stop.is_set():
-                r = http.post("/v1/completions", json={"model": self.model, "prompt": "load", "max_tokens": 2})
-                self.sent += 1
-                if r.status_code != 200:
-                    self.failures.append(f"{r.status_code} {r.text[:200]}")
-
-    def __enter__(self) -> Load:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=180)
+def client(router: str, story: dict[str, Any]) -> openai.OpenAI:
+    """The official client through the router, without retries: a failure counts as one."""
+    return openai.OpenAI(base_url=f"{router}/v1", api_key=story["key"], max_retries=0, timeout=120)
 
 
 def stream_until_deleted(
@@ -140,7 +93,7 @@ def test_a_serving_pod_deleted_mid_stream_drains_its_stream_and_is_replaced(stor
     sends everything else to the other replica, and the Deployment brings the count back."""
     replicas = at_full_strength(story)
     with port_forward(story["ns"], f"svc/{story['base']}-router", 8000) as router:
-        with Load(router, story["key"], story["adapter"]) as load:
+        with SteadyTraffic(client(router, story), story["adapter"]) as load:
             # Short enough to finish inside the pod's 60 s grace period on a busy 2-core node.
             pod, chunks, ended = stream_until_deleted(router, story, [], max_tokens=48)
             assert ended is None, ended
@@ -156,7 +109,7 @@ def test_a_serving_pod_killed_mid_stream_ends_it_with_an_error_and_nothing_else(
     finish, so it ends with an error event rather than a silent cut; no other request fails."""
     replicas = at_full_strength(story)
     with port_forward(story["ns"], f"svc/{story['base']}-router", 8000) as router:
-        with Load(router, story["key"], story["adapter"]) as load:
+        with SteadyTraffic(client(router, story), story["adapter"]) as load:
             pod, _, ended = stream_until_deleted(router, story, ["--force", "--grace-period=0"], max_tokens=400)
             assert ended is not None and ended.startswith("error event"), ended
             wait_for(f"{pod} replaced", lambda: replaced(story, pod, replicas), 600)

@@ -34,12 +34,13 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
+import envtest
 import httpx
 import images
 import yaml
-from envtest import BIN, REPO, ControlPlane, node_address
+from envtest import BIN, REPO, ControlPlane, Kube, node_address, stop_process
+from kubectl import LOCAL_VALUES, RELEASE, RELEASE_NS
 from waiting import wait_for
 
 POD_CIDR, SERVICE_CIDR, CLUSTER_DOMAIN = "10.244.0.0/24", "10.96.0.0/16", "cluster.local"
@@ -80,6 +81,8 @@ class Node(ControlPlane):
                          ips=[self.address, KUBERNETES_SERVICE_IP])  # fmt: skip
         self.url = f"https://{self.address}:{self.port}"
         self.bins.update(node_binaries())
+        self.bins["containerd"] = Path(shutil.which("containerd") or "/usr/bin/containerd")
+        self.admin = Kube(self, self.admin_kubeconfig)
         self.containerd_socket = folder / "containerd" / "containerd.sock"
         self.ctr = ["ctr", "--address", str(self.containerd_socket)]
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -175,8 +178,7 @@ state = "{folder / "state"}"
     bin_dir = "/usr/lib/cni"
     conf_dir = "{folder / "cni"}"
 """)
-        self.processes["containerd"] = self._spawn_path("containerd", [shutil.which("containerd") or "containerd",
-                                                                       "--config", str(config)])  # fmt: skip
+        self.spawn("containerd", ["--config", str(config)])
         wait_for("containerd", lambda: subprocess.run([*self.ctr, "version"], capture_output=True).returncode == 0, 60)
 
     def start_coredns(self) -> None:
@@ -202,7 +204,8 @@ state = "{folder / "state"}"
         folder = self.folder / "kubelet-config"
         folder.mkdir(exist_ok=True)
         cert, key = self.pki.leaf("kubelet", f"system:node:{self.name}", "system:nodes", None, server=False)
-        kubeconfig = self.kubeconfig_for(folder / "kubelet.kubeconfig", {"client-certificate": str(cert), "client-key": str(key)})
+        kubeconfig = envtest.kubeconfig(folder / "kubelet.kubeconfig", self.url, self.pki.ca,
+                                        {"client-certificate": str(cert), "client-key": str(key)})  # fmt: skip
         config = folder / "config.yaml"
         config.write_text(yaml.safe_dump({
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
@@ -231,38 +234,19 @@ state = "{folder / "state"}"
         folder = self.folder / "volumes" / "pv0"
         folder.mkdir(parents=True, exist_ok=True)
         folder.chmod(0o777)
-        self.kubectl_apply({
+        self.admin.apply({
             "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "loraplane-pv0"},
             "spec": {"capacity": {"storage": "20Gi"}, "accessModes": ["ReadWriteOnce"],
                      "persistentVolumeReclaimPolicy": "Delete", "hostPath": {"path": str(folder)}},
         })  # fmt: skip
 
     def node_ready(self) -> bool:
-        r = self.http().get(f"/api/v1/nodes/{self.name}")
-        if r.status_code != 200:
-            return False
-        return any(c["type"] == "Ready" and c["status"] == "True" for c in r.json()["status"].get("conditions", []))
-
-    # -- helpers ----------------------------------------------------------------------------------
-
-    def http(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, verify=self.pki.admin_tls(), timeout=30)
-
-    def kubectl_apply(self, obj: dict[str, Any]) -> None:
-        subprocess.run([str(self.bins["kubectl"]), "--kubeconfig", str(self.admin_kubeconfig), "apply", "-f", "-"],
-                       input=yaml.safe_dump(obj).encode(), check=True, capture_output=True)  # fmt: skip
-
-    def kubeconfig_for(self, target: Path, user: dict[str, str]) -> Path:
-        from envtest import kubeconfig
-
-        return kubeconfig(target, self.url, self.pki.ca, user)
+        node = self.admin.get("Node", None, self.name) or {}
+        conditions = (node.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
     def spawn(self, name: str, args: list[str]) -> None:
         self.processes[name] = self._spawn(name, args)
-
-    def _spawn_path(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        with (self.folder / f"{name}.log").open("ab") as log:
-            return subprocess.Popen(argv, stdout=log, stderr=log)
 
     # -- teardown ---------------------------------------------------------------------------------
 
@@ -270,10 +254,10 @@ state = "{folder / "state"}"
         """Everything started, in reverse, then what the processes leave behind them: containers
         and their shims, the kubelet's mounts, the bridge and kube-proxy's rules."""
         for name in ("kubelet", "coredns", "kube-proxy", "kube-scheduler", "kube-controller-manager"):
-            _terminate(self.processes.pop(name, None))
+            stop_process(self.processes.pop(name, None))
         if "containerd" in self.processes:
             self.remove_containers()
-            _terminate(self.processes.pop("containerd"))
+            stop_process(self.processes.pop("containerd"))
         kill_shims(self.containerd_socket)
         unmount_below(self.folder)
         subprocess.run([str(self.bins["kube-proxy"]), "--cleanup"], capture_output=True)
@@ -337,16 +321,6 @@ def _lines(argv: list[str]) -> list[str]:
     return [line.strip() for line in r.stdout.splitlines() if line.strip()]
 
 
-def _terminate(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def kill_shims(socket: Path) -> None:
     """containerd's shims outlive it by design; ours name our socket on their command line."""
     for proc in Path("/proc").iterdir():
@@ -383,10 +357,6 @@ def cluster(folder: Path | None = None) -> Iterator[Node]:
         yield node
 
 
-RELEASE, RELEASE_NAMESPACE = "loraplane", "loraplane"
-LOCAL_VALUES = REPO / "charts" / "loraplane" / "ci" / "local-cluster-values.yaml"
-
-
 def user_env(node: Node) -> dict[str, str]:
     """A user's shell pointed at the cluster: KUBECONFIG, and kubectl and helm on PATH."""
     return dict(os.environ, KUBECONFIG=str(node.admin_kubeconfig), PATH=f"{BIN}:{os.environ['PATH']}")
@@ -395,7 +365,7 @@ def user_env(node: Node) -> dict[str, str]:
 def helm_install(node: Node) -> None:
     """`helm install` of the chart as the docs say, with the object store from this machine."""
     print("helm install", flush=True)
-    subprocess.run(["helm", "install", RELEASE, str(REPO / "charts" / "loraplane"), "-n", RELEASE_NAMESPACE,
+    subprocess.run(["helm", "install", RELEASE, str(REPO / "charts" / "loraplane"), "-n", RELEASE_NS,
                     "--create-namespace", "-f", str(LOCAL_VALUES), "--wait", "--timeout", "10m"],
                    env=user_env(node), check=True)  # fmt: skip
 

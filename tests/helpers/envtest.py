@@ -47,6 +47,8 @@ OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_ACCOUNT}"
 # kind -> (group/version, plural, namespaced): the kinds the tests read and write by name.
 RESOURCES = {
     "Namespace": ("v1", "namespaces", False),
+    "Node": ("v1", "nodes", False),
+    "PersistentVolume": ("v1", "persistentvolumes", False),
     "Pod": ("v1", "pods", True),
     "Secret": ("v1", "secrets", True),
     "Event": ("v1", "events", True),
@@ -341,15 +343,15 @@ class ControlPlane:
         ]  # fmt: skip
 
     def stop_apiserver(self) -> None:
-        _stop(self.apiserver)
+        stop_process(self.apiserver)
 
     def restart_apiserver(self) -> None:
         self.stop_apiserver()
         self.start_apiserver()
 
     def stop(self) -> None:
-        _stop(self.apiserver)
-        _stop(self.etcd)
+        stop_process(self.apiserver)
+        stop_process(self.etcd)
 
     def audit(self) -> list[dict[str, Any]]:
         """Every audited write so far, oldest first; read on from where the last call stopped, so
@@ -371,7 +373,7 @@ class ControlPlane:
             return subprocess.Popen([str(self.bins[name]), *args], stdout=log, stderr=log)
 
 
-def _stop(proc: subprocess.Popen[bytes] | None) -> None:
+def stop_process(proc: subprocess.Popen[bytes] | None) -> None:
     if proc is not None and proc.poll() is None:
         stop(proc)
 

@@ -6,8 +6,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import httpx
+from waiting import wait_for
+
+from loraplane.serving.http.loopback import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 RELEASE_NS = os.environ.get("LORAPLANE_E2E_RELEASE_NAMESPACE", "loraplane")
@@ -53,3 +60,25 @@ def enabled() -> bool:
 
 
 SKIP_REASON = "a real-cluster test: make cluster-test (or LORAPLANE_E2E_CLUSTER=1 with a KUBECONFIG, kubectl and helm)"
+
+
+@contextmanager
+def port_forward(namespace: str, target: str, port: int) -> Iterator[str]:
+    """`kubectl port-forward` to ``target`` on a free local port, once it answers."""
+    local = free_port()
+    proc = subprocess.Popen(["kubectl", "port-forward", "-n", namespace, target, f"{local}:{port}"], stdout=subprocess.PIPE)
+    try:
+        wait_for(f"port-forward {target}", lambda: _listening(local) or proc.poll() is not None, 30)
+        assert proc.poll() is None, f"kubectl port-forward {target} exited"
+        yield f"http://127.0.0.1:{local}"
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def _listening(port: int) -> bool:
+    try:
+        httpx.get(f"http://127.0.0.1:{port}/", timeout=1)
+    except httpx.HTTPError as err:
+        return not isinstance(err, httpx.ConnectError)
+    return True
