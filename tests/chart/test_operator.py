@@ -123,8 +123,8 @@ def test_the_webhook_is_reachable_at_the_host_kopf_registers(render: Any) -> Non
     service = objects.one("Service", "loraplane-webhook")
     env = {v["name"]: v.get("value") for v in c["env"]}
     assert cli_params(c["args"])["webhook_port"] == 8443
-    assert env["LORAPLANE_WEBHOOK_HOST"] == "loraplane-webhook.lp.svc"
-    # kopf registers https://<host>:<its port>, so the Service must listen on that same port.
+    assert env["LORAPLANE_WEBHOOK_SERVICE"] == "lp/loraplane-webhook"
+    # The operator registers the Service with its own port, so the Service must listen on that same port.
     assert service["spec"]["ports"] == [{"name": "webhook", "port": 8443, "targetPort": "webhook"}]
     assert {"name": "webhook", "containerPort": 8443} in c["ports"]
     pod_labels = objects.one("Deployment", "loraplane-operator")["spec"]["template"]["metadata"]["labels"]

@@ -18,11 +18,16 @@ from crd_schema import examples
 from envtest import Kube, control_plane, token_kubeconfig
 from operator_process import start_operator, stop
 
+from loraplane.serving.http.loopback import free_port
+
 pytestmark = pytest.mark.slow
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 MODES = {
     "cluster-wide": ({}, ()),
     "namespaced": ({"operator": {"watchNamespaces": ["team-b"]}}, ("--namespace", "team-b")),
+    # kopf then manages its webhook configurations, validating and mutating; without a grant for
+    # either it exits after nine tries (the chart's operator restarted every minute on a cluster).
+    "webhook": ({"operator": {"webhook": {"enabled": True}}}, ("--webhook-port",)),
 }
 
 
@@ -65,7 +70,10 @@ def test_the_operator_works_with_the_charts_rbac_and_nothing_more(
         assert can_i("list", "pods", "--all-namespaces") == "yes"
     assert can_i("delete", "loraadapters", "-n", "team-b") == "no"
 
-    operator = start_operator(access, tmp_path / "operator.log", extra_args=flags)
+    env = {}
+    if "--webhook-port" in flags:  # the API server (envtest's, on loopback) calls it on loopback
+        flags, env = (*flags, str(free_port())), {"LORAPLANE_WEBHOOK_HOST": "127.0.0.1"}
+    operator = start_operator(access, tmp_path / "operator.log", extra_args=flags, extra_env=env)
     watched, other = f"{mode}-b", f"{mode}-a"
     try:
         kube.apply(base_model(watched, "team-b"))

@@ -40,7 +40,7 @@ import httpx
 import images
 import yaml
 from envtest import BIN, REPO, ControlPlane, Kube, node_address, stop_process
-from kubectl import LOCAL_VALUES, RELEASE, RELEASE_NS
+from kubectl import LOCAL_VALUES, NODE_CACHE_PATH, RELEASE, RELEASE_NS
 from waiting import wait_for
 
 POD_CIDR, SERVICE_CIDR, CLUSTER_DOMAIN = "10.244.0.0/24", "10.96.0.0/16", "cluster.local"
@@ -252,7 +252,8 @@ state = "{folder / "state"}"
 
     def stop(self) -> None:
         """Everything started, in reverse, then what the processes leave behind them: containers
-        and their shims, the kubelet's mounts, the bridge and kube-proxy's rules."""
+        and their shims, the kubelet's mounts, the bridge, kube-proxy's rules and the node cache's
+        hostPath folder a test used."""
         for name in ("kubelet", "coredns", "kube-proxy", "kube-scheduler", "kube-controller-manager"):
             stop_process(self.processes.pop(name, None))
         if "containerd" in self.processes:
@@ -263,6 +264,7 @@ state = "{folder / "state"}"
         subprocess.run([str(self.bins["kube-proxy"]), "--cleanup"], capture_output=True)
         remove_kube_chains()
         subprocess.run(["ip", "link", "delete", "cni0"], capture_output=True)
+        shutil.rmtree(NODE_CACHE_PATH, ignore_errors=True)
         super().stop()
 
     def remove_containers(self) -> None:
@@ -371,12 +373,13 @@ def helm_install(node: Node) -> None:
 
 
 def run_tests(node: Node, pytest_args: list[str]) -> int:
-    """e2e/test_cluster.py unchanged, then tests/cluster/ (faults, then helm's upgrade, rollback
-    and uninstall, last because it removes the release)."""
+    """e2e/test_cluster.py unchanged, then tests/cluster/ (faults, network policy, then helm's
+    upgrade, rollback and uninstall, last because it removes the release)."""
     helm_install(node)
     env = dict(user_env(node), LORAPLANE_E2E_CLUSTER="1", LORAPLANE_CLUSTER_DIR=str(node.folder))
+    suite = sorted(str(f.relative_to(REPO)) for f in (REPO / "tests" / "cluster").glob("test_*.py") if f.name != "test_helm.py")
     argv = [sys.executable, "-m", "pytest", "-m", "cluster", "-p", "no:cacheprovider",
-            "e2e/test_cluster.py", "tests/cluster", *pytest_args]  # fmt: skip
+            "e2e/test_cluster.py", *suite, "tests/cluster/test_helm.py", *pytest_args]  # fmt: skip
     return subprocess.run(argv, env=env, cwd=REPO).returncode
 
 

@@ -21,6 +21,9 @@ RELEASE_NS = os.environ.get("LORAPLANE_E2E_RELEASE_NAMESPACE", "loraplane")
 RELEASE = os.environ.get("LORAPLANE_E2E_RELEASE", "loraplane")
 CHART = REPO / "charts" / "loraplane"
 LOCAL_VALUES = CHART / "ci" / "local-cluster-values.yaml"
+# The node cache's folder on the node when a test turns it on (a hostPath: the one-node cluster's
+# teardown removes it; on a user's cluster it stays on the node).
+NODE_CACHE_PATH = "/var/lib/loraplane-cluster-test"
 
 
 def kubectl(*args: str, check: bool = True, timeout: float = 300) -> str:

@@ -185,6 +185,13 @@ def test_turning_the_node_cache_off_stops_the_agents_and_clears_the_status(clust
     kube.wait_for("the adapters' nodesCached to go", gone, timeout=30)
     config = kube.get("ConfigMap", NS, "tiny-engine")
     assert config is not None and "node_cache_url" not in config["data"]["engine.yaml"]
+
+    def unmounted() -> bool:  # removed from the Deployment, not merged around (its pods would wait for it)
+        pod = (kube.get("Deployment", NS, "tiny-serving") or {}).get("spec", {}).get("template", {}).get("spec", {})
+        mounts = [m["name"] for c in pod.get("containers", []) for m in c.get("volumeMounts", [])]
+        return bool(pod) and "node-cache" not in [v["name"] for v in pod.get("volumes", [])] + mounts
+
+    kube.wait_for("the serving pods' node-cache volume to go", unmounted, timeout=30)
     # And back on: the agents run again where the BaseModel's selector says.
     kube.merge_patch("BaseModel", NS, "tiny", {"spec": {"nodeCache": {"enabled": True}}})
 

@@ -126,3 +126,34 @@ def test_the_webhook_never_blocks_a_deletion_and_fails_open_after_a_sigkill(kube
     finally:
         if operator.poll() is None:
             stop(operator)
+
+
+def test_in_a_cluster_the_configuration_names_the_service_and_the_certificate_its_dns_name() -> None:
+    """The chart's operator (``LORAPLANE_WEBHOOK_SERVICE``) registers its Service, not a URL: the API
+    server resolves no cluster DNS names (a URL's host failed open on every call on the one-node
+    cluster), while it finds a Service's endpoints itself and checks the certificate against
+    ``<name>.<namespace>.svc``."""
+    import asyncio
+    import base64
+
+    from cryptography import x509
+
+    from loraplane.operator.runtime.webhook_tls import WebhookServer
+
+    port = free_port()
+
+    async def first_config() -> dict[str, Any]:
+        server = WebhookServer(addr="127.0.0.1", port=port, service=("lp", "loraplane-webhook"))
+        configs = server(lambda *_, **__: None)  # type: ignore[arg-type]
+        try:
+            return dict(await anext(configs))
+        finally:
+            await configs.aclose()
+
+    config = asyncio.run(first_config())
+    assert "url" not in config
+    assert config["service"]["namespace"] == "lp" and config["service"]["name"] == "loraplane-webhook"
+    assert config["service"]["path"] == "" and config["service"]["port"] == port  # the Service's port too
+    cert = x509.load_pem_x509_certificate(base64.b64decode(config["caBundle"]))
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert "loraplane-webhook.lp.svc" in names

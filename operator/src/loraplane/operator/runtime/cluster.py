@@ -34,6 +34,7 @@ from loraplane.operator.children.names import (
 )  # fmt: skip
 from loraplane.operator.runtime.conditions import now_rfc3339
 
+FIELD_MANAGER = "loraplane-operator"  # server-side apply's owner of what the operator sets on its children
 ADMIN_TOKEN_TTL = 60.0  # seconds a token read from its Secret is reused before it is read again
 
 
@@ -195,7 +196,13 @@ async def retire_daemon_set(namespace: str, name: str, retired: bool = True) -> 
 
 
 async def apply_child(manifest: dict[str, Any]) -> None:
-    """Create the object, or patch it to the manifest when it exists (a spec change rolls out)."""
+    """The manifest, server-side applied as :data:`FIELD_MANAGER`: created when absent; when it
+    exists, set to the manifest, and every field the operator set before and sets no more is
+    removed. The strategic-merge patch this replaced kept them: a BaseModel's node cache turned off
+    left its volume and node selector in the serving Deployment, whose pods then stayed Pending on
+    nodes without the label (found on the one-node cluster). Fields others own (the API server's
+    defaults, a label someone added) stay theirs; ``force``, because what the operator sets is its
+    own to say. Objects an operator before this one created keep that writer's fields until recreated."""
 
     def write() -> None:
         kind, ns, name = manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"]
@@ -206,28 +213,18 @@ async def apply_child(manifest: dict[str, Any]) -> None:
             client.PolicyV1Api(_api()),
             client.NetworkingV1Api(_api()),
         )
-        create: Any
-        patch: Any
-        create, patch = {
-            "Deployment": (apps.create_namespaced_deployment, apps.patch_namespaced_deployment),
-            "DaemonSet": (apps.create_namespaced_daemon_set, apps.patch_namespaced_daemon_set),
-            "Service": (core.create_namespaced_service, core.patch_namespaced_service),
-            "ConfigMap": (core.create_namespaced_config_map, core.patch_namespaced_config_map),
-            "ServiceAccount": (core.create_namespaced_service_account, core.patch_namespaced_service_account),
-            "Role": (rbac.create_namespaced_role, rbac.patch_namespaced_role),
-            "RoleBinding": (rbac.create_namespaced_role_binding, rbac.patch_namespaced_role_binding),
-            "PodDisruptionBudget": (
-                policy.create_namespaced_pod_disruption_budget,
-                policy.patch_namespaced_pod_disruption_budget,
-            ),
-            "NetworkPolicy": (networking.create_namespaced_network_policy, networking.patch_namespaced_network_policy),
+        patch: Any = {
+            "Deployment": apps.patch_namespaced_deployment,
+            "DaemonSet": apps.patch_namespaced_daemon_set,
+            "Service": core.patch_namespaced_service,
+            "ConfigMap": core.patch_namespaced_config_map,
+            "ServiceAccount": core.patch_namespaced_service_account,
+            "Role": rbac.patch_namespaced_role,
+            "RoleBinding": rbac.patch_namespaced_role_binding,
+            "PodDisruptionBudget": policy.patch_namespaced_pod_disruption_budget,
+            "NetworkPolicy": networking.patch_namespaced_network_policy,
         }[kind]
-        try:
-            create(ns, manifest)
-        except ApiException as err:
-            if err.status != 409:
-                raise
-            patch(name, ns, manifest)
+        patch(name, ns, manifest, field_manager=FIELD_MANAGER, force=True, _content_type="application/apply-patch+yaml")
 
     await asyncio.to_thread(write)
 

@@ -39,6 +39,12 @@ class OperatorSettings(BaseSettings):
     )
     webhook_port: int | None = Field(default=None, description="serve the validating webhook on this port (kopf, self-signed)")
     webhook_host: str | None = Field(default=None, description="the hostname the API server reaches the webhook at")
+    webhook_service: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9-]+/[a-z0-9-]+$",
+        description="namespace/name of the Service in front of the webhook (the chart sets it): the configuration names "
+        "it instead of a URL, since the API server resolves no cluster DNS; overrides webhook_host",
+    )
     retry_delay: float = Field(default=5.0, gt=0, description="seconds before retrying a step that waits on something")
     resync_interval: float = Field(
         default=30.0, gt=0, description="seconds an adapter left unfinished and unchanged waits before it is handled again"

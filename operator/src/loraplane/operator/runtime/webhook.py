@@ -26,7 +26,11 @@ from loraplane.operator.runtime.webhook_tls import WebhookServer
 def serve_webhook(settings: kopf.OperatorSettings, **_: Any) -> None:
     if SETTINGS.webhook_port is None:
         raise kopf.PermanentError("the webhook module was loaded without LORAPLANE_WEBHOOK_PORT")
-    settings.admission.server = WebhookServer(port=SETTINGS.webhook_port, host=SETTINGS.webhook_host)
+    if SETTINGS.webhook_service is not None:
+        namespace, name = SETTINGS.webhook_service.split("/")
+        settings.admission.server = WebhookServer(port=SETTINGS.webhook_port, service=(namespace, name))
+    else:
+        settings.admission.server = WebhookServer(port=SETTINGS.webhook_port, host=SETTINGS.webhook_host)
     settings.admission.managed = f"{GROUP}.admission"
 
 

@@ -6,13 +6,21 @@ exits at startup with ``--webhook-port`` (found when the tests first ran the web
 API server). ``certbuilder`` rests on ``oscrypto``, which has had no release in years, so we build
 the same certificate with `cryptography` instead, and the operator extra carries it: a self-signed
 CA certificate for the webhook's host names and addresses, which kopf also puts into the
-ValidatingWebhookConfiguration's ``caBundle``."""
+ValidatingWebhookConfiguration's ``caBundle``.
+
+In a cluster the configuration names the webhook's Service rather than a URL (:class:`WebhookServer`):
+the API server finds a Service's endpoints itself, while a URL's host name goes through the API
+server's own resolver, which knows no cluster DNS on kubeadm, kind and managed control planes.
+Found on the one-node cluster: every call failed open with "no such host", so the webhook checked
+nothing."""
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
-from collections.abc import Collection
+import urllib.parse
+from collections.abc import AsyncIterator, Collection
+from typing import Any
 
 import kopf
 from cryptography import x509
@@ -61,7 +69,25 @@ def self_signed(hostnames: Collection[str], password: str | None = None) -> tupl
 
 
 class WebhookServer(kopf.WebhookServer):
-    """kopf's webhook server with the certificate above."""
+    """kopf's webhook server with the certificate above; given ``service`` (namespace, name), the
+    client configuration it yields names that Service on the server's port (which the Service's
+    port must equal) instead of a URL, and the certificate is for its ``<name>.<namespace>.svc``."""
+
+    def __init__(self, *, service: tuple[str, str] | None = None, **kwargs: Any) -> None:
+        if service is not None:
+            namespace, name = service
+            kwargs.setdefault("host", f"{name}.{namespace}.svc")
+            kwargs.setdefault("extra_sans", [f"{name}.{namespace}.svc.cluster.local"])
+        super().__init__(**kwargs)
+        self.service = service
+
+    async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
+        async for config in super().__call__(fn):
+            if self.service is not None:
+                namespace, name = self.service
+                url = urllib.parse.urlsplit(config.pop("url") or "")
+                config["service"] = {"namespace": namespace, "name": name, "port": url.port, "path": url.path}
+            yield config
 
     @staticmethod
     def build_certificate(hostnames: Collection[str], password: str | None = None) -> tuple[bytes, bytes]:
