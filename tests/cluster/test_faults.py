@@ -192,7 +192,7 @@ def test_the_webhook_refuses_bad_writes_and_blocks_none_while_the_operator_is_go
         wait_for("the webhook back", webhook_configuration, 120)
         assert apply(adapter_like(story, "orphan-2", baseModel="nowhere")).returncode != 0
     finally:
-        kubectl("delete", "loraadapter", "-n", story["ns"], "orphan", "while-away", "--wait=false", check=False)
+        kubectl("delete", "loraadapter", "-n", story["ns"], "orphan", "orphan-2", "while-away", "--wait=false", check=False)
 
 
 def agent_figures(ns: str, pod: str) -> dict[str, float]:
@@ -264,7 +264,6 @@ def test_the_node_agent_restarted_keeps_the_node_cache_and_the_traffic(story: di
         assert after["loraplane_node_cache_entries"] == before["loraplane_node_cache_entries"]
         assert after["loraplane_node_cache_bytes"] == before["loraplane_node_cache_bytes"]
         assert after.get("loraplane_node_cache_fetch_seconds_count", 0) == 0  # the next agent's own count
-        assert after["loraplane_node_cache_evictions_total"] == 0
     finally:
         undo = {"nodeCache": {"enabled": False}, "resources": {"nodeSelector": None, "cpu": resources["cpu"]}}
         kubectl("patch", "basemodel", "-n", story["ns"], story["base"], "--type=merge", "-p", json.dumps({"spec": undo}))

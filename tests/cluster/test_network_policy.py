@@ -35,10 +35,11 @@ def test_the_policies_admit_the_stacks_own_connections_and_no_other_pod(story: d
     def allowed(source: dict[str, Any], target: dict[str, Any], port: int) -> bool:
         return admits(policies, source, namespaces[source["metadata"]["namespace"]], target, port)
 
-    for pod in serving:
+    assert len(serving) >= 2  # the examples run two replicas
+    for pod, other in zip(serving, serving[1:] + serving[:1], strict=True):
         assert allowed(routers[0], pod, replica["http"])  # completions, routed
         assert allowed(operator[0], pod, replica["http"])  # the admin API: loads, pins, stats
         assert allowed(store[0], pod, replica["metrics"])  # Prometheus, from anywhere without metricsNamespaces
         assert not allowed(store[0], pod, replica["http"])  # any other pod: not past the router
-        assert not allowed(serving[-1], pod, replica["http"])  # nor a replica, at another's API
+        assert not allowed(other, pod, replica["http"])  # nor another replica, at this one's API
     assert allowed(store[0], routers[0], router["http"])  # the router is the front door

@@ -345,3 +345,56 @@ def test_a_source_outside_the_allowed_prefixes_is_refused(store, tiny_adapters, 
         assert proxy.connections == connections  # refused before anything was fetched
     with node_agent(tmp_path / "node", proxy.url, "--allowed-source", "s3://adapters/acme") as url:
         assert call(url, "POST", "/v1/acquire", {"source": uris["qv4"]}).status_code == 200
+
+
+def test_a_lease_outlives_the_agents_restart(tiny_adapters, tmp_path) -> None:
+    """A pod reading a folder under a lease while the agent restarts: the next agent holds that
+    folder as the last one did, so fetches that need room evict something else, and the pod's
+    release, sent to the next agent, lets it go. (Without the leases' file the restarted agent
+    evicted the folder mid-read: it was the least recently used.)"""
+    from loraplane.node_cache.agent import NodeAgent
+
+    names = ["mlp16", "qv4", "all8"]
+    sources = {n: str(tiny_adapters[n]) for n in names}
+    digests = {n: adapter_digest(tiny_adapters[n]) for n in names}
+    bound = sum(sorted((tiny_adapters[n] / "adapter_model.safetensors").stat().st_size for n in names)[1:]) + 4096
+    node = tmp_path / "node"
+
+    def held(name: str) -> bool:
+        return (node / "adapters" / digests[name].removeprefix("sha256:")).is_dir()
+
+    first = NodeAgent(node, "node-a", max_bytes=bound, policy="lru")
+    reading = first.acquire(sources["mlp16"], digests["mlp16"])  # and the agent dies before the release
+    del first
+    agent = NodeAgent(node, "node-a", max_bytes=bound, policy="lru")
+    agent.store.enforce()  # as the background pass does once the pins are known again
+    for name in ["qv4", "all8", "qv4"]:  # each needs the room of the one before
+        agent.release(agent.acquire(sources[name], digests[name]).lease)
+        assert held("mlp16") and held(name), name
+    assert agent.store.evictions == 2
+    agent.release(reading.lease)
+    agent.release(agent.acquire(sources["all8"], digests["all8"]).lease)
+    assert not held("mlp16") and held("all8") and held("qv4")  # released: the least recent, so evicted
+
+
+def test_a_leases_file_that_is_not_the_agents_holds_nothing_it_should_not(tiny_adapters, tmp_path) -> None:
+    """The file lies on the node's disk: whatever it holds, the agent starts, holds no folder for a
+    record that is malformed, names no entry or has run out, and cuts a far expiry to a lease's."""
+    import json
+
+    from loraplane.node_cache.agent import LEASES_FILE, NodeAgent
+
+    node = tmp_path / "node"
+    first = NodeAgent(node, "node-a", max_bytes=None)
+    got = first.acquire(str(tiny_adapters["qv4"]), adapter_digest(tiny_adapters["qv4"]))
+    first.release(got.lease)
+    far, content = time.time() + 1e9, got.content
+    ran_out = {"k": {"content": content, "until": time.time() - 1}}
+    for saved in ["{not json", "[1, 2]", {"k": {"content": "../../etc", "until": far}}, {"k": {"content": 5}},
+                  {"k": {"content": content, "until": "soon"}}, ran_out]:  # fmt: skip
+        (node / LEASES_FILE).write_text(saved if isinstance(saved, str) else json.dumps(saved))
+        assert NodeAgent(node, "node-a", max_bytes=None).store._reading == {}, saved
+    (node / LEASES_FILE).write_text(json.dumps({"k": {"content": content, "until": far}}))
+    agent = NodeAgent(node, "node-a", max_bytes=None, lease_seconds=300)
+    assert agent.store._reading == {content: 1}
+    assert agent._leases["k"][1] <= time.monotonic() + 300

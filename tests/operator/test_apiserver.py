@@ -198,3 +198,33 @@ def test_the_server_refuses_a_source_with_dot_segments(kube: Kube) -> None:
     r = kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest), check=False)
     assert r.returncode != 0 and "may not contain . or .. path segments" in r.stderr, r.stderr
     assert kube.get("LoraAdapter", manifest["metadata"]["namespace"], "dots") is None
+
+
+def test_a_child_an_earlier_operator_wrote_loses_what_the_operator_no_longer_sets(
+    kube: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Operators before server-side apply created and merge-patched their children under the
+    Python client's name. The first apply adopts those fields, so turning the node cache off
+    removes its volume and node selector from a serving Deployment written the old way (an apply
+    alone would leave them, still owned by the old writer, and the pods Pending)."""
+    import asyncio
+
+    from kubernetes import client, config
+
+    from loraplane.operator.children.base_model import deployment
+    from loraplane.operator.runtime import cluster
+
+    api = config.new_client_from_config(str(kube.kubeconfig))
+    monkeypatch.setattr(cluster, "_api", lambda: api)  # the operator's client, on this API server
+    spec = example("BaseModel")["spec"]
+    resources = {**spec.get("resources", {}), "nodeSelector": {"pool": "serving"}}
+    cached = BaseModelSpec.model_validate({**spec, "nodeCache": {"enabled": True}, "resources": resources})
+    apps = client.AppsV1Api(api)
+    apps.create_namespaced_deployment(NS, deployment("legacy", NS, cached))  # as operators before wrote it
+    asyncio.run(cluster.apply_child(deployment("legacy", NS, BaseModelSpec.model_validate(spec))))
+    written = apps.read_namespaced_deployment("legacy-serving", NS)
+    pod = written.spec.template.spec
+    assert "node-cache" not in [v.name for v in pod.volumes or []]
+    assert "pool" not in (pod.node_selector or {})
+    managers = {(m.manager, m.operation) for m in written.metadata.managed_fields}
+    assert ("loraplane-operator", "Apply") in managers and ("OpenAPI-Generator", "Update") not in managers

@@ -4,7 +4,9 @@ Serving pods mount the cache read-only and ask the agent for an adapter version
 (:meth:`NodeAgent.acquire`): a verified hit, or a fetch from the source with the agent's own
 object-store credentials, after which the pod reads the folder under a lease that keeps it from
 eviction until released (or until the lease expires, so a pod that dies mid-read does not hold it
-forever). One fetch per source at a time, however many pods ask at once.
+forever). The leases are kept in a file beside the cache, so they outlive the agent's restart: a pod
+reading a folder across it keeps the folder, and its release reaches the next agent. One fetch per
+source at a time, however many pods ask at once.
 
 The operator tells the agent what the node should hold (:meth:`stage`: the hot set, pinned and
 prefetch-marked adapters, next versions, most wanted first) and reads back what it holds
@@ -15,7 +17,10 @@ fit), retries transient failures with backoff, and copies the base once (``base_
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import secrets
 import threading
 import time
@@ -46,6 +51,14 @@ BASE_MISMATCH_RETRY_MAX = 3600.0  # a base whose files differ from its digest: f
 PIN_CLIENT_TTL = 30.0  # a pod resends its pins every few seconds; one silent this long is gone (a rollout renames pods)
 MAX_PIN_CLIENTS = 256
 NO_ROOM: Final = "no room"
+LEASES_FILE = "leases.json"  # in the cache's root, beside adapters/: the leases given out, for the next agent
+MAX_LEASES = 100_000  # far beyond the loads a node's pods run at once; a bigger file is not ours
+
+
+def lease_key(lease: str) -> str:
+    """What a lease is kept under, in memory and in its file: a digest, since the file lies in the
+    folder every serving pod on the node mounts, and a lease is what releases a folder."""
+    return hashlib.sha256(lease.encode()).hexdigest()
 
 
 class TooManyPinClients(RuntimeError):
@@ -97,7 +110,10 @@ class NodeAgent:
         self.staged_bytes, self.staged_fit = 0, True
         self._lock = threading.Lock()
         self._source_locks: dict[str, threading.Lock] = {}
-        self._leases: dict[str, tuple[Path, float]] = {}
+        self._leases_file = root / LEASES_FILE
+        self._leases: dict[str, tuple[Path, float]] = {}  # lease_key(lease) -> (folder, monotonic expiry)
+        self._lease_changes = self._leases_written = 0
+        self._leases_write_lock = threading.Lock()
         self._staging: list[StagedAdapter] = []
         self._retries: dict[tuple[str, str], _Retry] = {}
         self._sizes: dict[tuple[str, str], int] = {}  # bytes of staged versions fetched before
@@ -113,6 +129,7 @@ class NodeAgent:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="node-agent-staging", daemon=True)
+        self._leases = self._adopt_leases()
 
     # serving pods ---------------------------------------------------------------------------
     def acquire(self, source: str, digest: str | None, *, counted: bool = True) -> Acquired:
@@ -134,17 +151,71 @@ class NodeAgent:
                 self.hits += 1
             elif counted:
                 self.misses += 1
-            self._leases[lease] = (got.folder, time.monotonic() + self.lease_seconds)
+            self._leases[lease_key(lease)] = (got.folder, time.monotonic() + self.lease_seconds)
+            changed = self._leases_changed()
+        self._write_leases(*changed)
         if got.tier != "disk" and self.on_fetch is not None:
             self.on_fetch(seconds)
         return Acquired(lease=lease, content=got.folder.name, weights_digest=got.weights_digest, tier=got.tier)
 
     def release(self, lease: str) -> None:
         """The pod has read the folder. An unknown lease (expired, or released twice) is no error."""
+        self._end_lease(lease_key(lease))
+
+    def _end_lease(self, key: str) -> None:
         with self._lock:
-            held = self._leases.pop(lease, None)
-        if held is not None:
-            self.store.release(held[0])
+            held = self._leases.pop(key, None)
+            if held is None:
+                return
+            changed = self._leases_changed()
+        self._write_leases(*changed)
+        self.store.release(held[0])
+
+    def _adopt_leases(self) -> dict[str, tuple[Path, float]]:
+        """The leases a previous agent gave out that have not run out, each folder held for reading
+        again as when it was given: a pod still reading it keeps it from eviction across the
+        restart, and its release, now sent here, ends the hold. A file that is not ours is ignored."""
+        try:
+            saved = json.loads(self._leases_file.read_text())
+        except (OSError, ValueError):
+            return {}
+        wall, now = time.time(), time.monotonic()
+        leases: dict[str, tuple[Path, float]] = {}
+        for key, record in list(saved.items())[:MAX_LEASES] if isinstance(saved, dict) else []:
+            try:
+                content, until = str(record["content"]), float(record["until"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if until > wall and (folder := self.store.hold(content)) is not None:
+                leases[str(key)] = (folder, now + min(until - wall, self.lease_seconds))
+        if leases:
+            log.info("adopted %d leases from before the restart", len(leases))
+        return leases
+
+    def _leases_changed(self) -> tuple[int, dict[str, dict[str, float | str]]]:
+        """(change number, the leases as their file holds them), taken with ``_lock`` held; the
+        expiry as wall time, which a restart keeps counting."""
+        wall, now = time.time(), time.monotonic()
+        self._lease_changes += 1
+        records: dict[str, dict[str, float | str]] = {
+            key: {"content": f.name, "until": wall + until - now} for key, (f, until) in self._leases.items()
+        }
+        return self._lease_changes, records
+
+    def _write_leases(self, change: int, records: dict[str, dict[str, float | str]]) -> None:
+        """The leases' file, atomically replaced, outside ``_lock`` (a pod's acquire does not wait on
+        another's write); a write older than the one on disk is skipped. A failed write leaves the
+        leases good for this process."""
+        with self._leases_write_lock:
+            if change <= self._leases_written:
+                return
+            scratch = self._leases_file.with_name(f".{LEASES_FILE}.tmp")
+            try:
+                scratch.write_text(json.dumps(records))
+                os.replace(scratch, self._leases_file)
+                self._leases_written = change
+            except OSError as err:
+                log.warning("leases not saved (%s): a restart now would forget them", err)
 
     def set_pins(self, client: str, sources: list[str]) -> None:
         """One pod's pinned sources, replacing what it said before; forgotten when it stops saying."""
@@ -229,10 +300,10 @@ class NodeAgent:
     def _reap_leases(self) -> None:
         now = time.monotonic()
         with self._lock:
-            expired = [lease for lease, (_, until) in self._leases.items() if until < now]
-        for lease in expired:
-            log.warning("lease %s expired unreleased: its folder may be evicted again", lease)
-            self.release(lease)
+            expired = [(key, folder.name) for key, (folder, until) in self._leases.items() if until < now]
+        for key, content in expired:
+            log.warning("a lease on %s expired unreleased: it may be evicted again", content)
+            self._end_lease(key)
 
     def _copy_base(self) -> None:
         if self.base is None or self.base.ready:

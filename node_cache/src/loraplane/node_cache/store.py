@@ -200,6 +200,16 @@ class DiskCache:
             self._enforce()
         return weights, folder
 
+    def hold(self, content: str) -> Path | None:
+        """Hold an entry for reading as :meth:`get` does, without checking its files again: a read a
+        previous process began (the agent's leases survive its restart); :meth:`release` ends it.
+        None when no such entry is on disk."""
+        with self._lock:
+            if content not in self.tier:
+                return None
+            self._reading[content] += 1
+        return self.root / content
+
     def release(self, folder: Path) -> None:
         """A load has finished reading ``folder``: it may be evicted again."""
         with self._lock:

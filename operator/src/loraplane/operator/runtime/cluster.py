@@ -35,6 +35,9 @@ from loraplane.operator.children.names import (
 from loraplane.operator.runtime.conditions import now_rfc3339
 
 FIELD_MANAGER = "loraplane-operator"  # server-side apply's owner of what the operator sets on its children
+RETIRE_MANAGER = "loraplane-operator-retire"  # the node-selector key that parks a node cache's DaemonSet
+# The Python client's name, under which operators before server-side apply wrote their children.
+LEGACY_MANAGER = "OpenAPI-Generator"
 ADMIN_TOKEN_TTL = 60.0  # seconds a token read from its Secret is reused before it is read again
 
 
@@ -190,7 +193,7 @@ async def retire_daemon_set(namespace: str, name: str, retired: bool = True) -> 
         if (RETIRED_LABEL in (current.spec.template.spec.node_selector or {})) == retired:
             return
         patch = {"spec": {"template": {"spec": {"nodeSelector": {RETIRED_LABEL: "true" if retired else None}}}}}
-        apps.patch_namespaced_daemon_set(name, namespace, patch)
+        apps.patch_namespaced_daemon_set(name, namespace, patch, field_manager=RETIRE_MANAGER)
 
     await asyncio.to_thread(write)
 
@@ -202,7 +205,8 @@ async def apply_child(manifest: dict[str, Any]) -> None:
     left its volume and node selector in the serving Deployment, whose pods then stayed Pending on
     nodes without the label (found on the one-node cluster). Fields others own (the API server's
     defaults, a label someone added) stay theirs; ``force``, because what the operator sets is its
-    own to say. Objects an operator before this one created keep that writer's fields until recreated."""
+    own to say. A child an operator before this one wrote is first made the applier's
+    (:func:`_adopt_legacy_fields`), or what it set would stay for good."""
 
     def write() -> None:
         kind, ns, name = manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"]
@@ -213,20 +217,58 @@ async def apply_child(manifest: dict[str, Any]) -> None:
             client.PolicyV1Api(_api()),
             client.NetworkingV1Api(_api()),
         )
-        patch: Any = {
-            "Deployment": apps.patch_namespaced_deployment,
-            "DaemonSet": apps.patch_namespaced_daemon_set,
-            "Service": core.patch_namespaced_service,
-            "ConfigMap": core.patch_namespaced_config_map,
-            "ServiceAccount": core.patch_namespaced_service_account,
-            "Role": rbac.patch_namespaced_role,
-            "RoleBinding": rbac.patch_namespaced_role_binding,
-            "PodDisruptionBudget": policy.patch_namespaced_pod_disruption_budget,
-            "NetworkPolicy": networking.patch_namespaced_network_policy,
+        read: Any
+        patch: Any
+        read, patch = {
+            "Deployment": (apps.read_namespaced_deployment, apps.patch_namespaced_deployment),
+            "DaemonSet": (apps.read_namespaced_daemon_set, apps.patch_namespaced_daemon_set),
+            "Service": (core.read_namespaced_service, core.patch_namespaced_service),
+            "ConfigMap": (core.read_namespaced_config_map, core.patch_namespaced_config_map),
+            "ServiceAccount": (core.read_namespaced_service_account, core.patch_namespaced_service_account),
+            "Role": (rbac.read_namespaced_role, rbac.patch_namespaced_role),
+            "RoleBinding": (rbac.read_namespaced_role_binding, rbac.patch_namespaced_role_binding),
+            "PodDisruptionBudget": (
+                policy.read_namespaced_pod_disruption_budget,
+                policy.patch_namespaced_pod_disruption_budget,
+            ),
+            "NetworkPolicy": (networking.read_namespaced_network_policy, networking.patch_namespaced_network_policy),
         }[kind]
+        _adopt_legacy_fields(read, patch, name, ns)
         patch(name, ns, manifest, field_manager=FIELD_MANAGER, force=True, _content_type="application/apply-patch+yaml")
 
     await asyncio.to_thread(write)
+
+
+def _adopt_legacy_fields(read: Any, patch: Any, name: str, namespace: str) -> None:
+    """What :data:`LEGACY_MANAGER` set on an existing child becomes :data:`FIELD_MANAGER`'s, as
+    client-go's ``csaupgrade`` does for kubectl: its managed-fields entry renamed to the applier's,
+    in a JSON patch conditioned on the object's resourceVersion. The next apply then removes what
+    the operator no longer sets. Once the applier owns fields there is nothing to adopt."""
+    try:
+        current = read(name, namespace)
+    except ApiException as err:
+        if err.status == 404:
+            return
+        raise
+    entries: list[dict[str, Any]] = _api().sanitize_for_serialization(current.metadata.managed_fields or [])  # type: ignore[no-untyped-call]
+    if any(e.get("manager") == FIELD_MANAGER for e in entries):
+        return
+    legacy = [e for e in entries if e.get("manager") == LEGACY_MANAGER and e.get("operation") == "Update"
+              and not e.get("subresource")]  # fmt: skip
+    if not legacy:
+        return
+    adopted = {**legacy[0], "manager": FIELD_MANAGER, "operation": "Apply"}
+    for other in legacy[1:]:  # one per API version written; the fields are the object's either way
+        adopted["fieldsV1"] = _union(adopted.get("fieldsV1") or {}, other.get("fieldsV1") or {})
+    kept = [e for e in entries if e not in legacy] + [adopted]
+    ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version},
+           {"op": "replace", "path": "/metadata/managedFields", "value": kept}]  # fmt: skip
+    patch(name, namespace, ops, _content_type="application/json-patch+json")
+
+
+def _union(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two managed-field sets (``fieldsV1``: nested objects of ``f:``/``k:``/``v:`` keys) as one."""
+    return {k: _union(a.get(k) or {}, b.get(k) or {}) for k in a.keys() | b.keys()}
 
 
 def _http_port(pod: Any, container_name: str, default: int) -> int:

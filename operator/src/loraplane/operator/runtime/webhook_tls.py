@@ -9,18 +9,20 @@ CA certificate for the webhook's host names and addresses, which kopf also puts 
 ValidatingWebhookConfiguration's ``caBundle``.
 
 In a cluster the configuration names the webhook's Service rather than a URL (:class:`WebhookServer`):
-the API server finds a Service's endpoints itself, while a URL's host name goes through the API
-server's own resolver, which knows no cluster DNS on kubeadm, kind and managed control planes.
+the API server dials the Service's cluster IP it looks up itself, while a URL's host name goes
+through the API server's own resolver, which knows no cluster DNS on kubeadm, kind and managed
+control planes (some of which, such as GKE's private clusters, need a firewall rule for the port).
 Found on the one-node cluster: every call failed open with "no such host", so the webhook checked
 nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import urllib.parse
-from collections.abc import AsyncIterator, Collection
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Collection
+from typing import Any, cast
 
 import kopf
 from cryptography import x509
@@ -82,12 +84,14 @@ class WebhookServer(kopf.WebhookServer):
         self.service = service
 
     async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
-        async for config in super().__call__(fn):
-            if self.service is not None:
-                namespace, name = self.service
-                url = urllib.parse.urlsplit(config.pop("url") or "")
-                config["service"] = {"namespace": namespace, "name": name, "port": url.port, "path": url.path}
-            yield config
+        inner = cast(AsyncGenerator[kopf.WebhookClientConfig], super().__call__(fn))  # kopf's is a generator
+        async with contextlib.aclosing(inner) as configs:  # closed with this one: kopf's server stops
+            async for config in configs:
+                if self.service is not None:
+                    namespace, name = self.service
+                    url = urllib.parse.urlsplit(config.pop("url") or "")
+                    config["service"] = {"namespace": namespace, "name": name, "port": url.port, "path": url.path}
+                yield config
 
     @staticmethod
     def build_certificate(hostnames: Collection[str], password: str | None = None) -> tuple[bytes, bytes]:
