@@ -224,8 +224,17 @@ def cache_files(ns: str, pod: str) -> dict[str, int]:
     return found
 
 
-def rolled_out(story: dict[str, Any]) -> None:
-    kubectl("rollout", "status", "-n", story["ns"], f"deploy/{story['base']}-serving", "--timeout=600s", timeout=660)
+def rolled_out(story: dict[str, Any], cached: bool) -> None:
+    """The serving Deployment rolled out once the operator has written the BaseModel's change into
+    it (``rollout status`` alone may see the rollout before the change, complete)."""
+    deployment = f"{story['base']}-serving"
+
+    def written() -> bool:
+        volumes = get("deployment", story["ns"], deployment)["spec"]["template"]["spec"].get("volumes", [])
+        return any(v["name"] == "node-cache" for v in volumes) == cached
+
+    wait_for(f"{deployment} with the node cache {'on' if cached else 'off'}", written, 120, every=1)
+    kubectl("rollout", "status", "-n", story["ns"], f"deploy/{deployment}", "--timeout=600s", timeout=660)
 
 
 def test_the_node_agent_restarted_keeps_the_node_cache_and_the_traffic(story: dict[str, Any]) -> None:
@@ -250,7 +259,7 @@ def test_the_node_agent_restarted_keeps_the_node_cache_and_the_traffic(story: di
         before = wait_for("the staged adapters on the node", lambda: all_staged(first), 600, every=5)
         files = cache_files(story["ns"], first)
         assert any(name.endswith(".safetensors") for name in files), files
-        rolled_out(story)
+        rolled_out(story, cached=True)
         for pod in running_pods(story["ns"], story["serving"]):  # every replica reads through the agent
             assert any(v["name"] == "node-cache" for v in pod["spec"]["volumes"]), pod["metadata"]["name"]
         with port_forward(story["ns"], f"svc/{story['base']}-router", 8000) as router:
@@ -267,5 +276,7 @@ def test_the_node_agent_restarted_keeps_the_node_cache_and_the_traffic(story: di
     finally:
         undo = {"nodeCache": {"enabled": False}, "resources": {"nodeSelector": None, "cpu": resources["cpu"]}}
         kubectl("patch", "basemodel", "-n", story["ns"], story["base"], "--type=merge", "-p", json.dumps({"spec": undo}))
-        rolled_out(story)
+        rolled_out(story, cached=False)
+        pods = lambda: get("pods", story["ns"], selector=story["serving"])["items"]  # noqa: E731
+        wait_for("the node-cache pods gone", lambda: not any(p["metadata"].get("deletionTimestamp") for p in pods()), 300)
         at_full_strength(story)
