@@ -117,15 +117,10 @@ def test_a_serving_pod_killed_mid_stream_ends_it_with_an_error_and_nothing_else(
 def test_the_operator_deleted_mid_reconcile_resumes_and_leaves_no_adapter_stuck(story: dict[str, Any]) -> None:
     """A new adapter applied, and the operator's pod deleted while it handles it: the Deployment's
     next pod picks the work up and the adapter reaches Ready."""
-    source = get("loraadapter", story["ns"], story["adapter"])
-    fresh = {
-        "apiVersion": source["apiVersion"], "kind": "LoraAdapter",
-        "metadata": {"name": "after-restart", "namespace": story["ns"]},
-        "spec": {k: v for k, v in source["spec"].items() if k != "version"},
-    }  # fmt: skip
+    fresh = adapter_like(story, "after-restart")
     operator = running_pods(RELEASE_NS, "app.kubernetes.io/component=operator")
     assert len(operator) == 1
-    subprocess.run(["kubectl", "apply", "-f", "-"], input=yaml.safe_dump(fresh).encode(), check=True, capture_output=True)
+    assert apply(fresh).returncode == 0
     kubectl("delete", "pod", "-n", RELEASE_NS, operator[0]["metadata"]["name"], "--wait=false")
     try:
         wait_for("after-restart Ready", lambda: (get("loraadapter", story["ns"], "after-restart").get("status") or {})

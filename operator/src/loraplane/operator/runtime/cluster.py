@@ -217,53 +217,49 @@ async def apply_child(manifest: dict[str, Any]) -> None:
             client.PolicyV1Api(_api()),
             client.NetworkingV1Api(_api()),
         )
-        read: Any
-        patch: Any
-        read, patch = {
-            "Deployment": (apps.read_namespaced_deployment, apps.patch_namespaced_deployment),
-            "DaemonSet": (apps.read_namespaced_daemon_set, apps.patch_namespaced_daemon_set),
-            "Service": (core.read_namespaced_service, core.patch_namespaced_service),
-            "ConfigMap": (core.read_namespaced_config_map, core.patch_namespaced_config_map),
-            "ServiceAccount": (core.read_namespaced_service_account, core.patch_namespaced_service_account),
-            "Role": (rbac.read_namespaced_role, rbac.patch_namespaced_role),
-            "RoleBinding": (rbac.read_namespaced_role_binding, rbac.patch_namespaced_role_binding),
-            "PodDisruptionBudget": (
-                policy.read_namespaced_pod_disruption_budget,
-                policy.patch_namespaced_pod_disruption_budget,
-            ),
-            "NetworkPolicy": (networking.read_namespaced_network_policy, networking.patch_namespaced_network_policy),
+        patch: Any = {
+            "Deployment": apps.patch_namespaced_deployment,
+            "DaemonSet": apps.patch_namespaced_daemon_set,
+            "Service": core.patch_namespaced_service,
+            "ConfigMap": core.patch_namespaced_config_map,
+            "ServiceAccount": core.patch_namespaced_service_account,
+            "Role": rbac.patch_namespaced_role,
+            "RoleBinding": rbac.patch_namespaced_role_binding,
+            "PodDisruptionBudget": policy.patch_namespaced_pod_disruption_budget,
+            "NetworkPolicy": networking.patch_namespaced_network_policy,
         }[kind]
-        _adopt_legacy_fields(read, patch, name, ns)
-        patch(name, ns, manifest, field_manager=FIELD_MANAGER, force=True, _content_type="application/apply-patch+yaml")
+
+        def apply() -> Any:
+            return patch(name, ns, manifest, field_manager=FIELD_MANAGER, force=True,
+                         _content_type="application/apply-patch+yaml")  # fmt: skip
+
+        if _adopt_legacy_fields(apply(), patch, name, ns):
+            apply()  # now the applier's, what it no longer sets goes
 
     await asyncio.to_thread(write)
 
 
-def _adopt_legacy_fields(read: Any, patch: Any, name: str, namespace: str) -> None:
-    """What :data:`LEGACY_MANAGER` set on an existing child becomes :data:`FIELD_MANAGER`'s, as
-    client-go's ``csaupgrade`` does for kubectl: its managed-fields entry renamed to the applier's,
-    in a JSON patch conditioned on the object's resourceVersion. The next apply then removes what
-    the operator no longer sets. Once the applier owns fields there is nothing to adopt."""
-    try:
-        current = read(name, namespace)
-    except ApiException as err:
-        if err.status == 404:
-            return
-        raise
-    entries: list[dict[str, Any]] = _api().sanitize_for_serialization(current.metadata.managed_fields or [])  # type: ignore[no-untyped-call]
-    if any(e.get("manager") == FIELD_MANAGER for e in entries):
-        return
+def _adopt_legacy_fields(written: Any, patch: Any, name: str, namespace: str) -> bool:
+    """What :data:`LEGACY_MANAGER` set on a child (as ``written`` by the apply just made) becomes
+    :data:`FIELD_MANAGER`'s, as client-go's ``csaupgrade`` does for kubectl: its managed-fields
+    entries merged into the applier's, in a JSON patch conditioned on the object's resourceVersion.
+    True when there was something to adopt (the caller applies again, which then removes what the
+    operator no longer sets); after that, the apply's own answer shows nothing legacy, so the
+    steady state costs no extra call."""
+    entries: list[dict[str, Any]] = _api().sanitize_for_serialization(written.metadata.managed_fields or [])  # type: ignore[no-untyped-call]
     legacy = [e for e in entries if e.get("manager") == LEGACY_MANAGER and e.get("operation") == "Update"
               and not e.get("subresource")]  # fmt: skip
-    if not legacy:
-        return
-    adopted = {**legacy[0], "manager": FIELD_MANAGER, "operation": "Apply"}
-    for other in legacy[1:]:  # one per API version written; the fields are the object's either way
+    ours = [e for e in entries if e.get("manager") == FIELD_MANAGER and e.get("operation") == "Apply"]
+    if not legacy or not ours:
+        return False
+    adopted = dict(ours[0])
+    for other in legacy:  # one per API version written; the fields are the object's either way
         adopted["fieldsV1"] = _union(adopted.get("fieldsV1") or {}, other.get("fieldsV1") or {})
-    kept = [e for e in entries if e not in legacy] + [adopted]
-    ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version},
+    kept = [e for e in entries if e not in legacy and e is not ours[0]] + [adopted]
+    ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": written.metadata.resource_version},
            {"op": "replace", "path": "/metadata/managedFields", "value": kept}]  # fmt: skip
     patch(name, namespace, ops, _content_type="application/json-patch+json")
+    return True
 
 
 def _union(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
