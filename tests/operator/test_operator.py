@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import yaml
 from broken_adapters import corrupt
 from engine_helpers import tiny_engine
 from envtest import Kube, control_plane
@@ -35,6 +36,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from loraplane.adapter_format import AdapterValidationError, ErrorCode, adapter_digest, file_digest
+from loraplane.operator.children.dedicated import DEDICATED_LABEL
 from loraplane.operator.children.names import (
     ADMIN_TOKEN_KEY,
     STAGED_CONDITION,
@@ -43,6 +45,7 @@ from loraplane.operator.children.names import (
     stats_secret_name,
 )
 from loraplane.serving.api.app import create_app
+from loraplane.serving.config import EngineConfig
 from loraplane.serving.http.loopback import serve_app
 
 NS = "team-a"
@@ -799,7 +802,7 @@ def test_a_dominant_adapter_is_recommended_for_a_dedicated_deployment_and_return
             (event,) = stack.kube.wait_for("its Event", lambda: events("Dominant"), timeout=20)
             assert event["type"] == "Normal" and "% of the base's requests" in event["message"]
             header, row = stack.kube.kubectl("-n", NS, "get", "loraadapter", "busy", "-o", "wide").stdout.splitlines()
-            assert header.split()[-1] == "DEDICATED" and row.split()[-1] == "Dominant"
+            assert header.split()[-2:] == ["DEDICATED", "SERVED"] and row.split()[-1] == "Dominant"  # none served dedicated
             assert dedicated_condition(stack, "support") is None  # the others carry nothing
             stack.kube.wait_for(
                 "the base to list it",
@@ -817,6 +820,99 @@ def test_a_dominant_adapter_is_recommended_for_a_dedicated_deployment_and_return
     finally:
         policy("off")
         stack.kube.delete("LoraAdapter", NS, "busy")
+
+
+def test_auto_carves_a_merged_deployment_from_the_pool_and_gives_it_back(stack: Stack) -> None:
+    """``dedicated.mode: auto`` on the real API server (no kubelet here; tests/cluster runs the
+    pods): a dominant adapter gets its merged Deployment, engine ConfigMap and Service, owned by
+    the LoraAdapter and merging the version the pool serves, and the shared Deployment gives up
+    as many replicas. A dedicated replica (started here from that config, as the kubelet would)
+    is never staged on, and its requests are the adapter's: with all its traffic there, the adapter
+    stays dominant. When the traffic ends it returns: its objects go, the pool is whole again."""
+    stack.apply(lora("hot", stack.uris["all8"], stack.digests["all8"]))
+    stack.wait_phase("hot", "Ready")
+    base = stack.kube.get("BaseModel", NS, "tiny")
+    assert base is not None
+
+    def policy(mode: str) -> None:
+        dedicated = {"mode": mode, "share": 0.6, "holdSeconds": 2, "returnShare": 0.3, "returnSeconds": 6,
+                     "minRequestsPerSecond": 0.5, "maxReplicas": 1}  # fmt: skip
+        stack.apply({"apiVersion": "loraplane.dev/v1alpha1", "kind": "BaseModel", "metadata": {"name": "tiny", "namespace": NS},
+                     "spec": {**base["spec"], "dedicated": dedicated}})  # fmt: skip
+
+    def shared_replicas() -> int:
+        return stack.kube.get("Deployment", NS, "tiny-serving")["spec"]["replicas"]  # type: ignore[index,no-any-return]
+
+    def status() -> dict[str, Any]:
+        return stack.adapter("hot").get("status", {})
+
+    policy("auto")
+    replica = ExitStack()
+    try:
+        with steady_traffic(stack, "hot") as traffic:
+            deployment = stack.kube.wait_for(
+                "its dedicated Deployment", lambda: stack.kube.get("Deployment", NS, "hot-dedicated"), timeout=60
+            )
+            (owner,) = deployment["metadata"]["ownerReferences"]
+            assert (owner["kind"], owner["name"], owner["controller"]) == ("LoraAdapter", "hot", True)
+            assert deployment["spec"]["replicas"] == 1
+            stack.kube.wait_for("the pool to give a replica up", lambda: shared_replicas() == 1, timeout=30)
+            config_map = stack.kube.get("ConfigMap", NS, "hot-dedicated-engine")
+            assert config_map is not None and stack.kube.get("Service", NS, "hot-dedicated") is not None
+            config = EngineConfig.model_validate(yaml.safe_load(config_map["data"]["engine.yaml"]))
+            assert (config.merged_lora, config.merged_lora_digest, config.served_model_name, config.merged_lora_tenant) == (
+                stack.uris["all8"], stack.digests["all8"], "hot", "acme",
+            )  # fmt: skip
+            stack.kube.wait_for(
+                "its status to say so",
+                lambda: (status().get("servedFrom"), status().get("dedicatedReplicas")) == ("shared", 1),  # none ready yet
+            )
+            assert stack.kube.get("BaseModel", NS, "tiny")["status"]["dedicatedReplicas"] == 1
+        assert traffic.failures == []
+
+        # The dedicated replica, as the kubelet would run it from that config, and Ready.
+        def make():  # type: ignore[no-untyped-def]
+            return tiny_engine(
+                stack.tiny_llama, stack.folder / "cache-hot-dedicated", max_loras=3, max_lora_rank=8,
+                s3_endpoint=stack.endpoint, s3_access_key=ACCESS, s3_secret_key=SECRET, s3_region="us-east-1",
+                merged_lora=config.merged_lora, merged_lora_digest=config.merged_lora_digest,
+                merged_lora_tenant=config.merged_lora_tenant, served_model_name=config.served_model_name,
+            )  # fmt: skip
+
+        url = replica.enter_context(serve_app(create_app(make, admin_token=ADMIN)))
+        pod = serving_pod("hot-dedicated-0", NS, "tiny", url)
+        pod["metadata"]["labels"][DEDICATED_LABEL] = "hot"
+        del pod["spec"]["readinessGates"]
+        pod["status"]["conditions"] = [{"type": "ContainersReady", "status": "True"}, {"type": "Ready", "status": "True"}]
+        stack.apply(pod)
+        stack.kube.merge_patch("Deployment", NS, "hot-dedicated", {"status": {"replicas": 1, "readyReplicas": 1}}, "status")
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=30)
+        deadline = time.monotonic() + 12  # twice the return hold, all of it on the dedicated replica
+        while time.monotonic() < deadline:
+            client.completions.create(model="hot", prompt="hi", max_tokens=4, extra_body={"ignore_eos": True})
+            time.sleep(0.1)
+        assert dedicated_condition(stack, "hot")["status"] == "True"  # type: ignore[index]
+        stack.kube.wait_for(
+            "it to be served dedicated",
+            lambda: (status().get("servedFrom"), status().get("dedicatedReadyReplicas")) == ("dedicated", 1),
+        )
+        answer = httpx.get(f"{url}/admin/stats", headers={"Authorization": f"Bearer {ADMIN}"}).json()
+        assert list(answer["adapters"]) == ["hot"]  # its own model: the operator staged nothing on it
+
+        stack.kube.delete("Pod", NS, "hot-dedicated-0")
+        stack.kube.wait_for("its Deployment to go", lambda: stack.kube.get("Deployment", NS, "hot-dedicated") is None, timeout=60)
+        assert (
+            stack.kube.get("ConfigMap", NS, "hot-dedicated-engine") is None
+            and stack.kube.get("Service", NS, "hot-dedicated") is None
+        )
+        stack.kube.wait_for("the pool to be whole", lambda: shared_replicas() == 2, timeout=30)
+        stack.kube.wait_for(
+            "its status to say so", lambda: (status().get("servedFrom"), status().get("dedicatedReplicas")) == ("shared", None)
+        )
+    finally:
+        replica.close()
+        policy("off")
+        stack.kube.delete("LoraAdapter", NS, "hot")
 
 
 def dedicated_condition(stack: Stack, name: str) -> dict[str, Any] | None:

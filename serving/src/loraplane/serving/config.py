@@ -25,6 +25,18 @@ class EngineConfig(EngineSizing):
     model: str = Field(default="embedded", description="'embedded', a .gguf file, or a Hugging Face checkpoint folder")
     base_name: str | None = Field(default=None, description="model id adapters declare as base_model_name_or_path")
     base_revision: str | None = Field(default=None, description="revision adapters must declare, if they declare one")
+    merged_lora: str | None = Field(
+        default=None,
+        description="a dedicated deployment's adapter (a source URI, fetched and checked as any adapter's): merged into "
+        "the base at start (W + scale B A, loraplane merge) and served as the model under served_model_name",
+    )
+    merged_lora_digest: str | None = Field(default=None, description="the merged adapter's version (sha256:...)")
+    merged_lora_tenant: str | None = Field(
+        default=None, description="the merged adapter's tenant: the only one whose keys may call the model (none: any)"
+    )
+    served_model_name: str | None = Field(
+        default=None, description="vLLM's flag: the name the merged model answers to (the adapter's served name)"
+    )
     device: Literal["auto", "cuda", "cpu"] = Field(
         default="auto", description="where the weights, KV cache and adapter slots live; auto: cuda when torch sees a GPU"
     )
@@ -107,4 +119,6 @@ class EngineConfig(EngineSizing):
     def _node_cache_mounted(self) -> EngineConfig:
         if self.node_cache_url is not None and self.node_cache_dir is None:
             raise ValueError("node_cache_url needs node_cache_dir: where this pod mounts the node cache the agent writes")
+        if (self.merged_lora is None) != (self.served_model_name is None):
+            raise ValueError("merged_lora and served_model_name go together: the merged model answers to the adapter's name")
         return self

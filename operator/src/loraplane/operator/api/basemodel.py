@@ -155,9 +155,15 @@ class DedicatedPolicy(KubeModel):
     adapter's share of the base's requests every sync and applies ``loraplane.routing.dominance``,
     the rule ``loraplane plan`` applies to a traffic table. ``recommend``: the adapter's
     ``DedicatedRecommended`` condition and an Event say so, with the figures and the replicas the
-    rule gives; nothing is created."""
+    rule gives; nothing is created. ``auto``: the same, and the operator runs it: a Deployment
+    of the adapter merged into the base (owned by the LoraAdapter) takes those replicas out of the
+    shared pool's, and gives them back when the adapter stops dominating."""
 
-    mode: Literal["off", "recommend"] = Field(default="off", description="off: not measured; recommend: conditions and Events")
+    mode: Literal["off", "recommend", "auto"] = Field(
+        default="off",
+        description="off: not measured; recommend: conditions and Events; auto: and a merged dedicated deployment for each "
+        "dominant adapter, its replicas taken from spec.replicas",
+    )
     share: float = Field(
         default=DominanceRule.share, gt=0, le=1, description="the share of the base's requests from which an adapter dominates"
     )
@@ -288,6 +294,10 @@ class BaseModelStatus(KubeModel):
     )
     usage: UsageStatus | None = None
     node_cache: NodeCacheStatus | None = None
+    dedicated_replicas: int | None = Field(
+        default=None,
+        description="with dedicated.mode auto: spec.replicas taken by dedicated deployments (the shared pool has the rest)",
+    )
 
 
 class BaseModelResource(KubeModel):

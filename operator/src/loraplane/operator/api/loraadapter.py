@@ -102,6 +102,15 @@ class LoraAdapterStatus(KubeModel):
     nodes_cached: int | None = Field(default=None, description="nodes whose cache holds the serving version")
     replicas: list[ReplicaPlacement] = Field(default_factory=list)
     metrics: AdapterMetrics | None = None
+    served_from: Literal["shared", "dedicated"] | None = Field(
+        default=None,
+        description="with its BaseModel's dedicated.mode auto, once it has dominated: dedicated while pods of its merged "
+        "deployment are ready (the router sends its requests there), shared otherwise; unset: the shared pool",
+    )
+    dedicated_replicas: int | None = Field(
+        default=None, description="its dedicated deployment's replicas: wanted, out of the BaseModel's spec.replicas"
+    )
+    dedicated_ready_replicas: int | None = Field(default=None, description="of those, ready")
 
 
 class LoraAdapterResource(KubeModel):

@@ -100,9 +100,10 @@ def config_map(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]
     }
 
 
-def deployment(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]:
+def deployment(name: str, namespace: str, spec: BaseModelSpec, replicas: int | None = None) -> dict[str, Any]:
     """The serving Deployment. One manifest literal, as long as a Deployment is: read whole, it
-    compares line by line with the Kubernetes schema it is tested against."""
+    compares line by line with the Kubernetes schema it is tested against. ``replicas``: the
+    shared pool's, when dedicated deployments take some of ``spec.replicas`` (default: all)."""
     r = spec.resources
     limits: dict[str, str] = {}
     requests: dict[str, str] = {}
@@ -186,7 +187,7 @@ def deployment(name: str, namespace: str, spec: BaseModelSpec) -> dict[str, Any]
         "kind": "Deployment",
         "metadata": {"name": f"{name}-serving", "namespace": namespace, "labels": labels(name)},
         "spec": {
-            "replicas": spec.replicas,
+            "replicas": spec.replicas if replicas is None else replicas,
             "selector": {"matchLabels": labels(name)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             # The config's hash on the pod template: a changed engine config rolls the pods, which
@@ -290,10 +291,13 @@ def children(
     spec: BaseModelSpec,
     operator_namespace: str | None = None,
     metrics_namespaces: list[str] | None = None,
+    dedicated_replicas: int = 0,
 ) -> list[dict[str, Any]]:
     """Everything a BaseModel owns. ``metrics_namespaces``: where Prometheus may scrape from (the
-    routers get a NetworkPolicy of their own only then: without it theirs would admit everyone)."""
-    serving = [config_map(name, namespace, spec), deployment(name, namespace, spec), service(name, namespace)]
+    routers get a NetworkPolicy of their own only then: without it theirs would admit everyone).
+    ``dedicated_replicas``: what the dedicated deployments of its adapters take out of the pool."""
+    shared = deployment(name, namespace, spec, max(spec.replicas - dedicated_replicas, min(spec.replicas, 1)))
+    serving = [config_map(name, namespace, spec), shared, service(name, namespace)]
     serving.append(disruption_budget(f"{name}-serving", namespace, labels(name)))
     serving.append(network_policy(name, namespace, operator_namespace, metrics_namespaces))
     if spec.node_cache.enabled:

@@ -10,7 +10,8 @@ Every ``sync_interval`` seconds, per BaseModel:
    (``node_cache_sync``): per-node state and the ``NodeCachesReady`` condition on the BaseModel,
    ``nodesCached`` on each LoraAdapter;
 5. with ``dedicated.mode`` on, the adapter that dominates the base's traffic is told so
-   (``dedicated_sync``);
+   (``dedicated_sync``), and with ``auto`` served by a merged dedicated deployment carved from
+   the pool (``dedicated_deploy``); a dedicated replica's requests count as its adapter's;
 6. the BaseModel's own status: replicas, fingerprint, Ready adapters, pins, and the replicas'
    per-tenant usage of the last day (refreshed at most once per ``metrics_interval``).
 """
@@ -32,6 +33,7 @@ from loraplane.operator.api.loraadapter import LoraAdapterSpec
 from loraplane.operator.runtime import cluster, decisions
 from loraplane.operator.runtime.adapter_flow import parse_status, serving_source, stage, unfinished
 from loraplane.operator.runtime.conditions import Status, now_rfc3339
+from loraplane.operator.runtime.dedicated_deploy import Candidate, DeployMemory, sync_deployments
 from loraplane.operator.runtime.dedicated_sync import DedicatedMemory, Event, sync_dedicated
 from loraplane.operator.runtime.node_cache_sync import sync_node_caches
 from loraplane.operator.runtime.readiness_gate import open_if_complete
@@ -57,6 +59,8 @@ class BaseMemory:
     usage_at: float = -1e9
     unfinished: dict[str, tuple[str, float]] = field(default_factory=dict)  # adapter -> (resourceVersion, seen since)
     dedicated: DedicatedMemory = field(default_factory=DedicatedMemory)
+    deploy: DeployMemory = field(default_factory=DeployMemory)
+    dedicated_served: set[str] = field(default_factory=set)  # served names whose dedicated pods are ready
     events: list[Event] = field(default_factory=list)  # for the handler to post (kopf.event)
 
 
@@ -98,14 +102,20 @@ async def sync_base(
     replicas = await cluster.ready_replicas(namespace, name) if token else []
     clients = {r.name: AdminClient(r.url, token) for r in replicas}
     fingerprint = None
-    stats: ReplicaAdapters = {}
+    stats: ReplicaAdapters = {}  # the shared pool's replicas: what they serve is the operator's to stage
+    dedicated_stats: ReplicaAdapters = {}  # dedicated replicas (one merged adapter each): counted, never staged
     for replica, client in clients.items():
         try:
-            stats[replica] = (await client.stats()).adapters
+            answer = await client.stats()
+            if answer.dedicated_model is not None:
+                dedicated_stats[replica] = answer.adapters
+                continue
+            stats[replica] = answer.adapters
             if fingerprint is None:
                 fingerprint = (await client.base()).fingerprint
         except ReplicaError:
             continue  # unreachable now; the next sync tries again
+    counted = {**stats, **dedicated_stats}  # an adapter's traffic, wherever it is served
     # Listed after the stats: a name the operator registered had its LoraAdapter before, so every
     # name a replica reported that no LoraAdapter claims here is one nobody wants any more.
     objects = await cluster.list_custom(namespace, "loraadapters")
@@ -115,9 +125,10 @@ async def sync_base(
     await _unregister_unclaimed(name, objects, stats, clients)
     now = time.monotonic()
     rates = {served: rate for served in ready
-             if (rate := decisions.request_rate(memory.samples.get(served), decisions.sample(now, _entries(stats, served))))
+             if (rate := decisions.request_rate(memory.samples.get(served), decisions.sample(now, _entries(counted, served))))
              is not None}  # fmt: skip
-    pins = _pins(base, ready, stats, memory, rates)
+    # An adapter its dedicated pods serve takes no device slot from the tail on the shared pool.
+    pins = _pins(base, ready, stats, memory, {s: r for s, r in rates.items() if s not in memory.dedicated_served})
     by_name = {r.name: r for r in replicas}
     for replica, known in stats.items():
         holds = set(known)
@@ -139,7 +150,8 @@ async def sync_base(
     memory.node_condition = node_caches.condition if node_caches else None
     ready_objects = {served: view.raw for served, view in ready.items()}
     memory.events += await sync_dedicated(namespace, base, ready_objects, rates, memory.dedicated, now)
-    await _write_metrics(namespace, ready, stats, memory, settings, node_caches.nodes_cached if node_caches else None)
+    carved = await _sync_dedicated_deployments(name, namespace, base, ready, adapters, memory)
+    await _write_metrics(namespace, ready, counted, memory, settings, node_caches.nodes_cached if node_caches else None)
     if time.monotonic() - memory.usage_at >= settings.metrics_interval:
         memory.usage, memory.usage_at = await _usage(list(clients.values())), time.monotonic()
     patch: dict[str, Any] = {
@@ -150,12 +162,49 @@ async def sync_base(
         "fingerprint": fingerprint,
         "pinnedAdapters": sorted(pins),
         "dominantAdapters": sorted(memory.dedicated.dominant) if base.dedicated.mode != "off" else None,
+        "dedicatedReplicas": carved if base.dedicated.mode == "auto" else None,
         "usage": memory.usage,
         "observedGeneration": None,
     }
     if node_caches is not None:
         patch["nodeCache"] = node_caches.status.body()
     return patch
+
+
+async def _sync_dedicated_deployments(
+    name: str, namespace: str, base: BaseModelSpec, ready: dict[str, AdapterView], adapters: list[AdapterView],
+    memory: BaseMemory,
+) -> int:  # fmt: skip
+    """``dedicated.mode: auto``'s deployments for the dominant Ready adapters (``dedicated_deploy``),
+    and where each adapter is served written into its status at the edges. Run in every mode, so
+    that a policy turned from auto leaves no dedicated deployment behind. Returns the replicas
+    they take from the pool."""
+    tracker = memory.dedicated.tracker
+    candidates = [
+        Candidate(view.raw, served, tracker.share(served), source.uri, source.digest, view.spec.tenant)
+        for served, view in sorted(ready.items())
+        if tracker is not None and served in memory.dedicated.dominant
+        for source in [serving_source(view.spec, view.status)]
+    ]
+    existing, wanted = await sync_deployments(namespace, name, base, candidates, memory.deploy)
+    memory.dedicated_served = {v.served for v in adapters if existing.get(v.name) is not None and existing[v.name].ready}
+    for view in adapters:
+        deployment = existing.get(view.name)
+        replicas = wanted.get(view.served)
+        served_from = "dedicated" if deployment is not None and deployment.ready else "shared"
+        shown = (view.status.served_from, view.status.dedicated_replicas, view.status.dedicated_ready_replicas)
+        if replicas is None:  # none wanted (one being deleted serves no more than the pool does)
+            want: tuple[str | None, int | None, int | None] = ("shared", None, None) if shown[0] else (None, None, None)
+        else:
+            want = (served_from, replicas, deployment.ready if deployment is not None else 0)
+        if want != shown:
+            patch = {"servedFrom": want[0], "dedicatedReplicas": want[1], "dedicatedReadyReplicas": want[2]}
+            try:
+                await cluster.patch_status(namespace, "loraadapters", view.name, patch)
+            except ApiException as err:
+                if err.status != 404:  # deleted since the list
+                    raise
+    return sum(wanted.values())
 
 
 async def _resync_stalled(

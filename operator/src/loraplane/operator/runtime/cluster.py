@@ -198,6 +198,69 @@ async def retire_daemon_set(namespace: str, name: str, retired: bool = True) -> 
     await asyncio.to_thread(write)
 
 
+@dataclass(frozen=True)
+class DedicatedDeployment:
+    """A dedicated deployment as its Deployment says: whose, how many pods wanted and ready."""
+
+    name: str
+    adapter: str
+    replicas: int
+    ready: int
+
+
+async def dedicated_deployments(namespace: str, base: str, label: str) -> list[DedicatedDeployment]:
+    """``base``'s Deployments that carry ``label`` (the adapter each serves merged)."""
+
+    def read() -> list[DedicatedDeployment]:
+        selector = f"{BASE_LABEL}={base},{label}"
+        items: list[Any] = client.AppsV1Api(_api()).list_namespaced_deployment(namespace, label_selector=selector).items
+        out = []
+        for d in items:
+            labels = d.metadata.labels or {}
+            if labels.get(BASE_LABEL) != base or not labels.get(label):
+                continue  # filtered here too, as ready_pods does
+            ready = (d.status.ready_replicas if d.status else None) or 0
+            out.append(DedicatedDeployment(d.metadata.name, labels[label], d.spec.replicas or 0, ready))
+        return sorted(out, key=lambda d: d.name)
+
+    return await asyncio.to_thread(read)
+
+
+async def scale_deployment(namespace: str, name: str, replicas: int, field_manager: str) -> None:
+    """``spec.replicas`` of a Deployment, unless it is so already."""
+
+    def write() -> None:
+        apps = client.AppsV1Api(_api())
+        current: Any = apps.read_namespaced_deployment(name, namespace)
+        if current.spec.replicas != replicas:
+            apps.patch_namespaced_deployment(name, namespace, {"spec": {"replicas": replicas}}, field_manager=field_manager)
+
+    await asyncio.to_thread(write)
+
+
+async def delete_children(namespace: str, deployment: str, service: str, config_map: str) -> None:
+    """A dedicated deployment's objects, deleted (absent is fine). The Deployment goes first and in
+    the foreground of nothing: its pods end gracefully, finishing what they hold, while the router
+    sends new requests to the shared pool as each leaves the Service."""
+
+    def write() -> None:
+        apps: Any = client.AppsV1Api(_api())  # the client is untyped
+        core: Any = _core()
+        calls = [
+            (apps.delete_namespaced_deployment, deployment),
+            (core.delete_namespaced_service, service),
+            (core.delete_namespaced_config_map, config_map),
+        ]
+        for call, name in calls:
+            try:
+                call(name, namespace)
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+
+    await asyncio.to_thread(write)
+
+
 async def apply_child(manifest: dict[str, Any]) -> None:
     """The manifest, server-side applied as :data:`FIELD_MANAGER`: created when absent; when it
     exists, set to the manifest, and every field the operator set before and sets no more is

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from loraplane.operator.api import GROUP, VERSION, Condition
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.children.base_model import children
-from loraplane.operator.runtime import cluster
+from loraplane.operator.runtime import cluster, dedicated_deploy
 from loraplane.operator.runtime.adapter_flow import reconcile, unregister_everywhere, waits
 from loraplane.operator.runtime.base_sync import BaseMemory, sync_base
 from loraplane.operator.runtime.conditions import Status, set_condition
@@ -100,7 +100,9 @@ async def base_changed(
         await cluster.patch_status(namespace, "basemodels", name, patch)
         kopf.event(body, type="Warning", reason="InvalidSpec", message=message)
         return
-    manifests = children(name, namespace, base, SETTINGS.operator_namespace, SETTINGS.metrics_namespaces)
+    # The shared pool's replicas are spec.replicas less what dedicated deployments take, as the sync writes them.
+    taken = await dedicated_deploy.carved(namespace, name) if base.dedicated.mode == "auto" else 0
+    manifests = children(name, namespace, base, SETTINGS.operator_namespace, SETTINGS.metrics_namespaces, taken)
     if not base.node_cache.enabled:  # turned off (or never on): its agents stop, and the credentials they hold with them
         await cluster.retire_daemon_set(namespace, f"{name}-node-cache")
     await cluster.ensure_admin_secret(namespace, name, kopf.build_owner_reference(body))
@@ -141,8 +143,9 @@ async def base_sync(name: str, namespace: str | None, spec: kopf.Spec, status: k
         kopf.event(kopf.Body(cast(kopf.RawBody, obj)), type=type_, reason=reason, message=message)
     memory.events.clear()
     written = {k: v for k, v in patch.items() if v is not None}
-    if patch.get("dominantAdapters") is None and "dominantAdapters" in status:
-        written["dominantAdapters"] = None  # dedicated.mode turned off: a merge patch's removal
+    for key in ("dominantAdapters", "dedicatedReplicas"):
+        if patch.get(key) is None and key in status:
+            written[key] = None  # dedicated.mode turned off (or from auto): a merge patch's removal
     version = None
     if memory.node_condition is not None or "nodeCache" in status:
         fields, version = await _node_cache_status(namespace, name, memory.node_condition)

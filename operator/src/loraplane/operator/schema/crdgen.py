@@ -95,6 +95,7 @@ KINDS = (
                 "jsonPath": '.status.conditions[?(@.type=="DedicatedRecommended")].reason',
                 "priority": 1,
             },
+            {"name": "Served", "type": "string", "jsonPath": ".status.servedFrom", "priority": 1},
         ],
         rules={"source": [{"rule": DOT_SEGMENT_RULE, "message": DOT_SEGMENT_MESSAGE}]},
     ),

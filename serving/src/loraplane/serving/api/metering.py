@@ -34,6 +34,7 @@ class RequestMeter:
     adapter: str | None
     tenant: str | None
     base: str
+    billed_as: str | None = None  # the adapter a dedicated replica's model is (its records name it, as the shared pool's do)
     started: float = field(default_factory=time.monotonic)
     first_token: float | None = None
     settled: bool = False
@@ -82,7 +83,7 @@ class RequestMeter:
             replica=self.metering.replica,
             tenant=self.tenant,
             model=self.model,
-            adapter=self.adapter,
+            adapter=self.billed_as or self.adapter,
             adapter_version=out.adapter_version if out else None,
             adapter_digest=out.adapter_digest if out else None,
             base=self.base,

@@ -29,8 +29,9 @@ from loraplane.serving.engine.queue_metrics import QueueCollector
 from loraplane.serving.engine.sampler import Sampler
 from loraplane.serving.engine.scheduler import FAIR_PREFILL_CHUNK, Scheduler
 from loraplane.serving.engine.structured import Grammars
-from loraplane.serving.lora.adapter_files import NodeAgentFiles
+from loraplane.serving.lora.adapter_files import NodeAgentFiles, OwnCache
 from loraplane.serving.lora.manager import AdapterManager
+from loraplane.serving.lora.merge import merged_at_start
 from loraplane.serving.lora.slot_table import PagedSlotTable, SlotTable
 from loraplane.serving.lora.state_metrics import AdapterStateCollector
 from loraplane.serving.metrics import EngineMetrics
@@ -188,6 +189,17 @@ def build_parts(config: EngineConfig) -> EngineParts:
         config.model, config.cache_dir, name=config.base_name, revision=config.base_revision,
         weights=config.load_format != "dummy",
     )  # fmt: skip
+    limits = ValidationLimits(
+        max_lora_rank=config.max_lora_rank,
+        max_bytes=config.max_adapter_bytes,
+        require_adapter_digest=config.require_adapter_digest,
+    )
+    files = node_cache_files(config) or OwnCache(
+        config.cache_dir, max_bytes=config.disk_cache_max_bytes, policy=config.eviction_policy, s3=s3_settings(config),
+        max_weights_bytes=limits.max_bytes,
+    )  # fmt: skip
+    if config.merged_lora is not None:  # a dedicated deployment's replica: the adapter becomes the model
+        base = merged_at_start(base, files, config)
     cfg = base.config
     limit = cfg.context_limit()
     if config.max_model_len and config.max_model_len > limit:
@@ -240,11 +252,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
     adapters = AdapterManager(
         slots,
         base.shape,
-        ValidationLimits(
-            max_lora_rank=config.max_lora_rank,
-            max_bytes=config.max_adapter_bytes,
-            require_adapter_digest=config.require_adapter_digest,
-        ),
+        limits,
         cache_dir=config.cache_dir,
         max_cpu_loras=config.host_slots,
         disk_cache_max_bytes=config.disk_cache_max_bytes,
@@ -255,7 +263,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
         pages=blocks if pool is not None else None,
         queued=queued,
         owed=owed,
-        files=node_cache_files(config),
+        files=files,
     )
     metrics.registry.register(AdapterStateCollector(metrics, adapters))
     gate = AdapterGate(adapters, metrics)

@@ -14,6 +14,7 @@ it is. PEFT's ``merge_and_unload`` is the reference (tests/serving/test_merge.py
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -27,9 +28,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from loraplane.adapter_format import ValidationLimits
+from loraplane.serving.config import EngineConfig
 from loraplane.serving.host_side import host_side
+from loraplane.serving.lora.adapter_files import AdapterFiles
 from loraplane.serving.lora.peft_loader import load_peft_adapter
-from loraplane.serving.weights.base import PROVENANCE, BaseCheckpoint
+from loraplane.serving.weights.base import PROVENANCE, BaseCheckpoint, resolve_base
 from loraplane.serving.weights.checkpoint import shard_files
 
 _MODULE = re.compile(r"^model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.weight$")
@@ -88,3 +91,22 @@ def merge_adapter(base: BaseCheckpoint, adapter: Path, out: Path, *, expected_di
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return MergedCheckpoint(out, changed, loaded.manifest.adapter_digest)
+
+
+def merged_at_start(base: BaseCheckpoint, files: AdapterFiles, config: EngineConfig) -> BaseCheckpoint:
+    """A dedicated replica's model: ``config.merged_lora`` fetched as any adapter is (the node
+    agent's cache or the pod's own, its digest checked), merged into ``base`` once per pod disk
+    (a container restart finds the folder and skips the merge) and served under
+    ``served_model_name``. The folder is named by the base's fingerprint and the adapter's weights,
+    so a promoted version merges anew beside the old, never over a folder in use."""
+    assert config.merged_lora is not None and config.served_model_name is not None  # EngineConfig's rule
+    held = files.acquire(config.merged_lora, config.merged_lora_digest)
+    try:
+        key = hashlib.sha256(f"{base.shape.fingerprint}|{held.weights_digest}".encode()).hexdigest()[:32]
+        out = config.cache_dir / "merged" / key
+        if not (out / PROVENANCE).is_file():
+            shutil.rmtree(out, ignore_errors=True)  # only a whole folder is renamed into place; nothing else is here
+            merge_adapter(base, held.folder, out, expected_digest=config.merged_lora_digest)
+    finally:
+        files.release(held)
+    return resolve_base(str(out), config.cache_dir, name=config.served_model_name, revision=base.shape.revision)

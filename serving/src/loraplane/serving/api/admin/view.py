@@ -11,9 +11,10 @@ from collections.abc import Mapping
 from typing import TypeVar
 
 from loraplane.adapter_format.names import INTERNAL_OWNER
-from loraplane.admin_api import AdapterState, NamedAdapterState, Quotas, ReplicaStats
+from loraplane.admin_api import AdapterState, NamedAdapterState, Quotas, ReplicaStats, Tier
 from loraplane.serving.engine.llm_engine import LLMEngine
 from loraplane.serving.lora.entries import AdapterNotFound
+from loraplane.serving.metrics import NONE
 
 S = TypeVar("S", bound=AdapterState)
 
@@ -55,8 +56,11 @@ def replica_stats(engine: LLMEngine, quotas: Mapping[str, Quotas] | None = None)
     # A quality gate's candidate lives under a private name for the seconds of its replay: it is
     # no served name, and the operator, which owns the served names, would unregister it mid-replay.
     served = [name for name, entry in engine.adapters.entries.items() if entry.spec.tenant != INTERNAL_OWNER]
+    adapters = {name: adapter_state(engine, name, quotas.get(name)) for name in served}
+    if engine.base.merged:  # a dedicated replica: its requests are its adapter's, which the operator counts
+        adapters[engine.base.shape.name] = merged_state(engine)
     return ReplicaStats(
-        adapters={name: adapter_state(engine, name, quotas.get(name)) for name in served},
+        adapters=adapters,
         tenants={t: engine.metrics.counters(c) for t, c in engine.metrics.tenants.items()},
         preemptions=engine.scheduler.num_preemptions,
         waiting=len(engine.scheduler.waiting),
@@ -68,4 +72,21 @@ def replica_stats(engine: LLMEngine, quotas: Mapping[str, Quotas] | None = None)
         disk_cache=engine.adapters.files.figures(),
         max_model_len=engine.max_model_len,
         dedicated_model=engine.base.shape.name if engine.base.merged else None,
+    )
+
+
+def merged_state(engine: LLMEngine) -> AdapterState:
+    """A dedicated replica's one model as an adapter entry (always on the device, in the weights):
+    its request counters are the base's, since the adapter is the base here, and the operator
+    sums them with the shared replicas' into the adapter's rate, so serving it dedicated does not
+    read as its traffic gone."""
+    config = engine.config
+    counts = engine.metrics.counters(engine.metrics.counts[NONE])
+    return AdapterState(
+        **dict(counts),
+        tenant=config.merged_lora_tenant,
+        source=config.merged_lora or "",
+        tier=Tier.DEVICE,
+        pinned=True,
+        digest=config.merged_lora_digest,
     )

@@ -18,15 +18,19 @@ def _missing(model: str) -> APIError:
     return APIError(404, f"The model `{model}` does not exist.", code="model_not_found", param="model")
 
 
+def may_use_base(engine: AsyncEngine, tenant: TenantConfig | None) -> bool:
+    """The base is open to tenants allowed it; a dedicated replica's model (an adapter merged into
+    the base) to its adapter's tenant alone, as the adapter is on the shared replicas."""
+    if engine.engine.base.merged:
+        return Tenants.may_use(tenant, engine.engine.config.merged_lora_tenant)
+    return tenant is None or tenant.allow_base
+
+
 def cards(engine: AsyncEngine, tenant: TenantConfig | None) -> list[ModelCard]:
     """The base (for a tenant allowed it) and the adapters the caller may use, each with the
     source it is served from as ``root`` (vLLM's field)."""
     base, context = engine.engine.base.shape.name, engine.engine.max_model_len
-    found = (
-        [ModelCard(id=base, root=engine.engine.config.model, max_model_len=context)]
-        if tenant is None or tenant.allow_base
-        else []
-    )
+    found = [ModelCard(id=base, root=engine.engine.config.model, max_model_len=context)] if may_use_base(engine, tenant) else []
     for name, spec in sorted(engine.engine.adapters.catalog.items()):  # the engine thread's published snapshot
         if Tenants.may_use(tenant, spec.tenant):
             found.append(ModelCard(id=name, root=spec.source, parent=base, max_model_len=context))
@@ -36,7 +40,7 @@ def cards(engine: AsyncEngine, tenant: TenantConfig | None) -> list[ModelCard]:
 def resolve_model(engine: AsyncEngine, model: str, tenant: TenantConfig | None) -> str | None:
     """The adapter to use (None for the base). Another tenant's adapter, or the base for a
     tenant without base access, answers exactly as a missing model."""
-    if model == engine.engine.base.shape.name and (tenant is None or tenant.allow_base):
+    if model == engine.engine.base.shape.name and may_use_base(engine, tenant):
         return None
     spec = engine.engine.adapters.catalog.get(model)
     if spec is not None and Tenants.may_use(tenant, spec.tenant):

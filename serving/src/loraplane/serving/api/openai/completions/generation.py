@@ -172,8 +172,12 @@ async def templated(
 def meter_for(
     server: ServerState, request_id: str, endpoint: str, model: str, adapter: str | None, tenant: TenantConfig | None
 ) -> RequestMeter:
-    base = server.ready().engine.base.shape.name
-    return RequestMeter(server.metering, request_id, endpoint, model, adapter, tenant.name if tenant else None, base)
+    engine = server.ready().engine
+    base = engine.base.shape.name
+    meter = RequestMeter(server.metering, request_id, endpoint, model, adapter, tenant.name if tenant else None, base)
+    if engine.base.merged and adapter is None:  # a dedicated replica: billed as the adapter it serves
+        meter.billed_as = base
+    return meter
 
 
 async def first_output(stream: AsyncIterator[RequestOutput]) -> RequestOutput | None:

@@ -1,0 +1,113 @@
+"""``dedicated.mode: auto``, each sync: a merged dedicated deployment for every dominant adapter the
+shared pool can spare replicas for, none for the rest, and the shared pool shrunk by what they take.
+
+The budget is ``spec.replicas``, fixed: a dedicated deployment's pods come out of the shared
+pool's, never on top, and the pool always keeps one (``placements``). A switch either way loses
+no request: the adapter stays registered on the shared replicas throughout, and the router sends
+its requests to dedicated pods only while one is ready, to the shared pool otherwise. So a
+dedicated deployment and the pool's shrink are written in one sync (on a full GPU budget the new
+pods could not be scheduled before the pool gave its replicas back), and so are a return's
+deletion and the pool's growth: the leaving pods finish what they hold (their graceful
+shutdown), new requests go to the shared replicas as each pod leaves the Service, and a new
+shared replica takes traffic only once its adapters are staged (its readiness gate).
+
+What exists is read back each sync (the Deployments by their labels), so a restarted operator,
+a deleted Deployment or a hand edit converges to the decision without memory of its own; what is
+applied is remembered only to skip an apply that would change nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import kopf
+from kubernetes.client.exceptions import ApiException
+
+from loraplane.operator.api.basemodel import BaseModelSpec, DedicatedPolicy
+from loraplane.operator.children.dedicated import DEDICATED_LABEL, dedicated_name, dedicated_objects
+from loraplane.operator.runtime import cluster
+from loraplane.routing.dominance import dedicated_replicas
+
+SHARE_MANAGER = "loraplane-operator-dedicated"  # the field manager of the shared pool's shrunk replicas
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A dominant adapter, with what its dedicated pods merge: the version the shared pool serves."""
+
+    obj: dict[str, Any]  # the LoraAdapter as listed: the owner of its dedicated deployment
+    served: str
+    share: float
+    source: str
+    digest: str | None
+    tenant: str
+
+
+@dataclass
+class DeployMemory:
+    applied: dict[str, str] = field(default_factory=dict)  # adapter -> hash of the manifests last applied
+
+
+def placements(policy: DedicatedPolicy, pool: int, shares: Mapping[str, float]) -> dict[str, int]:
+    """Replicas per dominant adapter (served name), largest share first, each the planner's rule
+    (``dedicated_replicas``) and all of them leaving the shared pool one replica at least."""
+    left, out = pool - 1, {}
+    for served, share in sorted(shares.items(), key=lambda kv: (-kv[1], kv[0])):
+        n = min(dedicated_replicas(share, pool, policy.max_replicas), left)
+        if n > 0:
+            out[served], left = n, left - n
+    return out
+
+
+async def carved(namespace: str, base: str) -> int:
+    """What the dedicated deployments of ``base`` take from its pool now (the handler that applies
+    the shared Deployment writes the same figure the sync does)."""
+    return sum(d.replicas for d in await cluster.dedicated_deployments(namespace, base, DEDICATED_LABEL))
+
+
+async def sync_deployments(
+    namespace: str, base: str, spec: BaseModelSpec, candidates: list[Candidate], memory: DeployMemory
+) -> tuple[dict[str, cluster.DedicatedDeployment], dict[str, int]]:
+    """Apply the dedicated deployments the candidates get, delete the others, size the shared pool
+    (read and written only when it differs). Returns what existed by adapter name (before this
+    sync's changes take effect) and the replicas wanted by served name."""
+    wanted = (
+        placements(spec.dedicated, spec.replicas, {c.served: c.share for c in candidates})
+        if spec.dedicated.mode == "auto"
+        else {}
+    )
+    existing = {d.adapter: d for d in await cluster.dedicated_deployments(namespace, base, DEDICATED_LABEL)}
+    keep: set[str] = set()
+    for c in candidates:
+        replicas = wanted.get(c.served)
+        if replicas is None:
+            continue
+        adapter = c.obj["metadata"]["name"]
+        keep.add(adapter)
+        manifests = dedicated_objects(base, namespace, spec, adapter, c.served, c.source, c.digest, c.tenant, replicas)
+        for manifest in manifests:
+            kopf.adopt(manifest, owner=kopf.Body(cast(kopf.RawBody, c.obj)))  # deleted with the adapter, by the GC
+        digest = hashlib.sha256(json.dumps(manifests, sort_keys=True).encode()).hexdigest()
+        if memory.applied.get(adapter) != digest or adapter not in existing:
+            for manifest in manifests:
+                await cluster.apply_child(manifest)
+            memory.applied[adapter] = digest
+    for adapter, deployment in existing.items():
+        if adapter not in keep:
+            name = dedicated_name(adapter)
+            await cluster.delete_children(namespace, deployment.name, name, f"{name}-engine")
+            memory.applied.pop(adapter, None)
+    await _scale_shared(namespace, base, spec.replicas - sum(wanted.values()))
+    return existing, wanted
+
+
+async def _scale_shared(namespace: str, base: str, replicas: int) -> None:
+    try:
+        await cluster.scale_deployment(namespace, f"{base}-serving", replicas, SHARE_MANAGER)
+    except ApiException as err:
+        if err.status != 404:  # not created yet: the handler that creates it reads the same figure
+            raise

@@ -1,0 +1,91 @@
+"""``dedicated.mode: auto``'s objects and budget, without a cluster: the dedicated deployment's
+manifests are valid Kubernetes objects whose engine config the real server reads as a merged
+replica of the adapter's serving version, its pods join the base's serving Service (where the
+router finds them) but not the shared Deployment's count, and the replicas it takes come out of
+the pool, which always keeps one."""
+
+from __future__ import annotations
+
+import kubernetes_validate
+import pytest
+import yaml
+from crd_schema import examples
+
+from loraplane.operator.api.basemodel import BaseModelSpec, DedicatedPolicy
+from loraplane.operator.children.base_model import CONFIG_HASH, children
+from loraplane.operator.children.dedicated import DEDICATED_LABEL, dedicated_name, dedicated_objects
+from loraplane.operator.runtime.dedicated_deploy import placements
+from loraplane.serving.config import EngineConfig
+
+BASE = next(d for d in examples() if d["kind"] == "BaseModel")
+SPEC = BaseModelSpec.model_validate({**BASE["spec"], "replicas": 4})
+DIGEST = "sha256:" + "1" * 64
+
+
+def objects(digest: str = DIGEST, replicas: int = 2) -> dict[str, dict]:
+    built = dedicated_objects(
+        "smollm2", "ns", SPEC, "support-bot", "support", "s3://adapters/acme/support", digest, "acme", replicas
+    )
+    return {m["kind"]: m for m in built}
+
+
+def test_the_dedicated_objects_are_valid_and_the_server_reads_their_config_as_a_merged_replica() -> None:
+    built = objects()
+    for manifest in built.values():
+        kubernetes_validate.validate(manifest, kubernetes_validate.latest_version(), strict=True)
+    config = EngineConfig.model_validate(yaml.safe_load(built["ConfigMap"]["data"]["engine.yaml"]))
+    assert (config.merged_lora, config.merged_lora_digest, config.merged_lora_tenant, config.served_model_name) == (
+        "s3://adapters/acme/support", DIGEST, "acme", "support",
+    )  # fmt: skip
+    assert config.model == "embedded"  # the base's own source, merged into at start
+    deployment = built["Deployment"]
+    assert deployment["metadata"]["name"] == "support-bot-dedicated" and deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]
+    assert "readinessGates" not in pod["spec"]  # nothing is staged on it
+    (engine,) = [v for v in pod["spec"]["volumes"] if v["name"] == "engine"]
+    assert engine["configMap"]["name"] == built["ConfigMap"]["metadata"]["name"]
+
+
+def test_its_pods_join_the_base_serving_service_and_only_their_own_deployment_selects_them_by_its_label() -> None:
+    shared = {f"{m['kind']}/{m['metadata']['name']}": m for m in children("smollm2", "ns", SPEC)}
+    pod_labels = objects()["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    service = shared["Service/smollm2-serving"]["spec"]["selector"]
+    assert service.items() <= pod_labels.items()  # the router watches this Service's EndpointSlices
+    selector = objects()["Deployment"]["spec"]["selector"]["matchLabels"]
+    assert selector[DEDICATED_LABEL] == "support-bot" and selector.items() <= pod_labels.items()
+    assert objects()["Service"]["spec"]["selector"] == selector
+
+
+def test_a_promotion_rolls_the_dedicated_pods_and_a_resync_does_not() -> None:
+    def rolled(digest: str) -> str:
+        return objects(digest)["Deployment"]["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH]
+
+    assert rolled(DIGEST) == rolled(DIGEST) and rolled("sha256:" + "2" * 64) != rolled(DIGEST)
+
+
+def test_the_shared_pool_gives_up_what_the_dedicated_deployments_take_and_keeps_one() -> None:
+    def pool(taken: int) -> int:
+        built = {f"{m['kind']}/{m['metadata']['name']}": m for m in children("smollm2", "ns", SPEC, dedicated_replicas=taken)}
+        return built["Deployment/smollm2-serving"]["spec"]["replicas"]
+
+    assert (pool(0), pool(2), pool(9)) == (4, 2, 1)
+
+
+@pytest.mark.parametrize(
+    ("pool", "shares", "want"),
+    [
+        (4, {"a": 0.5}, {"a": 2}),
+        (4, {"a": 0.9}, {"a": 3}),  # the pool keeps one
+        (4, {"a": 0.5, "b": 0.4}, {"a": 2, "b": 1}),  # largest share first, within what is left
+        (1, {"a": 0.9}, {}),  # nothing to carve from a single replica
+        (16, {"a": 0.9}, {"a": 4}),  # maxReplicas
+    ],
+)
+def test_placements_follow_the_planners_rule_within_the_budget(pool: int, shares: dict[str, float], want: dict[str, int]) -> None:
+    assert placements(DedicatedPolicy(mode="auto"), pool, shares) == want
+
+
+def test_a_name_that_is_no_dns_label_gets_a_digest_for_its_objects() -> None:
+    assert dedicated_name("bot") == "bot-dedicated"
+    long = dedicated_name("a.b")
+    assert long.startswith("lora-") and long.endswith("-dedicated") and len(long) <= 63
