@@ -55,8 +55,8 @@ def dedicated_objects(
     tenant: str | None, replicas: int,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """The ConfigMap, Deployment and Service of ``adapter``'s dedicated deployment. A promotion
-    (a new ``digest``) changes the config's hash on the pod template: the pods roll, one surge pod
-    at a time, each merging the new version before it is ready."""
+    (a new ``digest``) changes the config's hash on the pod template: the pods roll, one at a time,
+    each merging the new version before it is ready."""
     name = dedicated_name(adapter)
     pod_labels = dedicated_labels(base, adapter)
     config = dedicated_engine_config(base, namespace, spec, served, source, digest, tenant)
@@ -69,6 +69,10 @@ def dedicated_objects(
     manifest = copy.deepcopy(deployment(base, namespace, spec, replicas))
     manifest["metadata"] = {"name": name, "namespace": namespace, "labels": pod_labels}
     manifest["spec"]["selector"] = {"matchLabels": pod_labels}
+    # A pod replaced before its successor starts: on a fixed GPU budget a surge pod has no GPU to
+    # run on, and while none is ready the adapter's requests go to the shared pool, so a promotion's
+    # roll fails no request either way.
+    manifest["spec"]["strategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
     template = manifest["spec"]["template"]
     hashed = {"engine": config, "base_digest": spec.source.digest}
     template["metadata"] = {
