@@ -34,7 +34,7 @@ def dedicated(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory
     def make():  # type: ignore[no-untyped-def]
         return tiny_engine(
             tiny_llama, root / "cache", max_model_len=256, merged_lora=str(adapter), merged_lora_digest=adapter_digest(adapter),
-            merged_lora_tenant="acme", served_model_name="acme-bot",
+            merged_lora_tenant="acme", served_model_name="acme-bot", merged_lora_quotas={"tokens_per_minute": 400},
         )  # fmt: skip
 
     app = create_app(make, tenants=tenants, admin_token=ADMIN, metering=Metering.create("pod-d", root / "usage"))
@@ -77,6 +77,18 @@ def test_it_is_billed_and_counted_as_the_adapter(dedicated) -> None:
     assert entry.requests == before.adapters["acme-bot"].requests + 1
     records = [json.loads(line) for p in (root / "usage").glob("*.jsonl*") for line in p.read_text().splitlines()]
     assert records and all(r["tenant"] == "acme" and r["adapter"] == "acme-bot" for r in records)
+
+
+def test_the_adapters_quotas_hold_on_its_dedicated_replica(dedicated) -> None:
+    """Its LoraAdapter's quotas, as on the shared replicas: a 429 once the minute's tokens are
+    spent, and in ``/admin/stats`` for the router to enforce at its edge too."""
+    url, _, _ = dedicated
+    stats = httpx.get(f"{url}/admin/stats", headers={"Authorization": f"Bearer {ADMIN}"}).json()
+    assert stats["adapters"]["acme-bot"]["quotas"] == {"max_concurrent": None, "tokens_per_minute": 400}
+    acme = openai.OpenAI(base_url=f"{url}/v1", api_key="key-acme", max_retries=0)
+    with pytest.raises(openai.RateLimitError):
+        for _ in range(8):  # at most 8 x ~100 tokens against 400 a minute
+            acme.completions.create(model="acme-bot", prompt="count", max_tokens=96, extra_body={"ignore_eos": True})
 
 
 def test_a_merged_lora_needs_its_served_name() -> None:

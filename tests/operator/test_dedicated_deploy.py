@@ -12,6 +12,7 @@ import yaml
 from crd_schema import examples
 
 from loraplane.operator.api.basemodel import BaseModelSpec, DedicatedPolicy
+from loraplane.operator.api.common import Quotas
 from loraplane.operator.children.base_model import CONFIG_HASH, children
 from loraplane.operator.children.dedicated import DEDICATED_LABEL, dedicated_name, dedicated_objects
 from loraplane.operator.runtime.dedicated_deploy import placements
@@ -22,9 +23,12 @@ SPEC = BaseModelSpec.model_validate({**BASE["spec"], "replicas": 4})
 DIGEST = "sha256:" + "1" * 64
 
 
+QUOTAS = Quotas(tokens_per_minute=6000)
+
+
 def objects(digest: str = DIGEST, replicas: int = 2) -> dict[str, dict]:
     built = dedicated_objects(
-        "smollm2", "ns", SPEC, "support-bot", "support", "s3://adapters/acme/support", digest, "acme", replicas
+        "smollm2", "ns", SPEC, "support-bot", "support", "s3://adapters/acme/support", digest, "acme", replicas, QUOTAS
     )
     return {m["kind"]: m for m in built}
 
@@ -38,6 +42,7 @@ def test_the_dedicated_objects_are_valid_and_the_server_reads_their_config_as_a_
         "s3://adapters/acme/support", DIGEST, "acme", "support",
     )  # fmt: skip
     assert config.model == "embedded"  # the base's own source, merged into at start
+    assert config.merged_lora_quotas is not None and config.merged_lora_quotas.tokens_per_minute == 6000
     deployment = built["Deployment"]
     assert deployment["metadata"]["name"] == "support-bot-dedicated" and deployment["spec"]["replicas"] == 2
     pod = deployment["spec"]["template"]

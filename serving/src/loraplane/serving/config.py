@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from loraplane.adapter_format.validation import MAX_WEIGHTS_BYTES
+from loraplane.admin_api import Quotas
 from loraplane.admin_api.engine_sizing import EngineSizing
 
 
@@ -33,6 +34,9 @@ class EngineConfig(EngineSizing):
     merged_lora_digest: str | None = Field(default=None, description="the merged adapter's version (sha256:...)")
     merged_lora_tenant: str | None = Field(
         default=None, description="the merged adapter's tenant: the only one whose keys may call the model (none: any)"
+    )
+    merged_lora_quotas: Quotas | None = Field(
+        default=None, description="the merged adapter's own quotas (its LoraAdapter's), kept here as on the shared replicas"
     )
     served_model_name: str | None = Field(
         default=None, description="vLLM's flag: the name the merged model answers to (the adapter's served name)"

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from loraplane.operator.api.basemodel import BaseModelSpec
+from loraplane.operator.api.common import Quotas
 from loraplane.operator.children.base_model import CONFIG_HASH, deployment, engine_config, labels, service
 
 DEDICATED_LABEL = "loraplane.dev/dedicated-adapter"  # the LoraAdapter's name
@@ -41,25 +42,29 @@ def dedicated_labels(base: str, adapter: str) -> dict[str, str]:
 
 
 def dedicated_engine_config(
-    base: str, namespace: str, spec: BaseModelSpec, served: str, source: str, digest: str | None, tenant: str | None
-) -> dict[str, Any]:
-    """The base's engine config with the adapter to merge at start and the name to serve it as.
-    The adapter slots stay as the base sizes them (the engine needs one at least); none is used."""
+    base: str, namespace: str, spec: BaseModelSpec, served: str, source: str, digest: str | None, tenant: str | None,
+    quotas: Quotas | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The base's engine config with the adapter to merge at start, the name to serve it as and
+    its quotas. The adapter slots stay as the base sizes them (the engine needs one at least);
+    none is used."""
     config = engine_config(spec, base, namespace)
-    merged = {"merged_lora": source, "merged_lora_digest": digest, "merged_lora_tenant": tenant, "served_model_name": served}
+    limits = quotas.model_dump(exclude_none=True, by_alias=False) if quotas is not None else None
+    merged = {"merged_lora": source, "merged_lora_digest": digest, "merged_lora_tenant": tenant, "served_model_name": served,
+              "merged_lora_quotas": limits or None}  # fmt: skip
     return {**config, **{k: v for k, v in merged.items() if v is not None}}
 
 
 def dedicated_objects(
     base: str, namespace: str, spec: BaseModelSpec, adapter: str, served: str, source: str, digest: str | None,
-    tenant: str | None, replicas: int,
+    tenant: str | None, replicas: int, quotas: Quotas | None = None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """The ConfigMap, Deployment and Service of ``adapter``'s dedicated deployment. A promotion
     (a new ``digest``) changes the config's hash on the pod template: the pods roll, one at a time,
     each merging the new version before it is ready."""
     name = dedicated_name(adapter)
     pod_labels = dedicated_labels(base, adapter)
-    config = dedicated_engine_config(base, namespace, spec, served, source, digest, tenant)
+    config = dedicated_engine_config(base, namespace, spec, served, source, digest, tenant, quotas)
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",

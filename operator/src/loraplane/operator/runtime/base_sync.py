@@ -180,12 +180,13 @@ async def _sync_dedicated_deployments(
     that a policy turned from auto leaves no dedicated deployment behind. Returns the replicas
     they take from the pool."""
     tracker = memory.dedicated.tracker
-    candidates = [
-        Candidate(view.raw, served, tracker.share(served), source.uri, source.digest, view.spec.tenant)
-        for served, view in sorted(ready.items())
-        if tracker is not None and served in memory.dedicated.dominant
-        for source in [serving_source(view.spec, view.status)]
-    ]
+    candidates = []
+    for served, view in sorted(ready.items()):
+        if tracker is not None and served in memory.dedicated.dominant:
+            source, quotas = serving_source(view.spec, view.status), view.spec.quotas or base.tenancy.default_quotas
+            candidates.append(
+                Candidate(view.raw, served, tracker.share(served), source.uri, source.digest, view.spec.tenant, quotas)
+            )
     existing, wanted = await sync_deployments(namespace, name, base, candidates, memory.deploy)
     memory.dedicated_served = {v.served for v in adapters if existing.get(v.name) is not None and existing[v.name].ready}
     for view in adapters:

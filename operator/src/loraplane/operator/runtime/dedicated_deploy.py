@@ -28,6 +28,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from loraplane.operator.api.basemodel import BaseModelSpec, DedicatedPolicy
+from loraplane.operator.api.common import Quotas
 from loraplane.operator.children.dedicated import DEDICATED_LABEL, dedicated_name, dedicated_objects
 from loraplane.operator.runtime import cluster
 from loraplane.routing.dominance import dedicated_replicas
@@ -45,6 +46,7 @@ class Candidate:
     source: str
     digest: str | None
     tenant: str
+    quotas: Quotas | None = None  # the adapter's, or its base's default
 
 
 @dataclass
@@ -88,7 +90,7 @@ async def sync_deployments(
             continue
         adapter = c.obj["metadata"]["name"]
         keep.add(adapter)
-        manifests = dedicated_objects(base, namespace, spec, adapter, c.served, c.source, c.digest, c.tenant, replicas)
+        manifests = dedicated_objects(base, namespace, spec, adapter, c.served, c.source, c.digest, c.tenant, replicas, c.quotas)
         for manifest in manifests:
             kopf.adopt(manifest, owner=kopf.Body(cast(kopf.RawBody, c.obj)))  # deleted with the adapter, by the GC
         digest = hashlib.sha256(json.dumps(manifests, sort_keys=True).encode()).hexdigest()

@@ -53,7 +53,10 @@ class ServerState:
     def start(self) -> None:
         def load() -> None:
             try:
-                self.engine = AsyncEngine(self.make_engine())
+                engine = self.make_engine()
+                if engine.base.merged:  # a dedicated replica: its adapter's quotas, as a registration would set them
+                    self.tenants.set_adapter_limits(engine.base.shape.name, engine.config.merged_lora_quotas)
+                self.engine = AsyncEngine(engine)
             except Exception as err:  # reported by /ready and every API call
                 self.load_error = f"{type(err).__name__}: {err}"
 

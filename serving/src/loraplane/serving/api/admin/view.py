@@ -58,7 +58,7 @@ def replica_stats(engine: LLMEngine, quotas: Mapping[str, Quotas] | None = None)
     served = [name for name, entry in engine.adapters.entries.items() if entry.spec.tenant != INTERNAL_OWNER]
     adapters = {name: adapter_state(engine, name, quotas.get(name)) for name in served}
     if engine.base.merged:  # a dedicated replica: its requests are its adapter's, which the operator counts
-        adapters[engine.base.shape.name] = merged_state(engine)
+        adapters[engine.base.shape.name] = merged_state(engine, quotas.get(engine.base.shape.name))
     return ReplicaStats(
         adapters=adapters,
         tenants={t: engine.metrics.counters(c) for t, c in engine.metrics.tenants.items()},
@@ -75,11 +75,11 @@ def replica_stats(engine: LLMEngine, quotas: Mapping[str, Quotas] | None = None)
     )
 
 
-def merged_state(engine: LLMEngine) -> AdapterState:
+def merged_state(engine: LLMEngine, quotas: Quotas | None) -> AdapterState:
     """A dedicated replica's one model as an adapter entry (always on the device, in the weights):
     its request counters are the base's, since the adapter is the base here, and the operator
     sums them with the shared replicas' into the adapter's rate, so serving it dedicated does not
-    read as its traffic gone."""
+    read as its traffic gone. Its quotas, as the router reads them to enforce at the edge."""
     config = engine.config
     counts = engine.metrics.counters(engine.metrics.counts[NONE])
     return AdapterState(
@@ -89,4 +89,5 @@ def merged_state(engine: LLMEngine) -> AdapterState:
         tier=Tier.DEVICE,
         pinned=True,
         digest=config.merged_lora_digest,
+        quotas=quotas,
     )

@@ -221,7 +221,7 @@ async def admit(
     quota reservation, its tokens) however it ends."""
     # Counted here on the event loop (not read from the engine thread), so a burst of
     # handlers cannot all pass the check before any of them reaches the engine.
-    adapter, tenants = meter.adapter, server.tenants
+    adapter, tenants = meter.billed_as or meter.adapter, server.tenants  # a dedicated replica's quotas are its adapter's
     total = len(prompts) * n
     if not server.pending.admit(meter.tenant, total):
         raise APIError(503, "the server is at capacity; retry shortly", type_="server_error", code="overloaded", retry_after=1)
