@@ -148,9 +148,10 @@ def test_kubectl_get_prints_the_printer_columns(kube: Kube, tmp_path: Path) -> N
     spec = manifest["spec"]
     assert row[:7] == ["columns", spec["baseModel"], spec["tenant"], "3", status["phase"], "true", "0.5"], out
     wide = kube.kubectl("get", "loraadapters", "columns", "-n", NS, "-o", "wide").stdout.splitlines()
-    assert wide[0].split()[-2:] == ["NODES", "DEDICATED"]  # -o wide only
-    assert wide[1].split()[-2] == str(status["nodesCached"])
-    assert wide[1].split()[-1] == "Dominant"  # the reason of the one condition of its type
+    assert wide[0].split()[-3:] == ["NODES", "DEDICATED", "SERVED"]  # -o wide only
+    assert wide[1].split()[-3] == str(status["nodesCached"])
+    assert wide[1].split()[-2] == "Dominant"  # the reason of the one condition of its type
+    assert wide[1].split()[-1] == status["servedFrom"]
 
 
 def test_a_cel_rule_is_evaluated_by_the_server(kube: Kube) -> None:
