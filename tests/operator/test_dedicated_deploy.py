@@ -6,6 +6,8 @@ the pool, which always keeps one."""
 
 from __future__ import annotations
 
+import asyncio
+
 import kubernetes_validate
 import pytest
 import yaml
@@ -15,7 +17,8 @@ from loraplane.operator.api.basemodel import BaseModelSpec, DedicatedPolicy
 from loraplane.operator.api.common import Quotas
 from loraplane.operator.children.base_model import CONFIG_HASH, children
 from loraplane.operator.children.dedicated import DEDICATED_LABEL, dedicated_name, dedicated_objects
-from loraplane.operator.runtime.dedicated_deploy import placements
+from loraplane.operator.runtime import cluster, dedicated_deploy
+from loraplane.operator.runtime.dedicated_deploy import DeployMemory, placements, sync_deployments
 from loraplane.serving.config import EngineConfig
 
 BASE = next(d for d in examples() if d["kind"] == "BaseModel")
@@ -94,3 +97,32 @@ def test_a_name_that_is_no_dns_label_gets_a_digest_for_its_objects() -> None:
     assert dedicated_name("bot") == "bot-dedicated"
     long = dedicated_name("a.b")
     assert long.startswith("lora-") and long.endswith("-dedicated") and len(long) <= 63
+
+
+def test_outside_auto_one_sync_clears_what_auto_left_and_the_next_ones_call_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    left = [cluster.DedicatedDeployment("hot-dedicated", "hot", 1, 1)]
+
+    async def listed(namespace: str, base: str, label: str) -> list[cluster.DedicatedDeployment]:
+        calls.append("list")
+        return list(left)
+
+    async def deleted(namespace: str, deployment: str, service: str, config_map: str) -> None:
+        calls.append(f"delete {deployment}")
+        left.clear()
+
+    async def scaled(namespace: str, name: str, replicas: int, manager: str) -> None:
+        calls.append(f"scale {name} {replicas}")
+
+    monkeypatch.setattr(dedicated_deploy.cluster, "dedicated_deployments", listed)
+    monkeypatch.setattr(dedicated_deploy.cluster, "delete_children", deleted)
+    monkeypatch.setattr(dedicated_deploy.cluster, "scale_deployment", scaled)
+    memory = DeployMemory()
+    off = BaseModelSpec.model_validate({**BASE["spec"], "replicas": 4, "dedicated": {"mode": "off"}})
+    for _ in range(3):
+        asyncio.run(sync_deployments("ns", "smollm2", off, [], memory))
+    assert calls == ["list", "delete hot-dedicated", "scale smollm2-serving 4"]
+    auto = BaseModelSpec.model_validate({**BASE["spec"], "replicas": 4, "dedicated": {"mode": "auto"}})
+    asyncio.run(sync_deployments("ns", "smollm2", auto, [], memory))  # auto reads every sync
+    asyncio.run(sync_deployments("ns", "smollm2", auto, [], memory))
+    assert calls[3:] == ["list", "scale smollm2-serving 4"] * 2

@@ -70,10 +70,11 @@ def engine_config(spec: BaseModelSpec, name: str = "", namespace: str = "") -> d
     return {k: v for k, v in config.items() if v is not None}
 
 
-def config_hash(name: str, namespace: str, spec: BaseModelSpec) -> str:
-    """Of the engine config and the base's digest: a new digest for the same s3:// source is a new
-    base, and the pods roll onto it (each waiting for its copy on its node)."""
-    hashed = {"engine": engine_config(spec, name, namespace), "base_digest": spec.source.digest}
+def config_hash(name: str, namespace: str, spec: BaseModelSpec, config: dict[str, Any] | None = None) -> str:
+    """Of the engine config (``config``, by default the base's own) and the base's digest: a new
+    digest for the same s3:// source is a new base, and the pods roll onto it (each waiting for its
+    copy on its node)."""
+    hashed = {"engine": config or engine_config(spec, name, namespace), "base_digest": spec.source.digest}
     return hashlib.sha256(yaml.safe_dump(hashed, sort_keys=True).encode()).hexdigest()
 
 

@@ -13,7 +13,6 @@ on them; they are ready when the merged model is loaded.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import re
 from typing import Any
@@ -22,7 +21,7 @@ import yaml
 
 from loraplane.operator.api.basemodel import BaseModelSpec
 from loraplane.operator.api.common import Quotas
-from loraplane.operator.children.base_model import CONFIG_HASH, deployment, engine_config, labels, service
+from loraplane.operator.children.base_model import CONFIG_HASH, config_hash, deployment, engine_config, labels, service
 
 DEDICATED_LABEL = "loraplane.dev/dedicated-adapter"  # the LoraAdapter's name
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -71,7 +70,7 @@ def dedicated_objects(
         "metadata": {"name": f"{name}-engine", "namespace": namespace, "labels": pod_labels},
         "data": {"engine.yaml": yaml.safe_dump(config, sort_keys=True)},
     }
-    manifest = copy.deepcopy(deployment(base, namespace, spec, replicas))
+    manifest = deployment(base, namespace, spec, replicas)  # a new dict each call: changed in place below
     manifest["metadata"] = {"name": name, "namespace": namespace, "labels": pod_labels}
     manifest["spec"]["selector"] = {"matchLabels": pod_labels}
     # A pod replaced before its successor starts: on a fixed GPU budget a surge pod has no GPU to
@@ -79,11 +78,7 @@ def dedicated_objects(
     # roll fails no request either way.
     manifest["spec"]["strategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
     template = manifest["spec"]["template"]
-    hashed = {"engine": config, "base_digest": spec.source.digest}
-    template["metadata"] = {
-        "labels": pod_labels,
-        "annotations": {CONFIG_HASH: hashlib.sha256(yaml.safe_dump(hashed, sort_keys=True).encode()).hexdigest()},
-    }
+    template["metadata"] = {"labels": pod_labels, "annotations": {CONFIG_HASH: config_hash(base, namespace, spec, config)}}
     pod = template["spec"]
     pod.pop("readinessGates", None)
     for volume in pod["volumes"]:

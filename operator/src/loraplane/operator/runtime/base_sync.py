@@ -60,7 +60,6 @@ class BaseMemory:
     unfinished: dict[str, tuple[str, float]] = field(default_factory=dict)  # adapter -> (resourceVersion, seen since)
     dedicated: DedicatedMemory = field(default_factory=DedicatedMemory)
     deploy: DeployMemory = field(default_factory=DeployMemory)
-    dedicated_served: set[str] = field(default_factory=set)  # served names whose dedicated pods are ready
     events: list[Event] = field(default_factory=list)  # for the handler to post (kopf.event)
 
 
@@ -127,8 +126,9 @@ async def sync_base(
     rates = {served: rate for served in ready
              if (rate := decisions.request_rate(memory.samples.get(served), decisions.sample(now, _entries(counted, served))))
              is not None}  # fmt: skip
-    # An adapter its dedicated pods serve takes no device slot from the tail on the shared pool.
-    pins = _pins(base, ready, stats, memory, {s: r for s, r in rates.items() if s not in memory.dedicated_served})
+    # An adapter its dedicated pods serve (one answered this sync) takes no device slot from the tail on the shared pool.
+    dedicated_served = {served for known in dedicated_stats.values() for served in known}
+    pins = _pins(base, ready, stats, memory, {s: r for s, r in rates.items() if s not in dedicated_served})
     by_name = {r.name: r for r in replicas}
     for replica, known in stats.items():
         holds = set(known)
@@ -188,7 +188,6 @@ async def _sync_dedicated_deployments(
                 Candidate(view.raw, served, tracker.share(served), source.uri, source.digest, view.spec.tenant, quotas)
             )
     existing, wanted = await sync_deployments(namespace, name, base, candidates, memory.deploy)
-    memory.dedicated_served = {v.served for v in adapters if existing.get(v.name) is not None and existing[v.name].ready}
     for view in adapters:
         deployment = existing.get(view.name)
         replicas = wanted.get(view.served)

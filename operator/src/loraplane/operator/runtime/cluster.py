@@ -239,9 +239,9 @@ async def scale_deployment(namespace: str, name: str, replicas: int, field_manag
 
 
 async def delete_children(namespace: str, deployment: str, service: str, config_map: str) -> None:
-    """A dedicated deployment's objects, deleted (absent is fine). The Deployment goes first and in
-    the foreground of nothing: its pods end gracefully, finishing what they hold, while the router
-    sends new requests to the shared pool as each leaves the Service."""
+    """A dedicated deployment's objects, deleted (absent is fine). The Deployment goes first: its
+    pods end gracefully, finishing what they hold, while the router sends new requests to the
+    shared pool as each leaves the Service."""
 
     def write() -> None:
         apps: Any = client.AppsV1Api(_api())  # the client is untyped

@@ -11,9 +11,11 @@ deletion and the pool's growth: the leaving pods finish what they hold (their gr
 shutdown), new requests go to the shared replicas as each pod leaves the Service, and a new
 shared replica takes traffic only once its adapters are staged (its readiness gate).
 
-What exists is read back each sync (the Deployments by their labels), so a restarted operator,
-a deleted Deployment or a hand edit converges to the decision without memory of its own; what is
-applied is remembered only to skip an apply that would change nothing.
+In auto, what exists is read back each sync (the Deployments by their labels), so a restarted
+operator, a deleted Deployment or a hand edit converges to the decision without memory of its
+own; what is applied is remembered only to skip an apply that would change nothing. In the other
+modes one sync after a start or a change of mode removes what auto left, and the next ones read
+nothing.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ class Candidate:
 @dataclass
 class DeployMemory:
     applied: dict[str, str] = field(default_factory=dict)  # adapter -> hash of the manifests last applied
+    # Outside auto, once a sync has found (or left) no dedicated deployment, later syncs read
+    # nothing: the default mode costs no call. Cleared when the mode changes.
+    settled: str | None = None
 
 
 def placements(policy: DedicatedPolicy, pool: int, shares: Mapping[str, float]) -> dict[str, int]:
@@ -77,11 +82,11 @@ async def sync_deployments(
     """Apply the dedicated deployments the candidates get, delete the others, size the shared pool
     (read and written only when it differs). Returns what existed by adapter name (before this
     sync's changes take effect) and the replicas wanted by served name."""
-    wanted = (
-        placements(spec.dedicated, spec.replicas, {c.served: c.share for c in candidates})
-        if spec.dedicated.mode == "auto"
-        else {}
-    )
+    mode = spec.dedicated.mode
+    if memory.settled is not None and memory.settled == mode:
+        return {}, {}
+    memory.settled = None
+    wanted = placements(spec.dedicated, spec.replicas, {c.served: c.share for c in candidates}) if mode == "auto" else {}
     existing = {d.adapter: d for d in await cluster.dedicated_deployments(namespace, base, DEDICATED_LABEL)}
     keep: set[str] = set()
     for c in candidates:
@@ -104,6 +109,8 @@ async def sync_deployments(
             await cluster.delete_children(namespace, deployment.name, name, f"{name}-engine")
             memory.applied.pop(adapter, None)
     await _scale_shared(namespace, base, spec.replicas - sum(wanted.values()))
+    if mode != "auto":
+        memory.settled = mode
     return existing, wanted
 
 

@@ -29,7 +29,7 @@ from loraplane.serving.engine.queue_metrics import QueueCollector
 from loraplane.serving.engine.sampler import Sampler
 from loraplane.serving.engine.scheduler import FAIR_PREFILL_CHUNK, Scheduler
 from loraplane.serving.engine.structured import Grammars
-from loraplane.serving.lora.adapter_files import NodeAgentFiles, OwnCache
+from loraplane.serving.lora.adapter_files import AdapterFiles, NodeAgentFiles, OwnCache
 from loraplane.serving.lora.manager import AdapterManager
 from loraplane.serving.lora.merge import merged_at_start
 from loraplane.serving.lora.slot_table import PagedSlotTable, SlotTable
@@ -171,6 +171,15 @@ def build_engine(config: EngineConfig | None = None) -> LLMEngine:
     return engine
 
 
+def adapter_files(config: EngineConfig, limits: ValidationLimits) -> AdapterFiles:
+    """Where adapter files come from: the node agent's cache when the config names one, else a
+    disk cache of this process's own under ``cache_dir``, bounded by ``disk_cache_max_bytes``."""
+    return node_cache_files(config) or OwnCache(
+        config.cache_dir, max_bytes=config.disk_cache_max_bytes, policy=config.eviction_policy, s3=s3_settings(config),
+        max_weights_bytes=limits.max_bytes,
+    )  # fmt: skip
+
+
 def node_cache_files(config: EngineConfig) -> NodeAgentFiles | None:
     """The node agent's cache when the config names one (the pod's own disk cache otherwise). The
     agent takes the admin token the pod already holds; the pod's name tells its pins apart."""
@@ -194,10 +203,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
         max_bytes=config.max_adapter_bytes,
         require_adapter_digest=config.require_adapter_digest,
     )
-    files = node_cache_files(config) or OwnCache(
-        config.cache_dir, max_bytes=config.disk_cache_max_bytes, policy=config.eviction_policy, s3=s3_settings(config),
-        max_weights_bytes=limits.max_bytes,
-    )  # fmt: skip
+    files = adapter_files(config, limits)
     if config.merged_lora is not None:  # a dedicated deployment's replica: the adapter becomes the model
         base = merged_at_start(base, files, config)
     cfg = base.config
@@ -253,17 +259,14 @@ def build_parts(config: EngineConfig) -> EngineParts:
         slots,
         base.shape,
         limits,
-        cache_dir=config.cache_dir,
+        files,
         max_cpu_loras=config.host_slots,
-        disk_cache_max_bytes=config.disk_cache_max_bytes,
         max_loads_in_flight=config.max_loads_in_flight,
         policy=config.eviction_policy,
-        s3=s3_settings(config),
         metrics=metrics,
         pages=blocks if pool is not None else None,
         queued=queued,
         owed=owed,
-        files=files,
     )
     metrics.registry.register(AdapterStateCollector(metrics, adapters))
     gate = AdapterGate(adapters, metrics)

@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 
 from loraplane import eviction
 from loraplane.adapter_format import BaseShape, ValidationLimits
-from loraplane.adapter_format.sources import S3Settings
 from loraplane.admin_api import Tier
 from loraplane.eviction import TierFullError, make_policy
-from loraplane.serving.lora.adapter_files import AdapterFiles, OwnCache
+from loraplane.serving.lora.adapter_files import AdapterFiles
 from loraplane.serving.lora.entries import (
     AdapterEntry,
     AdapterInfo,
@@ -55,30 +53,24 @@ class AdapterManager:
         table: SlotTable,
         base: BaseShape,
         limits: ValidationLimits,
+        files: AdapterFiles,
         *,
-        cache_dir: Path,
         max_cpu_loras: int,
-        disk_cache_max_bytes: int | None = None,
         max_loads_in_flight: int = 2,
         policy: str = "demand",
-        s3: S3Settings | None = None,
         metrics: EngineMetrics | None = None,
         pages: SharedPages | None = None,
         queued: Callable[[], Mapping[str, int]] = dict,
         owed: Callable[[], Mapping[str, int]] = dict,
-        files: AdapterFiles | None = None,
     ) -> None:
         """With ``pages`` (and a :class:`PagedSlotTable`), adapters live in the KV block pool:
         each takes the pages its rank needs, and KV pressure evicts idle adapters. ``queued``
         counts the requests waiting per adapter (the scheduler's queue), part of their demand, and
         ``owed`` those of them and of the batch still owed their first token (see ``DevicePlacement``).
         ``max_cpu_loras >= max_loras`` is the config's rule (``EngineConfig``), not checked again.
-        ``files``: where adapter files come from; by default a disk cache of this process's own
-        under ``cache_dir``, bounded by ``disk_cache_max_bytes``."""
-        self.table, self.base, self.limits, self.s3 = table, base, limits, s3
-        self.files = files or OwnCache(
-            cache_dir, max_bytes=disk_cache_max_bytes, policy=policy, s3=s3, max_weights_bytes=limits.max_bytes
-        )
+        ``files``: where adapter files come from (``engine.builder.adapter_files``: the node
+        agent's cache or the process's own), the same a dedicated replica's merged adapter came from."""
+        self.table, self.base, self.limits, self.files = table, base, limits, files
         self.loader = AdapterLoader(base, limits, self.files)
         self.loads = LoadQueue(self.loader, max_loads_in_flight)
         self.metrics = metrics or EngineMetrics()
