@@ -92,5 +92,5 @@ def test_the_adapters_quotas_hold_on_its_dedicated_replica(dedicated) -> None:
 
 
 def test_a_merged_lora_needs_its_served_name() -> None:
-    with pytest.raises(ValueError, match="go together"):
+    with pytest.raises(ValueError, match="needs served_model_name"):
         EngineConfig(merged_lora="/a", merged_lora_digest=None)

@@ -43,15 +43,19 @@ def test_the_role_is_crds_rbac_less_peering_and_admission_without_the_webhook(re
     assert with_webhook == {g for g in REFERENCE if g[0] != "kopf.dev"}
 
 
-def test_the_role_never_writes_spec_lists_secrets_or_deletes_beyond_dedicated_deployments(render: Any) -> None:
+def test_the_role_never_writes_spec_lists_secrets_or_deletes_beyond_dedicated_deployments_and_merge_jobs(
+    render: Any,
+) -> None:
     role = grants(render(WEBHOOK).one("ClusterRole")["rules"])
     assert ("", "secrets", "get") in role and ("", "secrets", "list") not in role
     assert not {v for _, r, v in role if r in ("basemodels", "loraadapters")} & {"update", "create", "delete"}
     assert not any(v in ("deletecollection", "*") for _, _, v in role)
     # The objects of a dedicated deployment (dedicated.mode auto), when its adapter returns to the
-    # shared pool: nothing else; what a BaseModel or a LoraAdapter owns goes with it by its owner reference.
+    # shared pool, and an older version's merge Job: nothing else; what a BaseModel or a LoraAdapter
+    # owns goes with it by its owner reference.
     deletes = {(g, r) for g, r, v in role if v == "delete"}
-    assert deletes == {("apps", "deployments"), ("", "services"), ("", "configmaps")}
+    assert deletes == {("apps", "deployments"), ("", "services"), ("", "configmaps"), ("batch", "jobs")}
+    assert {v for g, r, v in role if r == "jobs"} == {"get", "list", "create", "delete"}  # never patched: one per version
 
 
 def test_the_role_is_bound_to_the_pods_service_account(render: Any) -> None:

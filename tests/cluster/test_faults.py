@@ -19,10 +19,12 @@ from kubectl import (
     RELEASE,
     RELEASE_NS,
     SKIP_REASON,
+    agent_pod,
     enabled,
     get,
     kubectl,
     port_forward,
+    rolled_out,
     running_pods,  # fmt: skip
 )
 from prometheus_client.parser import text_string_to_metric_families
@@ -198,12 +200,6 @@ def agent_figures(ns: str, pod: str) -> dict[str, float]:
             if s.name.startswith("loraplane_node_cache_")}  # fmt: skip
 
 
-def agent_pod(story: dict[str, Any], other_than: str | None = None) -> str | None:
-    pods = running_pods(story["ns"], f"loraplane.dev/base-model={story['base']},app.kubernetes.io/component=node-cache")
-    names = [p["metadata"]["name"] for p in pods if p["metadata"]["name"] != other_than]
-    return names[0] if names else None
-
-
 # The files of the node's cache as the agent's container sees them (operator/children/node_cache.py
 # mounts the node's folder there), each with its inode: a fetch writes new files, a read keeps them.
 CACHE_INODES = """
@@ -217,19 +213,6 @@ print(json.dumps({os.path.relpath(os.path.join(d, f), root): os.stat(os.path.joi
 def cache_files(ns: str, pod: str) -> dict[str, int]:
     found: dict[str, int] = json.loads(kubectl("exec", "-n", ns, pod, "--", "python3", "-c", CACHE_INODES))
     return found
-
-
-def rolled_out(story: dict[str, Any], cached: bool) -> None:
-    """The serving Deployment rolled out once the operator has written the BaseModel's change into
-    it (``rollout status`` alone may see the rollout before the change, complete)."""
-    deployment = f"{story['base']}-serving"
-
-    def written() -> bool:
-        volumes = get("deployment", story["ns"], deployment)["spec"]["template"]["spec"].get("volumes", [])
-        return any(v["name"] == "node-cache" for v in volumes) == cached
-
-    wait_for(f"{deployment} with the node cache {'on' if cached else 'off'}", written, 120, every=1)
-    kubectl("rollout", "status", "-n", story["ns"], f"deploy/{deployment}", "--timeout=600s", timeout=660)
 
 
 def test_the_node_agent_restarted_keeps_the_node_cache_and_the_traffic(story: dict[str, Any]) -> None:

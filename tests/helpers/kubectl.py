@@ -85,3 +85,22 @@ def _listening(port: int) -> bool:
     except httpx.HTTPError as err:
         return not isinstance(err, httpx.ConnectError)
     return True
+
+
+def agent_pod(story: dict[str, Any], other_than: str | None = None) -> str | None:
+    pods = running_pods(story["ns"], f"loraplane.dev/base-model={story['base']},app.kubernetes.io/component=node-cache")
+    names = [p["metadata"]["name"] for p in pods if p["metadata"]["name"] != other_than]
+    return names[0] if names else None
+
+
+def rolled_out(story: dict[str, Any], cached: bool) -> None:
+    """The serving Deployment rolled out once the operator has written the BaseModel's change into
+    it (``rollout status`` alone may see the rollout before the change, complete)."""
+    deployment = f"{story['base']}-serving"
+
+    def written() -> bool:
+        volumes = get("deployment", story["ns"], deployment)["spec"]["template"]["spec"].get("volumes", [])
+        return any(v["name"] == "node-cache" for v in volumes) == cached
+
+    wait_for(f"{deployment} with the node cache {'on' if cached else 'off'}", written, 120, every=1)
+    kubectl("rollout", "status", "-n", story["ns"], f"deploy/{deployment}", "--timeout=600s", timeout=660)

@@ -45,6 +45,7 @@ def test_the_dedicated_objects_are_valid_and_the_server_reads_their_config_as_a_
         "s3://adapters/acme/support", DIGEST, "acme", "support",
     )  # fmt: skip
     assert config.model == "embedded"  # the base's own source, merged into at start
+    assert config.max_loras == 1 and SPEC.engine.max_loras > 1  # no adapter slots beyond the engine's least
     assert config.merged_lora_quotas is not None and config.merged_lora_quotas.tokens_per_minute == 6000
     deployment = built["Deployment"]
     assert deployment["metadata"]["name"] == "support-bot-dedicated" and deployment["spec"]["replicas"] == 2
@@ -126,3 +127,119 @@ def test_outside_auto_one_sync_clears_what_auto_left_and_the_next_ones_call_noth
     asyncio.run(sync_deployments("ns", "smollm2", auto, [], memory))  # auto reads every sync
     asyncio.run(sync_deployments("ns", "smollm2", auto, [], memory))
     assert calls[3:] == ["list", "scale smollm2-serving 4"] * 2
+
+
+MERGED_SPEC = BaseModelSpec.model_validate({
+    **BASE["spec"], "replicas": 4,
+    "resources": {**BASE["spec"].get("resources", {}), "gpus": 1, "nodeSelector": {"pool": "gpu"}},
+    "nodeCache": {"enabled": True},
+    "dedicated": {"mode": "auto", "mergedStore": "s3://models/merged"},
+})  # fmt: skip
+OWNER = {"apiVersion": "loraplane.dev/v1alpha1", "kind": "LoraAdapter",
+         "metadata": {"name": "support-bot", "namespace": "ns", "uid": "u-1"}}  # fmt: skip
+
+
+def test_a_merged_store_needs_the_node_cache() -> None:
+    with pytest.raises(ValueError, match=r"needs nodeCache\.enabled"):
+        BaseModelSpec.model_validate({**BASE["spec"], "dedicated": {"mode": "auto", "mergedStore": "s3://models/merged"}})
+
+
+class FakeCluster:
+    """The cluster calls of a merged store's sync, recorded; a Job's outcome as the test sets it."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.jobs: dict[str, cluster.JobOutcome] = {}
+        self.created: list[dict] = []
+        self.applied: list[dict] = []
+        self.status: list[dict] = []
+        self.pool: list[int] = []
+        self.deployments: list[cluster.DedicatedDeployment] = []
+        c = dedicated_deploy.cluster
+
+        async def job_outcome(namespace: str, name: str) -> cluster.JobOutcome | None:
+            return self.jobs.get(name)
+
+        async def create_job(manifest: dict) -> None:
+            self.created.append(manifest)
+            self.jobs[manifest["metadata"]["name"]] = cluster.JobOutcome("running")
+
+        async def delete_jobs(namespace: str, selector: str, keep: set[str]) -> None:
+            self.jobs = {k: v for k, v in self.jobs.items() if k in keep}
+
+        async def apply_child(manifest: dict) -> None:
+            self.applied.append(manifest)
+            if manifest["kind"] == "Deployment":
+                d = cluster.DedicatedDeployment(manifest["metadata"]["name"], "support-bot", manifest["spec"]["replicas"], 0)
+                self.deployments = [d]
+
+        async def patch_status(namespace: str, plural: str, name: str, status: dict) -> None:
+            self.status.append(status)
+
+        async def listed(namespace: str, base: str, label: str) -> list[cluster.DedicatedDeployment]:
+            return list(self.deployments)
+
+        async def scaled(namespace: str, name: str, replicas: int, manager: str) -> None:
+            self.pool.append(replicas)
+
+        for name, fake in [("job_outcome", job_outcome), ("create_job", create_job), ("delete_jobs", delete_jobs),
+                           ("apply_child", apply_child), ("patch_status", patch_status),
+                           ("dedicated_deployments", listed), ("scale_deployment", scaled)]:  # fmt: skip
+            monkeypatch.setattr(c, name, fake)
+
+
+def test_with_a_merged_store_each_version_is_merged_once_by_a_job_and_served_from_the_node_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from loraplane.operator.api.loraadapter import MergedModel
+    from loraplane.operator.runtime.dedicated_deploy import Candidate
+
+    fake, memory, events = FakeCluster(monkeypatch), DeployMemory(), []
+
+    def sync(digest: str, merged: MergedModel | None) -> dict[str, int]:
+        c = Candidate(OWNER, "support", 0.9, "s3://adapters/acme/support", digest, "acme", QUOTAS, merged)
+        return asyncio.run(sync_deployments("ns", "smollm2", MERGED_SPEC, [c], memory, events))[1]
+
+    # First merge: a Job, owned by the adapter; no dedicated pods and no replica taken until it is written.
+    assert sync(DIGEST, None) == {} and fake.pool == [4] and not fake.applied
+    (job,) = fake.created
+    kubernetes_validate.validate(job, kubernetes_validate.latest_version(), strict=True)
+    assert job["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["restartPolicy"] == "Never" and "nvidia.com/gpu" not in container["resources"]["limits"]
+    assert job["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == "merge"  # never a replica
+    args = container["args"]
+    uri = args[args.index("--publish") + 1]
+    assert args[:4] == ["merge", "s3://adapters/acme/support", "--digest", DIGEST] and uri.startswith("s3://models/merged/ns/")
+    assert sync(DIGEST, None) == {} and len(fake.created) == 1  # still running: not created twice
+    # Written: its digest (the pod's termination message) into the adapter's status, and the pods serve the copy.
+    written = "sha256:" + "a" * 64
+    fake.jobs[job["metadata"]["name"]] = cluster.JobOutcome("succeeded", written + "\n")
+    assert sync(DIGEST, None) == {"support": 3} and fake.pool[-1] == 1
+    merged = MergedModel.model_validate(fake.status[-1]["mergedModel"])
+    assert (merged.uri, merged.digest, merged.adapter_digest) == (uri, written, DIGEST)
+    deployment = next(m for m in fake.applied if m["kind"] == "Deployment")
+    (wait,) = deployment["spec"]["template"]["spec"]["initContainers"]
+    assert wait["args"][-4:] == ["--source", uri, "--digest", written]
+    config = EngineConfig.model_validate(
+        yaml.safe_load(next(m for m in fake.applied if m["kind"] == "ConfigMap")["data"]["engine.yaml"])
+    )
+    assert (
+        config.merged_lora is None
+        and config.served_model_name == "support"
+        and config.model.startswith("/var/lib/loraplane-node/bases/")
+    )
+    # Next syncs read the status: no Job is looked for again.
+    fake.jobs.clear()
+    assert sync(DIGEST, merged) == {"support": 3} and len(fake.created) == 1
+    # A promotion: the new version merged by a new Job while the pods keep serving the old one.
+    newer = "sha256:" + "2" * 64
+    fake.applied.clear()
+    assert sync(newer, merged) == {"support": 3} and len(fake.created) == 2
+    assert fake.applied == []  # nothing rolls until the new version is written
+    # A failed merge is said once, as a Warning, and the old version keeps serving.
+    fake.jobs[fake.created[-1]["metadata"]["name"]] = cluster.JobOutcome("failed", "BackoffLimitExceeded: out of memory")
+    sync(newer, merged)
+    sync(newer, merged)
+    failed = [e for e in events if e[2] == "MergeFailed"]
+    assert len(failed) == 1 and "out of memory" in failed[0][3]

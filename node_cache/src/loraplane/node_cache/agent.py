@@ -12,7 +12,8 @@ The operator tells the agent what the node should hold (:meth:`stage`: the hot s
 prefetch-marked adapters, next versions, most wanted first) and reads back what it holds
 (:meth:`state`). A background thread fetches what is staged and missing, in that order, until the
 staged set would exceed the byte bound (reported, so the operator can say the hot set does not
-fit), retries transient failures with backoff, and copies the base once (``base_copy``).
+fit), retries transient failures with backoff, and copies the base once (``base_copy``), and so
+the merged models of the base's dedicated deployments the operator stages (deleted when unstaged).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from loraplane.node_cache.models import (
     BaseState,
     NodeCacheState,
     StagedAdapter,
+    StagedBase,
     StagedState,
 )
 from loraplane.node_cache.store import BoundFull, DiskCache
@@ -126,6 +128,9 @@ class NodeAgent:
         self.base = BaseState(source=base_source) if base_source else None
         self._base_digest = base_digest
         self._base_retry_state: _Retry | None = None
+        self._staged_bases: list[StagedBase] = []
+        self._staged_base_states: dict[str, BaseState] = {}
+        self._staged_base_retries: dict[tuple[str, str], _Retry] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="node-agent-staging", daemon=True)
@@ -235,8 +240,13 @@ class NodeAgent:
             self._apply_pins()
 
     # the operator ---------------------------------------------------------------------------
-    def stage(self, adapters: list[StagedAdapter]) -> None:
+    def stage(self, adapters: list[StagedAdapter], bases: list[StagedBase] | None = None) -> None:
+        """``bases``: the merged models to hold besides the node's own base; one that was staged
+        and is no longer is deleted from the node by the background thread."""
         with self._lock:
+            self._staged_bases = list(bases or [])
+            wanted_bases = {(b.source, b.digest) for b in self._staged_bases}
+            self._staged_base_retries = {k: r for k, r in self._staged_base_retries.items() if k in wanted_bases}
             self._staging = list(adapters)
             wanted = {(a.source, a.digest) for a in adapters}
             self._retries = {k: r for k, r in self._retries.items() if k in wanted}
@@ -249,6 +259,7 @@ class NodeAgent:
     def state(self) -> NodeCacheState:
         with self._lock:
             staging, retries = list(self._staging), dict(self._retries)
+            staged_bases, bases = list(self._staged_bases), dict(self._staged_base_states)
         staged = []
         for a in staging:
             retry = retries.get((a.source, a.digest))
@@ -259,6 +270,7 @@ class NodeAgent:
             hits=self.hits, misses=self.misses, evictions=self.store.evictions,
             fetch_seconds_total=round(self.fetch_seconds_total, 6), staged=staged, staged_bytes=self.staged_bytes,
             staged_fit=self.staged_fit, base=self.base.model_copy() if self.base else None,
+            bases=[bases.get(b.source) or BaseState(source=b.source) for b in staged_bases],
         )  # fmt: skip
 
     def _apply_pins(self) -> None:
@@ -288,6 +300,7 @@ class NodeAgent:
             self._reap_leases()
             self._expire_pins()
             self._copy_base()
+            self._copy_staged_bases()
             self._fill()
             # The bound is kept from when the pins are known: the pods have resent theirs (they do
             # every few seconds) and the operator's staging has been counted (or never came).
@@ -323,6 +336,47 @@ class NodeAgent:
             return
         self._base_retry_state = None
         self.base = self.base.model_copy(update={"digest": digest, "ready": True, "error": None})
+
+    def _copy_staged_bases(self) -> None:
+        """The staged merged models, each copied as the base is (verified against its digest,
+        published whole), in the background thread alone, as the base copy, so no copy is deleted
+        while it is being published. What is no longer staged goes once the operator has spoken
+        since this agent started (before that, an empty list means not yet told, not nothing)."""
+        with self._lock:
+            wanted, told = list(self._staged_bases), self._staged_once
+        states: dict[str, BaseState] = {}
+        for b in wanted:
+            if self._stop.is_set():
+                return
+            key = (b.source, b.digest)
+            current = self.bases.published(b.source)
+            if current is not None and current[0] == b.digest:
+                states[b.source] = BaseState(source=b.source, digest=b.digest, ready=True)
+                continue
+            with self._lock:
+                retry = self._staged_base_retries.get(key)
+            if retry is not None and not retry.due():
+                states[b.source] = BaseState(source=b.source, error=retry.error)
+                continue
+            try:
+                digest, _ = self.bases.ensure(b.source, b.digest, self.s3)
+            except Exception as err:  # reported in state, retried with backoff
+                message = f"{type(err).__name__}: {err}"[:1024]
+                most = BASE_MISMATCH_RETRY_MAX if isinstance(err, BaseDigestMismatch) else RETRY_MAX
+                with self._lock:
+                    self._staged_base_retries[key] = _Retry(message, False, retry.failures + 1 if retry else 1, most=most)
+                states[b.source] = BaseState(source=b.source, error=message)
+                log.warning("merged model %s not copied: %s", b.source, message)
+                continue
+            with self._lock:
+                self._staged_base_retries.pop(key, None)
+            states[b.source] = BaseState(source=b.source, digest=digest, ready=True)
+        with self._lock:
+            self._staged_base_states = states
+        if told:
+            keep = {b.source for b in wanted} | ({self.base.source} if self.base else set())
+            for folder in self.bases.keep_only(keep):
+                log.info("deleted %s: no longer staged", folder.name)
 
     def _fill(self) -> None:
         """Fetch staged versions in the operator's order while the staged set fits the bound. The

@@ -163,7 +163,7 @@ def create_agent_app(
     @app.put("/v1/staging", status_code=204)
     def staging(body: StagingRequest, who: Caller) -> Response:
         check_operator(who)
-        agent.stage(body.adapters)
+        agent.stage(body.adapters, body.bases)
         return Response(status_code=204)
 
     @app.get("/v1/state")

@@ -144,6 +144,30 @@ class BaseStore:
         self._publish(source, target)
         return got, target
 
+    def keep_only(self, sources: set[str]) -> list[Path]:
+        """Unpublish every copy but ``sources``' and delete the folders nothing published any longer
+        points to (a merged model the operator no longer stages); the folders deleted. A copy a
+        published source replaced (a new digest) is not touched here: pods may still run on it."""
+        keys = {source_key(s) for s in sources}
+        dropped: set[Path] = set()
+        for link in list(self.links.iterdir()):
+            if link.name in keys:
+                continue
+            with contextlib.suppress(OSError):
+                dropped.add(link.resolve(strict=True))
+            link.unlink(missing_ok=True)
+        if not dropped:
+            return []
+        fsync_path(self.links)
+        still = set()
+        for link in self.links.iterdir():
+            with contextlib.suppress(OSError):
+                still.add(link.resolve(strict=True))
+        gone = sorted(p for p in dropped - still if p.parent == self.bases.resolve())
+        for folder in gone:
+            shutil.rmtree(folder, ignore_errors=True)
+        return gone
+
     def _publish(self, source: str, target: Path) -> None:
         tmp = self.links / f".link-{os.getpid()}-{time.monotonic_ns()}"
         os.symlink(os.path.relpath(target, self.links), tmp)

@@ -47,10 +47,26 @@ class StagedAdapter(_Request):
     pinned: bool = Field(default=False, description="kept whatever the bound")
 
 
+class StagedBase(_Request):
+    """A checkpoint besides the node's own base, copied and published as that one is (``base_copy``):
+    a dedicated deployment's merged model, which the operator's merge Job wrote once to the store."""
+
+    source: str = Field(pattern=r"^s3://", max_length=2048)
+    digest: str = Field(pattern=DIGEST)
+
+
+MAX_STAGED_BASES = 16  # a base's dedicated deployments are a handful (dedicated.maxDeployments)
+
+
 class StagingRequest(_Request):
     """What the operator wants on this node, most wanted first: the whole set, replacing the last."""
 
     adapters: list[StagedAdapter] = Field(default_factory=list, max_length=4096)
+    bases: list[StagedBase] = Field(
+        default_factory=list,
+        max_length=MAX_STAGED_BASES,
+        description="merged checkpoints to hold; one staged before and missing here is deleted from the node",
+    )
 
 
 class StagedState(_Reply):
@@ -82,3 +98,4 @@ class NodeCacheState(_Reply):
     staged_bytes: int = Field(default=0, description="bytes of the staged versions on the node, counted in order")
     staged_fit: bool = Field(default=True, description="false: the staged set is larger than the cache's bound")
     base: BaseState | None = None
+    bases: list[BaseState] = Field(default_factory=list, description="the staged checkpoints (merged models)")

@@ -33,13 +33,17 @@ class EngineConfig(EngineSizing):
     )
     merged_lora_digest: str | None = Field(default=None, description="the merged adapter's version (sha256:...)")
     merged_lora_tenant: str | None = Field(
-        default=None, description="the merged adapter's tenant: the only one whose keys may call the model (none: any)"
+        default=None,
+        description="a merged model's tenant (merged_lora's, or a model that is a merged checkpoint): the only one whose "
+        "keys may call it (none: any)",
     )
     merged_lora_quotas: Quotas | None = Field(
-        default=None, description="the merged adapter's own quotas (its LoraAdapter's), kept here as on the shared replicas"
+        default=None,
+        description="a merged model's own quotas (its LoraAdapter's), kept here as on the shared replicas",
     )
     served_model_name: str | None = Field(
-        default=None, description="vLLM's flag: the name the merged model answers to (the adapter's served name)"
+        default=None,
+        description="vLLM's flag: the name the model answers to (a merged model: its adapter's served name); default base_name",
     )
     device: Literal["auto", "cuda", "cpu"] = Field(
         default="auto", description="where the weights, KV cache and adapter slots live; auto: cuda when torch sees a GPU"
@@ -123,6 +127,6 @@ class EngineConfig(EngineSizing):
     def _node_cache_mounted(self) -> EngineConfig:
         if self.node_cache_url is not None and self.node_cache_dir is None:
             raise ValueError("node_cache_url needs node_cache_dir: where this pod mounts the node cache the agent writes")
-        if (self.merged_lora is None) != (self.served_model_name is None):
-            raise ValueError("merged_lora and served_model_name go together: the merged model answers to the adapter's name")
+        if self.merged_lora is not None and self.served_model_name is None:
+            raise ValueError("merged_lora needs served_model_name: the merged model answers to the adapter's name")
         return self

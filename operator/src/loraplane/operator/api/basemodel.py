@@ -26,6 +26,11 @@ MAX_STATUS_NODES = 32
 # has() lets the schema's default, {}, pass: the API server fills both fields in before it checks a real object).
 DEDICATED_RULE = "!has(self.returnShare) || !has(self.share) || self.returnShare <= self.share"
 DEDICATED_MESSAGE = "dedicated.returnShare must be at most dedicated.share"
+MERGED_STORE_RULE = "!has(self.dedicated.mergedStore) || self.nodeCache.enabled"
+MERGED_STORE_MESSAGE = (
+    "dedicated.mergedStore needs nodeCache.enabled: the node agents copy each merged model to the nodes, as an s3:// base"
+)
+MERGED_STORE = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9!_.*'()/-]*)?$"
 
 
 class ModelSource(KubeModel):
@@ -185,6 +190,15 @@ class DedicatedPolicy(KubeModel):
     max_replicas: int = Field(
         default=4, ge=1, le=256, description="a dedicated deployment's replicas at most, out of spec.replicas (never on top)"
     )
+    merged_store: str | None = Field(
+        default=None,
+        pattern=MERGED_STORE,
+        max_length=1024,
+        description="s3://bucket/prefix: each adapter version is merged once, by a Job, into a checkpoint folder written "
+        "here with its digest, which the node agents copy to the nodes as they copy an s3:// base (needs "
+        "nodeCache.enabled; the adapter store's endpoint and credentials). Unset: each dedicated pod merges at start, "
+        "on its own disk",
+    )
 
     @model_validator(mode="after")
     def _return_below_entry(self) -> DedicatedPolicy:
@@ -235,6 +249,8 @@ class BaseModelSpec(KubeModel):
             raise ValueError(S3_BASE_MESSAGE)
         if self.node_cache.enabled and not self.resources.node_selector:
             raise ValueError(NODE_CACHE_MESSAGE)
+        if self.dedicated.merged_store is not None and not self.node_cache.enabled:
+            raise ValueError(MERGED_STORE_MESSAGE)
         return self
 
 

@@ -84,6 +84,15 @@ class AdapterMetrics(KubeModel):
     last_updated: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
 
 
+class MergedModel(KubeModel):
+    """A merged checkpoint in the object store: the adapter version in it and the folder's digest,
+    which the node agents check their copies against."""
+
+    uri: str = Field(max_length=2048)
+    digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    adapter_digest: str = Field(description="the adapter version merged")
+
+
 class LoraAdapterStatus(KubeModel):
     phase: Literal["Pending", "Staging", "Ready", "Failed"] = "Pending"
     conditions: list[Condition] = Field(default_factory=list)
@@ -111,6 +120,11 @@ class LoraAdapterStatus(KubeModel):
         default=None, description="its dedicated deployment's replicas: wanted, out of the BaseModel's spec.replicas"
     )
     dedicated_ready_replicas: int | None = Field(default=None, description="of those, ready")
+    merged_model: MergedModel | None = Field(
+        default=None,
+        description="with dedicated.mergedStore: the last version merged into the base (written once by its merge Job), "
+        "which its dedicated pods serve",
+    )
 
 
 class LoraAdapterResource(KubeModel):

@@ -146,7 +146,14 @@ async def sync_base(
     node_caches = None
     if base.node_cache.enabled:
         node_token = await cluster.node_cache_token(namespace, name)
-        node_caches = await sync_node_caches(name, namespace, base, adapters, pins, rates, node_token)
+        # The merged models the dedicated deployments serve, copied to the nodes as a base is (as
+        # of the last sync's decision: a new one is staged a sync after its merge is written).
+        merged = (
+            [v.status.merged_model for v in ready.values() if v.served in memory.dedicated.dominant and v.status.merged_model]
+            if base.dedicated.mode == "auto" and base.dedicated.merged_store is not None
+            else []
+        )
+        node_caches = await sync_node_caches(name, namespace, base, adapters, pins, rates, node_token, merged)
     memory.node_condition = node_caches.condition if node_caches else None
     ready_objects = {served: view.raw for served, view in ready.items()}
     memory.events += await sync_dedicated(namespace, base, ready_objects, rates, memory.dedicated, now)
@@ -185,9 +192,18 @@ async def _sync_dedicated_deployments(
         if tracker is not None and served in memory.dedicated.dominant:
             source, quotas = serving_source(view.spec, view.status), view.spec.quotas or base.tenancy.default_quotas
             candidates.append(
-                Candidate(view.raw, served, tracker.share(served), source.uri, source.digest, view.spec.tenant, quotas)
+                Candidate(
+                    view.raw,
+                    served,
+                    tracker.share(served),
+                    source.uri,
+                    source.digest,
+                    view.spec.tenant,
+                    quotas,
+                    view.status.merged_model,
+                )
             )
-    existing, wanted = await sync_deployments(namespace, name, base, candidates, memory.deploy)
+    existing, wanted = await sync_deployments(namespace, name, base, candidates, memory.deploy, memory.events)
     for view in adapters:
         deployment = existing.get(view.name)
         replicas = wanted.get(view.served)

@@ -261,6 +261,75 @@ async def delete_children(namespace: str, deployment: str, service: str, config_
     await asyncio.to_thread(write)
 
 
+@dataclass(frozen=True)
+class JobOutcome:
+    """A Job as the operator reads it: ``running`` (or pending), ``succeeded`` with its pod's
+    termination message, or ``failed`` with the reason Kubernetes gives."""
+
+    state: str
+    message: str = ""
+
+
+async def job_outcome(namespace: str, name: str) -> JobOutcome | None:
+    """The Job's outcome; None when there is no such Job."""
+
+    def read() -> JobOutcome | None:
+        batch: Any = client.BatchV1Api(_api())
+        try:
+            job = batch.read_namespaced_job(name, namespace)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        for c in (job.status.conditions if job.status else None) or []:
+            if c.status != "True":
+                continue
+            if c.type == "Complete":
+                pods: Any = _core().list_namespaced_pod(namespace, label_selector=f"job-name={name}").items
+                for pod in pods:
+                    for status in (pod.status.container_statuses if pod.status else None) or []:
+                        done = status.state.terminated if status.state else None
+                        if done is not None and done.exit_code == 0:
+                            return JobOutcome("succeeded", (done.message or "").strip())
+                return JobOutcome("succeeded")  # its pod is gone (garbage-collected): no message to read
+            if c.type == "Failed":
+                return JobOutcome("failed", f"{c.reason or 'Failed'}: {c.message or ''}".strip())
+        return JobOutcome("running")
+
+    return await asyncio.to_thread(read)
+
+
+async def create_job(manifest: dict[str, Any]) -> None:
+    """A Job, created unless one of its name exists (a Job's pod template cannot be changed)."""
+
+    def write() -> None:
+        batch: Any = client.BatchV1Api(_api())
+        try:
+            batch.create_namespaced_job(manifest["metadata"]["namespace"], manifest, field_manager=FIELD_MANAGER)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+
+    await asyncio.to_thread(write)
+
+
+async def delete_jobs(namespace: str, selector: str, keep: set[str]) -> None:
+    """The Jobs matching ``selector`` but ``keep``'s, deleted with their pods."""
+
+    def write() -> None:
+        batch: Any = client.BatchV1Api(_api())
+        for job in batch.list_namespaced_job(namespace, label_selector=selector).items:
+            if job.metadata.name in keep:
+                continue
+            try:
+                batch.delete_namespaced_job(job.metadata.name, namespace, propagation_policy="Background")
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+
+    await asyncio.to_thread(write)
+
+
 async def apply_child(manifest: dict[str, Any]) -> None:
     """The manifest, server-side applied as :data:`FIELD_MANAGER`: created when absent; when it
     exists, set to the manifest, and every field the operator set before and sets no more is

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -31,8 +32,18 @@ from kubernetes.client.exceptions import ApiException
 
 from loraplane.operator.api.basemodel import BaseModelSpec, DedicatedPolicy
 from loraplane.operator.api.common import Quotas
-from loraplane.operator.children.dedicated import DEDICATED_LABEL, dedicated_name, dedicated_objects
+from loraplane.operator.api.loraadapter import MergedModel
+from loraplane.operator.children.dedicated import (
+    DEDICATED_LABEL,
+    dedicated_name,
+    dedicated_objects,
+    merge_job,
+    merge_job_name,
+    merged_uri,
+)
+from loraplane.operator.children.names import COMPONENT_LABEL
 from loraplane.operator.runtime import cluster
+from loraplane.operator.runtime.dedicated_sync import Event
 from loraplane.routing.dominance import dedicated_replicas
 
 SHARE_MANAGER = "loraplane-operator-dedicated"  # the field manager of the shared pool's shrunk replicas
@@ -49,11 +60,13 @@ class Candidate:
     digest: str | None
     tenant: str
     quotas: Quotas | None = None  # the adapter's, or its base's default
+    merged: MergedModel | None = None  # the last version merged once (status.mergedModel), with dedicated.mergedStore
 
 
 @dataclass
 class DeployMemory:
     applied: dict[str, str] = field(default_factory=dict)  # adapter -> hash of the manifests last applied
+    merge_said: dict[str, str] = field(default_factory=dict)  # adapter -> the merge Job whose outcome was said (Event)
     # Outside auto, once a sync has found (or left) no dedicated deployment, later syncs read
     # nothing: the default mode costs no call. Cleared when the mode changes.
     settled: str | None = None
@@ -76,12 +89,60 @@ async def carved(namespace: str, base: str) -> int:
     return sum(d.replicas for d in await cluster.dedicated_deployments(namespace, base, DEDICATED_LABEL))
 
 
+def _digest_of(message: str) -> str | None:
+    text = message.strip()
+    return text if re.fullmatch(r"sha256:[0-9a-f]{64}", text) else None
+
+
+async def merged_model(
+    namespace: str, base: str, spec: BaseModelSpec, c: Candidate, memory: DeployMemory, events: list[Event]
+) -> MergedModel | None:
+    """With ``dedicated.mergedStore``: the merged checkpoint ``c``'s dedicated pods serve. The
+    version the shared pool serves is merged once by a Job (created here, owned by the adapter),
+    whose digest goes into the adapter's status; until it is done, the version merged before (a
+    promotion: the dedicated pods keep serving it, and roll once the new one is written), or None
+    (a first merge: the adapter stays on the shared pool, which keeps its replicas)."""
+    assert c.digest is not None
+    adapter = c.obj["metadata"]["name"]
+    uri = merged_uri(namespace, base, spec, adapter, c.digest)
+    if c.merged is not None and c.merged.uri == uri:
+        return c.merged
+    job = merge_job_name(adapter, uri)
+    outcome = await cluster.job_outcome(namespace, job)
+    if outcome is None:
+        manifest = merge_job(base, namespace, spec, adapter, c.source, c.digest, uri)
+        kopf.adopt(manifest, owner=kopf.Body(cast(kopf.RawBody, c.obj)))
+        await cluster.create_job(manifest)
+        await cluster.delete_jobs(namespace, f"{DEDICATED_LABEL}={adapter},{COMPONENT_LABEL}=merge", keep={job})
+        events.append((c.obj, "Normal", "Merging", f"merging {c.digest} into the base once (Job {job}), to {uri}"))
+        return c.merged
+    digest = _digest_of(outcome.message) if outcome.state == "succeeded" else None
+    if digest is None:
+        if outcome.state != "running" and memory.merge_said.get(adapter) != job:
+            memory.merge_said[adapter] = job
+            why = outcome.message if outcome.state == "failed" else "its pod left no digest"
+            events.append((c.obj, "Warning", "MergeFailed", f"Job {job}: {why}; delete the Job to merge again"))
+        return c.merged
+    merged = MergedModel(uri=uri, digest=digest, adapter_digest=c.digest)
+    try:
+        await cluster.patch_status(namespace, "loraadapters", adapter, {"mergedModel": merged.body()})
+    except ApiException as err:
+        if err.status != 404:  # deleted since the list: its Job goes with it
+            raise
+        return None
+    events.append((c.obj, "Normal", "Merged", f"{c.digest} merged into the base: {uri} ({digest})"))
+    return merged
+
+
 async def sync_deployments(
-    namespace: str, base: str, spec: BaseModelSpec, candidates: list[Candidate], memory: DeployMemory
-) -> tuple[dict[str, cluster.DedicatedDeployment], dict[str, int]]:
+    namespace: str, base: str, spec: BaseModelSpec, candidates: list[Candidate], memory: DeployMemory,
+    events: list[Event] | None = None,
+) -> tuple[dict[str, cluster.DedicatedDeployment], dict[str, int]]:  # fmt: skip
     """Apply the dedicated deployments the candidates get, delete the others, size the shared pool
     (read and written only when it differs). Returns what existed by adapter name (before this
-    sync's changes take effect) and the replicas wanted by served name."""
+    sync's changes take effect) and the replicas wanted by served name (an adapter whose first
+    merge is still running takes none yet). ``events``: what to post on the adapters."""
+    events = [] if events is None else events
     mode = spec.dedicated.mode
     if memory.settled is not None and memory.settled == mode:
         return {}, {}
@@ -94,8 +155,17 @@ async def sync_deployments(
         if replicas is None:
             continue
         adapter = c.obj["metadata"]["name"]
+        merged = None
+        if spec.dedicated.merged_store is not None and c.digest is not None:
+            merged = await merged_model(namespace, base, spec, c, memory, events)
+            if merged is None:
+                del wanted[c.served]
+                continue
         keep.add(adapter)
-        manifests = dedicated_objects(base, namespace, spec, adapter, c.served, c.source, c.digest, c.tenant, replicas, c.quotas)
+        digest = merged.adapter_digest if merged is not None else c.digest  # what its pods serve
+        manifests = dedicated_objects(
+            base, namespace, spec, adapter, c.served, c.source, digest, c.tenant, replicas, c.quotas, merged
+        )
         for manifest in manifests:
             kopf.adopt(manifest, owner=kopf.Body(cast(kopf.RawBody, c.obj)))  # deleted with the adapter, by the GC
         digest = hashlib.sha256(json.dumps(manifests, sort_keys=True).encode()).hexdigest()

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loraplane.node_cache.client import AgentUnavailable, AsyncAgentClient
+from loraplane.node_cache.models import MAX_STAGED_BASES, StagedAdapter, StagedBase, StagingRequest
 from loraplane.node_cache.models import NodeCacheState as AgentState
-from loraplane.node_cache.models import StagedAdapter, StagingRequest
 from loraplane.operator.api.basemodel import MAX_STATUS_NODES, BaseModelSpec, NodeCacheState, NodeCacheStatus
+from loraplane.operator.api.loraadapter import MergedModel
 from loraplane.operator.children.node_cache import AGENT_PORT
 from loraplane.operator.runtime import cluster, decisions
 from loraplane.operator.runtime.adapter_flow import serving_source
@@ -57,7 +58,8 @@ def _node_state(node: str, s: AgentState) -> NodeCacheState:
         node=node, bytes=s.bytes, max_bytes=s.max_bytes, entries=s.entries,
         hit_rate=round(s.hits / reads, 4) if reads else None, staged=cached, staged_missing=len(s.staged) - cached,
         staged_fit=s.staged_fit, base_ready=s.base.ready if s.base else None,
-        error=(s.base.error if s.base and s.base.error else None),
+        # The base's copy first; else a merged model's (a dedicated deployment's pods wait on it).
+        error=(s.base.error if s.base and s.base.error else next((b.error for b in s.bases if b.error), None)),
     )  # fmt: skip
 
 
@@ -80,10 +82,15 @@ def condition(spec: BaseModelSpec, nodes: list[NodeCacheState]) -> tuple[Status,
 
 async def sync_node_caches(
     name: str, namespace: str, spec: BaseModelSpec, views: list[Any], pins: set[str], rates: dict[str, float],
-    token: str | None,
+    token: str | None, merged: list[MergedModel] | None = None,
 ) -> NodeCacheSync:  # fmt: skip
+    """``merged``: the merged models of the base's dedicated deployments, which every node holds
+    beside the base (the agents delete one no longer listed)."""
     staged = decisions.node_staging(candidates(views, pins, rates))[:MAX_STAGED]
-    request = StagingRequest(adapters=[StagedAdapter(source=c.source, digest=c.digest, pinned=c.pinned) for c in staged])
+    request = StagingRequest(
+        adapters=[StagedAdapter(source=c.source, digest=c.digest, pinned=c.pinned) for c in staged],
+        bases=[StagedBase(source=m.uri, digest=m.digest) for m in (merged or [])[:MAX_STAGED_BASES]],
+    )
     agents = await cluster.ready_pods(namespace, name, "node-cache", "node-cache", AGENT_PORT)
     # The staging list names every tenant's sources: only for the base's own agents, which cannot
     # have started without the token's Secret.

@@ -23,6 +23,8 @@ from loraplane.operator.api.basemodel import (
     CPU_LORAS_RULE,
     DEDICATED_MESSAGE,
     DEDICATED_RULE,
+    MERGED_STORE_MESSAGE,
+    MERGED_STORE_RULE,
     NODE_CACHE_MESSAGE,
     NODE_CACHE_RULE,
     S3_BASE_MESSAGE,
@@ -70,7 +72,11 @@ KINDS = (
         rules={
             "engine": [{"rule": CPU_LORAS_RULE, "message": "maxCpuLoras must be at least maxLoras"}],
             "dedicated": [{"rule": DEDICATED_RULE, "message": DEDICATED_MESSAGE}],
-            "": [{"rule": S3_BASE_RULE, "message": S3_BASE_MESSAGE}, {"rule": NODE_CACHE_RULE, "message": NODE_CACHE_MESSAGE}],
+            "": [
+                {"rule": S3_BASE_RULE, "message": S3_BASE_MESSAGE},
+                {"rule": NODE_CACHE_RULE, "message": NODE_CACHE_MESSAGE},
+                {"rule": MERGED_STORE_RULE, "message": MERGED_STORE_MESSAGE},
+            ],
         },
     ),
     Kind(

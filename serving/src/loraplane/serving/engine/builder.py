@@ -194,8 +194,11 @@ def build_parts(config: EngineConfig) -> EngineParts:
     """Every part of an engine, each chosen here once: unified paging puts the adapter slots in
     the KV cache's page pool (``lora_memory``), static slots keep their own tensors. One function
     on purpose: the order of construction is the wiring, read top to bottom."""
+    # A merged checkpoint (a dedicated deployment's, from the node cache) answers to its adapter's
+    # name; a base merged here at start keeps the base's name until merged_at_start renames it.
+    name = config.served_model_name if config.merged_lora is None and config.served_model_name else config.base_name
     base = resolve_base(
-        config.model, config.cache_dir, name=config.base_name, revision=config.base_revision,
+        config.model, config.cache_dir, name=name, revision=config.base_revision,
         weights=config.load_format != "dummy",
     )  # fmt: skip
     limits = ValidationLimits(

@@ -85,7 +85,7 @@ def merged_state(engine: LLMEngine, quotas: Quotas | None) -> AdapterState:
     return AdapterState(
         **dict(counts),
         tenant=config.merged_lora_tenant,
-        source=config.merged_lora or "",
+        source=config.merged_lora or config.model,
         tier=Tier.DEVICE,
         pinned=True,
         digest=config.merged_lora_digest,
