@@ -26,7 +26,7 @@ from loraplane.node_cache.base_copy import folder_digest, published_path
 @pytest.fixture(scope="module")
 def store(tiny_llama: Path, tiny_adapters: dict[str, Path]):
     with moto_server() as endpoint, flaky_proxy(endpoint) as proxy:
-        upload_folder(endpoint, "models", "keep", tiny_llama)  # the bucket the merged models go to
+        upload_folder(endpoint, "models", "keep", tiny_llama)  # the node's base, in the bucket the merged models go to
         yield proxy, upload_folder(endpoint, "adapters", "acme/all8", tiny_adapters["all8"])
 
 
@@ -54,7 +54,8 @@ def test_merged_once_copied_to_the_node_and_served_from_it(store, tiny_llama, ti
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("loraplane-merge-")]  # its scratch is gone
 
     node = tmp_path / "node"
-    with node_agent(node, proxy.url) as url:
+    with node_agent(node, proxy.url, "--base-source", "s3://models/keep") as url:
+        wait_for("the node's own base", lambda: state(url)["base"]["ready"], timeout=60)
         staged = {"adapters": [], "bases": [{"source": target, "digest": written}]}
         assert call(url, "PUT", "/v1/staging", staged).status_code == 204
         (copied,) = wait_for("the merged model on the node", lambda: [b for b in state(url)["bases"] if b["ready"]], timeout=60)
@@ -77,6 +78,7 @@ def test_merged_once_copied_to_the_node_and_served_from_it(store, tiny_llama, ti
         assert call(url, "PUT", "/v1/staging", {"adapters": [], "bases": []}).status_code == 204
         wait_for("the merged model deleted", lambda: not content.exists() and not folder.is_symlink(), timeout=30)
         assert state(url)["bases"] == []
+        assert published_path(node, "s3://models/keep").resolve().is_dir()  # the node's own base is never unstaged
 
 
 def test_a_wrong_adapter_digest_publishes_nothing(store, tiny_llama, tmp_path) -> None:

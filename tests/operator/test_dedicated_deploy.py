@@ -181,9 +181,13 @@ class FakeCluster:
         async def scaled(namespace: str, name: str, replicas: int, manager: str) -> None:
             self.pool.append(replicas)
 
+        async def deleted(namespace: str, deployment: str, service: str, config_map: str) -> None:
+            self.deployments = [d for d in self.deployments if d.name != deployment]
+
         for name, fake in [("job_outcome", job_outcome), ("create_job", create_job), ("delete_jobs", delete_jobs),
                            ("apply_child", apply_child), ("patch_status", patch_status),
-                           ("dedicated_deployments", listed), ("scale_deployment", scaled)]:  # fmt: skip
+                           ("dedicated_deployments", listed), ("scale_deployment", scaled),
+                           ("delete_children", deleted)]:  # fmt: skip
             monkeypatch.setattr(c, name, fake)
 
 
@@ -232,14 +236,14 @@ def test_with_a_merged_store_each_version_is_merged_once_by_a_job_and_served_fro
     # Next syncs read the status: no Job is looked for again.
     fake.jobs.clear()
     assert sync(DIGEST, merged) == {"support": 3} and len(fake.created) == 1
-    # A promotion: the new version merged by a new Job while the pods keep serving the old one.
+    assert "LORAPLANE_ADMIN_TOKEN" not in {e["name"] for e in container["env"]}  # the Job holds no replica's token
+    # A promotion: the new version merged by a new Job; meanwhile the shared pool, which serves the
+    # new version, serves the adapter (never the dedicated pods' old one) and has its replicas back.
     newer = "sha256:" + "2" * 64
-    fake.applied.clear()
-    assert sync(newer, merged) == {"support": 3} and len(fake.created) == 2
-    assert fake.applied == []  # nothing rolls until the new version is written
-    # A failed merge is said once, as a Warning, and the old version keeps serving.
+    assert sync(newer, merged) == {} and len(fake.created) == 2 and fake.pool[-1] == 4 and fake.deployments == []
+    assert fake.created[-1]["spec"]["template"]["spec"]["containers"][0]["args"][3] == newer
+    # A failed merge is said once, as a Warning, and the adapter stays on the shared pool.
     fake.jobs[fake.created[-1]["metadata"]["name"]] = cluster.JobOutcome("failed", "BackoffLimitExceeded: out of memory")
-    sync(newer, merged)
-    sync(newer, merged)
+    assert sync(newer, merged) == {} and sync(newer, merged) == {}
     failed = [e for e in events if e[2] == "MergeFailed"]
     assert len(failed) == 1 and "out of memory" in failed[0][3]

@@ -359,6 +359,7 @@ class NodeAgent:
                 states[b.source] = BaseState(source=b.source, error=retry.error)
                 continue
             try:
+                self.bases.record_staged(b.source)  # before the copy: a crash mid-way leaves it deletable
                 digest, _ = self.bases.ensure(b.source, b.digest, self.s3)
             except Exception as err:  # reported in state, retried with backoff
                 message = f"{type(err).__name__}: {err}"[:1024]
@@ -373,8 +374,9 @@ class NodeAgent:
             states[b.source] = BaseState(source=b.source, digest=digest, ready=True)
         with self._lock:
             self._staged_base_states = states
+            # What is staged now, not when this pass began (a copy may have taken hours since).
+            keep = {b.source for b in self._staged_bases} | ({self.base.source} if self.base else set())
         if told:
-            keep = {b.source for b in wanted} | ({self.base.source} if self.base else set())
             for folder in self.bases.keep_only(keep):
                 log.info("deleted %s: no longer staged", folder.name)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -30,6 +31,7 @@ from loraplane.usage.spool import fsync_path
 MAX_BASE_FILES = 4096  # a checkpoint is a few shards, a config and a tokenizer; far more is not one
 BASE_FETCH_DEADLINE_SECONDS = 4 * 3600.0  # a 140 GB checkpoint at 10 MB/s, not forever
 DISK_RESERVE_BYTES = 2 * 2**30  # left free on the node's disk whatever a base's size
+STAGED_FILE = "staged.json"  # in bases/: the link names of the copies staged by the operator (merged models)
 
 
 class BaseDigestMismatch(ValueError):
@@ -144,18 +146,40 @@ class BaseStore:
         self._publish(source, target)
         return got, target
 
+    def staged_keys(self) -> set[str]:
+        """The link names of the copies published for the operator's staging (merged models), as
+        recorded beside them, so an agent's restart still knows which it may delete."""
+        try:
+            return set(json.loads((self.bases / STAGED_FILE).read_text()))
+        except (OSError, ValueError, TypeError):
+            return set()
+
+    def record_staged(self, source: str) -> None:
+        keys = self.staged_keys()
+        if source_key(source) in keys:
+            return
+        scratch = self.bases / f".{STAGED_FILE}.tmp"
+        scratch.write_text(json.dumps(sorted(keys | {source_key(source)})))
+        os.replace(scratch, self.bases / STAGED_FILE)
+
     def keep_only(self, sources: set[str]) -> list[Path]:
-        """Unpublish every copy but ``sources``' and delete the folders nothing published any longer
-        points to (a merged model the operator no longer stages); the folders deleted. A copy a
-        published source replaced (a new digest) is not touched here: pods may still run on it."""
+        """Unpublish every staged copy (:meth:`record_staged`) but ``sources``' and delete the
+        folders nothing published any longer points to (a merged model the operator no longer
+        stages); the folders deleted. The base's own copy, and one a published source replaced (a
+        new digest), are not touched here: pods may still run on them."""
         keys = {source_key(s) for s in sources}
+        staged = self.staged_keys()
         dropped: set[Path] = set()
         for link in list(self.links.iterdir()):
-            if link.name in keys:
+            if link.name in keys or link.name not in staged:
                 continue
             with contextlib.suppress(OSError):
                 dropped.add(link.resolve(strict=True))
             link.unlink(missing_ok=True)
+        if staged - keys:
+            scratch = self.bases / f".{STAGED_FILE}.tmp"
+            scratch.write_text(json.dumps(sorted(staged & keys)))
+            os.replace(scratch, self.bases / STAGED_FILE)
         if not dropped:
             return []
         fsync_path(self.links)

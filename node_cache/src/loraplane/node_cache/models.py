@@ -62,10 +62,10 @@ class StagingRequest(_Request):
     """What the operator wants on this node, most wanted first: the whole set, replacing the last."""
 
     adapters: list[StagedAdapter] = Field(default_factory=list, max_length=4096)
-    bases: list[StagedBase] = Field(
-        default_factory=list,
+    bases: list[StagedBase] | None = Field(
+        default=None,
         max_length=MAX_STAGED_BASES,
-        description="merged checkpoints to hold; one staged before and missing here is deleted from the node",
+        description="merged checkpoints to hold; one staged before and missing here (or none sent) is deleted from the node",
     )
 
 

@@ -26,7 +26,7 @@ from loraplane.operator.api.common import Quotas
 from loraplane.operator.api.loraadapter import MergedModel
 from loraplane.operator.children import node_cache
 from loraplane.operator.children.base_model import CONFIG_HASH, config_hash, deployment, engine_config, labels, service
-from loraplane.operator.children.names import COMPONENT_LABEL
+from loraplane.operator.children.names import COMPONENT_LABEL, admin_token_env, stats_token_env
 
 DEDICATED_LABEL = "loraplane.dev/dedicated-adapter"  # the LoraAdapter's name
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -84,7 +84,9 @@ def merge_job(
         if volume["name"] == "cache":  # scratch for one checkpoint the base's size, which the operator does not know
             volume["emptyDir"] = {}
     store = spec.adapter_store  # the merge fetches the adapter and writes the checkpoint itself
-    container["env"] = [*container["env"], {"name": "LORAPLANE_CACHE", "value": "/var/cache/loraplane"}] + [
+    # Not the replica's tokens: the merge answers no call and makes none to a replica or the agent.
+    own = [e for e in container["env"] if e["name"] not in {admin_token_env(base)["name"], stats_token_env(base)["name"]}]
+    container["env"] = [*own, {"name": "LORAPLANE_CACHE", "value": "/var/cache/loraplane"}] + [
         {"name": k, "value": v} for k, v in (("AWS_ENDPOINT_URL", store.endpoint), ("AWS_REGION", store.region)) if v
     ]
     container["envFrom"] = [{"secretRef": {"name": store.credentials_secret.name}}] if store.credentials_secret else []

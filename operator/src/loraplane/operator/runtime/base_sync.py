@@ -146,13 +146,14 @@ async def sync_base(
     node_caches = None
     if base.node_cache.enabled:
         node_token = await cluster.node_cache_token(namespace, name)
-        # The merged models the dedicated deployments serve, copied to the nodes as a base is (as
-        # of the last sync's decision: a new one is staged a sync after its merge is written).
-        merged = (
-            [v.status.merged_model for v in ready.values() if v.served in memory.dedicated.dominant and v.status.merged_model]
-            if base.dedicated.mode == "auto" and base.dedicated.merged_store is not None
-            else []
-        )
+        # The merged models the dedicated deployments serve, copied to the nodes as a base is: those
+        # of the adapters whose status gives them dedicated replicas (written when their Deployment
+        # is; read back after an operator's restart, whose memory of what dominates starts empty).
+        merged = [
+            v.status.merged_model
+            for v in ready.values()
+            if v.status.dedicated_replicas is not None and v.status.merged_model is not None
+        ]
         node_caches = await sync_node_caches(name, namespace, base, adapters, pins, rates, node_token, merged)
     memory.node_condition = node_caches.condition if node_caches else None
     ready_objects = {served: view.raw for served, view in ready.items()}

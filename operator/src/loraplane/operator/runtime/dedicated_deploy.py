@@ -98,10 +98,10 @@ async def merged_model(
     namespace: str, base: str, spec: BaseModelSpec, c: Candidate, memory: DeployMemory, events: list[Event]
 ) -> MergedModel | None:
     """With ``dedicated.mergedStore``: the merged checkpoint ``c``'s dedicated pods serve. The
-    version the shared pool serves is merged once by a Job (created here, owned by the adapter),
-    whose digest goes into the adapter's status; until it is done, the version merged before (a
-    promotion: the dedicated pods keep serving it, and roll once the new one is written), or None
-    (a first merge: the adapter stays on the shared pool, which keeps its replicas)."""
+    version the shared pool serves (on the base it serves) is merged once by a Job (created here,
+    owned by the adapter), whose digest goes into the adapter's status. Until it is written, None:
+    the adapter is served by the shared pool, which has its replicas back, and never by pods of
+    another version (a promotion, a rollback, a new base) or of a merge that failed."""
     assert c.digest is not None
     adapter = c.obj["metadata"]["name"]
     uri = merged_uri(namespace, base, spec, adapter, c.digest)
@@ -115,14 +115,14 @@ async def merged_model(
         await cluster.create_job(manifest)
         await cluster.delete_jobs(namespace, f"{DEDICATED_LABEL}={adapter},{COMPONENT_LABEL}=merge", keep={job})
         events.append((c.obj, "Normal", "Merging", f"merging {c.digest} into the base once (Job {job}), to {uri}"))
-        return c.merged
+        return None
     digest = _digest_of(outcome.message) if outcome.state == "succeeded" else None
     if digest is None:
         if outcome.state != "running" and memory.merge_said.get(adapter) != job:
             memory.merge_said[adapter] = job
             why = outcome.message if outcome.state == "failed" else "its pod left no digest"
             events.append((c.obj, "Warning", "MergeFailed", f"Job {job}: {why}; delete the Job to merge again"))
-        return c.merged
+        return None
     merged = MergedModel(uri=uri, digest=digest, adapter_digest=c.digest)
     try:
         await cluster.patch_status(namespace, "loraadapters", adapter, {"mergedModel": merged.body()})
@@ -162,9 +162,8 @@ async def sync_deployments(
                 del wanted[c.served]
                 continue
         keep.add(adapter)
-        digest = merged.adapter_digest if merged is not None else c.digest  # what its pods serve
         manifests = dedicated_objects(
-            base, namespace, spec, adapter, c.served, c.source, digest, c.tenant, replicas, c.quotas, merged
+            base, namespace, spec, adapter, c.served, c.source, c.digest, c.tenant, replicas, c.quotas, merged
         )
         for manifest in manifests:
             kopf.adopt(manifest, owner=kopf.Body(cast(kopf.RawBody, c.obj)))  # deleted with the adapter, by the GC

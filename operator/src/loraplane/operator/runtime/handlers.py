@@ -42,6 +42,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING
 
 
+BASE_SYNC_FIELDS = frozenset({"servedFrom", "dedicatedReplicas", "dedicatedReadyReplicas", "mergedModel"})
+
+
 @kopf.on.resume(GROUP, VERSION, "loraadapters")
 @kopf.on.create(GROUP, VERSION, "loraadapters")
 @kopf.on.update(GROUP, VERSION, "loraadapters", field="spec")
@@ -53,9 +56,10 @@ async def adapter_changed(
     holder = served_name_holder(kwargs["served_names"], namespace, name, spec)
     out = await reconcile(name, namespace, meta.get("generation"), spec, status, SETTINGS, served_by=holder)
     # A merge patch keeps what it does not mention: promotingDigest is cleared with an explicit null.
-    await cluster.patch_status(
-        namespace, "loraadapters", name, {**out.status.body(), "promotingDigest": out.status.promoting_digest}
-    )
+    # The fields the base's sync owns are left out: written back as read when this handler began,
+    # they could undo a newer write of the sync's (a merged model's record, where it is served).
+    written = {k: v for k, v in out.status.body().items() if k not in BASE_SYNC_FIELDS}
+    await cluster.patch_status(namespace, "loraadapters", name, {**written, "promotingDigest": out.status.promoting_digest})
     for type_, reason, message in out.events:
         kopf.event(body, type=type_, reason=reason, message=message)
     waiting = [c for c in out.status.conditions if waits(c.status, c.reason)]

@@ -89,7 +89,8 @@ async def sync_node_caches(
     staged = decisions.node_staging(candidates(views, pins, rates))[:MAX_STAGED]
     request = StagingRequest(
         adapters=[StagedAdapter(source=c.source, digest=c.digest, pinned=c.pinned) for c in staged],
-        bases=[StagedBase(source=m.uri, digest=m.digest) for m in (merged or [])[:MAX_STAGED_BASES]],
+        # None when there is none: left out of the call, which an agent from before staged bases reads.
+        bases=[StagedBase(source=m.uri, digest=m.digest) for m in merged[:MAX_STAGED_BASES]] if merged else None,
     )
     agents = await cluster.ready_pods(namespace, name, "node-cache", "node-cache", AGENT_PORT)
     # The staging list names every tenant's sources: only for the base's own agents, which cannot
