@@ -89,7 +89,7 @@ class MergedModel(KubeModel):
     which the node agents check their copies against."""
 
     uri: str = Field(max_length=2048)
-    digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    digest: str = Field(max_length=71, description="sha256:<hex> over the folder's files, as loraplane digest --base prints it")
     adapter_digest: str = Field(description="the adapter version merged")
 
 
