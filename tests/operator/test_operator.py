@@ -861,7 +861,11 @@ def test_auto_carves_a_merged_deployment_from_the_pool_and_gives_it_back(stack: 
                 "its status to say so",
                 lambda: (status().get("servedFrom"), status().get("dedicatedReplicas")) == ("shared", 1),  # none ready yet
             )
-            assert stack.kube.get("BaseModel", NS, "tiny")["status"]["dedicatedReplicas"] == 1
+            # The BaseModel's status is written at the end of the sync that wrote the adapter's.
+            stack.kube.wait_for(
+                "the base's status to count it",
+                lambda: stack.kube.get("BaseModel", NS, "tiny")["status"].get("dedicatedReplicas") == 1,  # type: ignore[index]
+            )
         assert traffic.failures == []
 
         # The dedicated replica, as the kubelet would run it from that config, and Ready.
@@ -894,11 +898,13 @@ def test_auto_carves_a_merged_deployment_from_the_pool_and_gives_it_back(stack: 
         assert list(answer["adapters"]) == ["hot"]  # its own model: the operator staged nothing on it
 
         stack.kube.delete("Pod", NS, "hot-dedicated-0")
-        stack.kube.wait_for("its Deployment to go", lambda: stack.kube.get("Deployment", NS, "hot-dedicated") is None, timeout=60)
-        assert (
-            stack.kube.get("ConfigMap", NS, "hot-dedicated-engine") is None
-            and stack.kube.get("Service", NS, "hot-dedicated") is None
-        )
+        # The three go in one sync, the Deployment first (its pods end before their config does).
+        stack.kube.wait_for(
+            "its objects to go",
+            lambda: all(stack.kube.get(kind, NS, name) is None for kind, name in
+                        [("Deployment", "hot-dedicated"), ("ConfigMap", "hot-dedicated-engine"), ("Service", "hot-dedicated")]),
+            timeout=60,
+        )  # fmt: skip
         stack.kube.wait_for("the pool to be whole", lambda: shared_replicas() == 2, timeout=30)
         stack.kube.wait_for(
             "its status to say so", lambda: (status().get("servedFrom"), status().get("dedicatedReplicas")) == ("shared", None)
