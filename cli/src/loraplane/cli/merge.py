@@ -71,14 +71,12 @@ def merge(
     base = resolve_base(model, default_cache_dir())  # where the engine converts a GGUF base, once
     with tempfile.TemporaryDirectory(prefix="loraplane-merge-", dir=cache_dir if cache_dir.is_dir() else None) as scratch:
         local = Path(adapter)
-        held = None
-        if not local.is_dir():  # a source URI: fetched as a replica fetches it, digest checked
+        if not local.is_dir():  # a source URI: fetched as a replica fetches it, digest checked (into scratch, gone after)
             files = OwnCache(Path(scratch) / "adapters", max_bytes=None, policy="demand", s3=S3Settings.from_env())
             try:
-                held = files.acquire(adapter, expected_digest)
+                local = files.acquire(adapter, expected_digest).folder
             except (AdapterValidationError, ValueError, OSError) as exc:
                 raise click.ClickException(f"{adapter}: {exc}") from None
-            local = held.folder
         target = out or Path(scratch) / "merged"
         try:
             merged = merge_adapter(base, local, target, expected_digest=expected_digest)

@@ -323,19 +323,20 @@ class NodeAgent:
             return
         if self._base_retry_state is not None and not self._base_retry_state.due():
             return
+        self.base, self._base_retry_state = self._ensure_copy(self.base.source, self._base_digest, self._base_retry_state)
+
+    def _ensure_copy(self, source: str, digest: str | None, retry: _Retry | None) -> tuple[BaseState, _Retry | None]:
+        """One copy to the node (``BaseStore.ensure``), the base's or a staged merged model's: its
+        state, and the retry to wait for when it failed (wrong files are retried too, rarely:
+        someone fixes the bucket, not the DaemonSet)."""
         try:
-            digest, _ = self.bases.ensure(self.base.source, self._base_digest, self.s3)
+            got, _ = self.bases.ensure(source, digest, self.s3)
         except Exception as err:  # reported in state, retried with backoff
-            previous = self._base_retry_state
             message = f"{type(err).__name__}: {err}"[:1024]
-            # Wrong files are retried too, rarely: someone fixes the bucket, not the DaemonSet.
             most = BASE_MISMATCH_RETRY_MAX if isinstance(err, BaseDigestMismatch) else RETRY_MAX
-            self._base_retry_state = _Retry(message, False, (previous.failures + 1) if previous else 1, most=most)
-            self.base = self.base.model_copy(update={"error": message})
-            log.warning("base %s not copied: %s", self.base.source, message)
-            return
-        self._base_retry_state = None
-        self.base = self.base.model_copy(update={"digest": digest, "ready": True, "error": None})
+            log.warning("%s not copied: %s", source, message)
+            return BaseState(source=source, error=message), _Retry(message, False, retry.failures + 1 if retry else 1, most=most)
+        return BaseState(source=source, digest=got, ready=True), None
 
     def _copy_staged_bases(self) -> None:
         """The staged merged models, each copied as the base is (verified against its digest,
@@ -360,18 +361,15 @@ class NodeAgent:
                 continue
             try:
                 self.bases.record_staged(b.source)  # before the copy: a crash mid-way leaves it deletable
-                digest, _ = self.bases.ensure(b.source, b.digest, self.s3)
-            except Exception as err:  # reported in state, retried with backoff
-                message = f"{type(err).__name__}: {err}"[:1024]
-                most = BASE_MISMATCH_RETRY_MAX if isinstance(err, BaseDigestMismatch) else RETRY_MAX
-                with self._lock:
-                    self._staged_base_retries[key] = _Retry(message, False, retry.failures + 1 if retry else 1, most=most)
-                states[b.source] = BaseState(source=b.source, error=message)
-                log.warning("merged model %s not copied: %s", b.source, message)
+            except OSError as err:  # a full or read-only disk: reported, tried again next pass
+                states[b.source] = BaseState(source=b.source, error=f"{type(err).__name__}: {err}"[:1024])
                 continue
+            states[b.source], again = self._ensure_copy(b.source, b.digest, retry)
             with self._lock:
-                self._staged_base_retries.pop(key, None)
-            states[b.source] = BaseState(source=b.source, digest=digest, ready=True)
+                if again is None:
+                    self._staged_base_retries.pop(key, None)
+                else:
+                    self._staged_base_retries[key] = again
         with self._lock:
             self._staged_base_states = states
             # What is staged now, not when this pass began (a copy may have taken hours since).

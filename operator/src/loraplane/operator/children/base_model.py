@@ -155,7 +155,7 @@ def deployment(name: str, namespace: str, spec: BaseModelSpec, replicas: int | N
         volumes.append(volume)
         mounts.append(mount)
         if spec.source.uri.startswith("s3://"):
-            init_containers.append(node_cache.wait_for_base(spec, r.image))
+            init_containers.append(node_cache.wait_for_base(r.image, spec.source.uri, spec.source.digest))
     probe = {"httpGet": {"path": "/ready", "port": SERVING_PORT}, "periodSeconds": 5}
     container: dict[str, Any] = {
         "name": "serving",

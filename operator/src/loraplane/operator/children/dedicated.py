@@ -157,10 +157,7 @@ def dedicated_objects(
     pod = template["spec"]
     pod.pop("readinessGates", None)
     if merged is not None:  # the merged checkpoint's copy on the node, waited for as an s3:// base's is
-        wait = node_cache.wait_for_base(spec, spec.resources.image)
-        wait["args"] = ["node-agent", "--cache-dir", node_cache.NODE_CACHE_MOUNT, "wait-base", "--source", merged.uri,
-                        "--digest", merged.digest]  # fmt: skip
-        pod["initContainers"] = [wait]
+        pod["initContainers"] = [node_cache.wait_for_base(spec.resources.image, merged.uri, merged.digest)]
     for volume in pod["volumes"]:
         if volume["name"] == "engine":
             volume["configMap"] = {"name": f"{name}-engine"}

@@ -56,13 +56,14 @@ def serving_volume(name: str, namespace: str, spec: BaseModelSpec) -> tuple[dict
     return volume, {"name": "node-cache", "mountPath": NODE_CACHE_MOUNT, "readOnly": True}
 
 
-def wait_for_base(spec: BaseModelSpec, image: str) -> dict[str, Any]:
-    """The serving pods' init container: it returns once the base's verified copy is published."""
+def wait_for_base(image: str, source: str, digest: str | None) -> dict[str, Any]:
+    """The serving pods' init container: it returns once the verified copy of ``source`` (the
+    base's, or a dedicated deployment's merged model) is published on the node."""
     return {
         "name": "wait-for-base",
         "image": image,
-        "args": ["node-agent", "--cache-dir", NODE_CACHE_MOUNT, "wait-base", "--source", spec.source.uri]
-        + (["--digest", spec.source.digest] if spec.source.digest else []),
+        "args": ["node-agent", "--cache-dir", NODE_CACHE_MOUNT, "wait-base", "--source", source]
+        + (["--digest", digest] if digest else []),
         "volumeMounts": [{"name": "node-cache", "mountPath": NODE_CACHE_MOUNT, "readOnly": True}],
         "securityContext": CONTAINER_SECURITY,
     }
