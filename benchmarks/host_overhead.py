@@ -6,7 +6,7 @@ read-backs and copies to the device per step, at an 8B shape, on this machine's 
   python benchmarks/host_overhead.py --shape toy     # seconds
   python benchmarks/host_overhead.py --json out.json --repeats 9
 
-Steps: decode at batch 1, 64 and 256 (graph replays unless --enforce-eager); one step of 8,192
+Steps (graph replays unless --enforce-eager): decode at batch 1, 64 and 256; one step of 8,192
 prompt tokens over 96 rows; a mixed step (64 decodes beside 8 prompts of 512 tokens). Every row
 has an adapter (all seven projections, 32 distinct), greedy but in the two sampled decode steps
 (temperature and top-p, every other row seeded; then frequency and repetition penalties too).
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", choices=["8b", "toy"], default="8b")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--adapters", type=int, default=32)
-    ap.add_argument("--enforce-eager", action="store_true", help="no decode graphs (vLLM's flag)")
+    ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (vLLM's flag)")
     ap.add_argument("--only", help="run the scenarios whose name contains this")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--work-dir", help="where the shape and its adapters are written (kept between runs)")
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         cache_dir=work / "cache",
     )
     print(cpu_line())
-    layers, graphs = config["num_hidden_layers"], "eager" if args.enforce_eager else "decode graphs"
+    layers, graphs = config["num_hidden_layers"], "eager" if args.enforce_eager else "decode and prompt graphs"
     print(
         f"{args.shape} shape: hidden {config['hidden_size']}, {layers} layers, vocab {config['vocab_size']}; "
         f"{args.adapters} adapters pinned on {args.adapters + 1} slots; {graphs}; bf16"

@@ -39,11 +39,13 @@ PER_LAYER = 2 + 4 + 8 + 4
 AROUND = 2 + 4
 # A decode step replays its graph; outside it, the logits GEMM, the cast and the argmax.
 DECODE = 3
+# A step with prompts replays its token bucket's graph: the layers, the embedding, the final norm
+# and the copy into the buckets' shared output; outside it, what AROUND counts for the sampled rows.
+PROMPT_GRAPH = PER_LAYER * LAYERS + 3
+PROMPT = 4
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any, list[str | None]]]:
-    work = tmp_path_factory.mktemp("host-overhead")
+def _engine(work: Path, **extra: Any) -> Iterator[tuple[Any, Any, list[str | None]]]:
     folder = write_shape(work / "base", TOY_CONFIG)
     shape = resolve_base(str(folder), work / "shape", weights=False).shape
     names = [f"a{i}" for i in range(3)]
@@ -52,6 +54,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any,
     settings = dict(
         model=str(folder), dtype="bfloat16", max_loras=4, max_lora_rank=8, max_num_seqs=16, max_num_batched_tokens=512,
         max_model_len=256, num_kv_blocks=512, block_size=16, enable_prefix_caching=False, cache_dir=work / "cache",
+        **extra,
     )  # fmt: skip
     with device_free_engine(settings) as (built, recorder):
         for name in names:
@@ -59,6 +62,17 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any,
             built.pin_lora(name)
         place_all(built, names)
         yield built, recorder, list(names)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any, list[str | None]]]:
+    yield from _engine(tmp_path_factory.mktemp("host-overhead"))
+
+
+@pytest.fixture
+def eager_engine(tmp_path: Path) -> Iterator[tuple[Any, Any, list[str | None]]]:
+    """Closed with its test: one recorder at a time answers device operations."""
+    yield from _engine(tmp_path, enforce_eager=True)
 
 
 def test_a_decode_step_is_one_graph_replay_and_one_read_back(engine: tuple[Any, Any, list[str | None]]) -> None:
@@ -70,9 +84,24 @@ def test_a_decode_step_is_one_graph_replay_and_one_read_back(engine: tuple[Any, 
         assert t.read_back_bytes == 8 * batch  # the sampled token ids, nothing more
 
 
-def test_a_step_with_prompts_launches_what_its_layers_declare(engine: tuple[Any, Any, list[str | None]]) -> None:
+PROMPT_SCENARIOS = (Scenario("prompts", prompts=6, prompt_len=40), Scenario("mixed", decode=4, prompts=2, prompt_len=30))
+
+
+def test_a_step_with_prompts_is_one_graph_replay_of_what_its_layers_declare(
+    engine: tuple[Any, Any, list[str | None]],
+) -> None:
     built, recorder, names = engine
-    for scenario in (Scenario("prompts", prompts=6, prompt_len=40), Scenario("mixed", decode=4, prompts=2, prompt_len=30)):
+    for scenario in PROMPT_SCENARIOS:
+        (step,) = run_scenario(built, recorder, scenario, names, repeats=1)
+        t = step.tally
+        assert (t.graph_replays, t.launches, t.read_backs, t.copies_in) == (1, PROMPT, 1, 1), f"{scenario.name}: {t}"
+    buckets = {size: n for (kind, size), n in recorder.graph_launches.items() if kind == "PromptGraphs"}
+    assert buckets and set(buckets.values()) == {PROMPT_GRAPH}, buckets
+
+
+def test_an_eager_step_with_prompts_launches_what_its_layers_declare(eager_engine: tuple[Any, Any, list[str | None]]) -> None:
+    built, recorder, names = eager_engine
+    for scenario in PROMPT_SCENARIOS:
         (step,) = run_scenario(built, recorder, scenario, names, repeats=1)
         t = step.tally
         assert t.graph_replays == 0 and t.read_backs == 1 and t.copies_in == 1, f"{scenario.name}: {t}"

@@ -46,10 +46,12 @@ def _requests() -> list[tuple[list[int], str | None]]:
 @pytest.fixture(scope="module")
 def engine_launches(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> list[Launch]:
     launches: list[Launch] = []
-    for lora_memory in ("static", "unified"):
+    # Steps with prompts replay graphs whose segment kernels take work lists (TILED); with
+    # enforce_eager they launch per-segment grids: both variants must compile.
+    for lora_memory, eager in (("static", False), ("static", True), ("unified", False)):
         engine = tiny_engine(
             tiny_llama, tmp_path_factory.mktemp(lora_memory), tiny_adapters, kernel_backend="triton",
-            lora_memory=lora_memory, max_num_batched_tokens=16,
+            lora_memory=lora_memory, max_num_batched_tokens=16, enforce_eager=eager,
         )  # fmt: skip
         with record_launches() as log:
             tokens, _ = engine_greedy(engine, _requests(), STEPS, eos_id=2)
@@ -65,6 +67,9 @@ def test_the_engine_launches_every_kernel(engine_launches: list[Launch]) -> None
     assert {launch.name for launch in engine_launches} == KERNEL_NAMES
     attention = {launch.constexprs["BLOCK_M"] for launch in engine_launches if launch.name == "_paged_attention_kernel"}
     assert attention == {16, 32}, "decode steps and chunked prefill both reach attention"  # tiny model: group 2
+    for name in ("_paged_attention_kernel", "_sgmv_shrink_kernel", "_sgmv_expand_kernel"):
+        tiled = {launch.constexprs["TILED"] for launch in engine_launches if launch.name == name}
+        assert tiled == {True, False}, f"{name}: graphs' work lists and eager grids both launched, got {tiled}"
 
 
 def test_recording_types_the_arguments_and_can_skip_the_kernel() -> None:

@@ -47,6 +47,9 @@ def test_the_triton_path_matches_peft(
     # Decode-only steps replayed graphs (the bucket of 8 holds 7 rows and a pad row; smaller ones
     # as requests finish), or nothing did.
     assert (graphs is None) if enforce_eager else (graphs is not None and 8 in graphs.graphs)
+    # Steps with prompts (chunks beside decodes included) replayed their token bucket's graph.
+    prompt_graphs = engine.runner.prompt_graphs
+    assert (prompt_graphs is None) if enforce_eager else (prompt_graphs is not None and 16 in prompt_graphs.graphs)
     for i, (adapter, ours, ref) in enumerate(zip(MIX, logits, ref_logits, strict=True)):
         assert ours.shape == ref.shape == (STEPS, 320)
         err = (ours - ref).abs().max().item()

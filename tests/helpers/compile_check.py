@@ -286,8 +286,9 @@ def _retuned_attention(constexprs: dict[str, ConstValue], dtype: torch.dtype) ->
     head_dim, block_size = constexprs["HEAD_DIM"], constexprs["BLOCK_SIZE"]
     assert isinstance(group, int) and isinstance(block_q, int) and isinstance(head_dim, int) and isinstance(block_size, int)
     cfg = launch_config(
-        num_seqs=1, num_heads=group, kv_heads=1, head_dim=head_dim, block_size=block_size, dtype=dtype, max_query_len=block_q
-    )
+        num_seqs=1, num_heads=group, kv_heads=1, head_dim=head_dim, block_size=block_size, dtype=dtype, max_query_len=block_q,
+        num_tiles=1 if constexprs.get("TILED") else None,
+    )  # fmt: skip
     new = dict(constexprs)
     new.update(cfg.constexprs)
     if {k: v for k, v in new.items() if k != "DOT_PRECISION"} != {k: v for k, v in constexprs.items() if k != "DOT_PRECISION"}:

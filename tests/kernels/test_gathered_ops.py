@@ -97,6 +97,43 @@ def test_sgmv_matches_reference(backend: str, seg: str) -> None:
     check(out, ref, torch.float32)
 
 
+@pytest.mark.parametrize("stacked", [False, True], ids=["one slice", "stacked q/k/v"])
+def test_sgmv_work_lists_match_the_per_segment_grid(stacked: bool) -> None:
+    """A CUDA graph's SGMV: one program per work-list entry (kernels.tiles), spare entries doing
+    nothing, whatever the segments; the same sums as the per-segment grid, which the reference
+    checks."""
+    from loraplane.kernels.dispatch import add_lora_stacked
+    from loraplane.kernels.lora_batch import segment_tile_capacity, segment_tiles
+
+    starts, seg_ids = [0, 70, 71, 71, 90], [2, -1, 0, 1]  # past one shrink block, an empty segment
+    seg_starts, seg_slots = torch.tensor(starts, dtype=torch.int32), torch.tensor(seg_ids, dtype=torch.int32)
+    work = torch.from_numpy(segment_tiles(starts, segment_tile_capacity(starts[-1], len(seg_ids)) + 3))
+    rows = segments_to_rows(seg_starts, seg_slots)
+    if not stacked:
+        slots = make_slots([3, 64, 17], 80, 72)
+        x, y = inputs(starts[-1], 80, 72, torch.float32)
+        ref = reference_add_lora(y, x, slots, rows)
+        out = add_lora(
+            y.clone(), x, slots, seg_starts=seg_starts, seg_slots=seg_slots, backend="triton", max_seg_len=0, seg_tiles=work
+        )  # fmt: skip
+        check(out, ref, torch.float32)
+        return
+    k, sizes = 64, (64, 16, 16)
+    table = StackedLoraSlots.empty(3, 16, k, sizes)
+    g = torch.Generator().manual_seed(6)
+    for j, views in enumerate(table.slices()):
+        for slot, r in enumerate((8, 16 - 4 * j, 4)):
+            views.write(slot, torch.randn(r, k, generator=g) / k**0.5, torch.randn(sizes[j], r, generator=g) / r**0.5, 2.0)
+    x, y = inputs(starts[-1], k, sum(sizes), torch.float32)
+    ref = y.to(torch.float64)
+    for offset, views in zip(table.offsets, table.slices(), strict=True):
+        ref = reference_add_lora(ref, x, views, rows, y_offset=offset)
+    out = add_lora_stacked(
+        y.clone(), x, table, seg_starts=seg_starts, seg_slots=seg_slots, max_seg_len=0, backend="triton", seg_tiles=work
+    )  # fmt: skip
+    check(out, ref, torch.float32)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("op", ["sgmv", "bgmv"])

@@ -152,6 +152,30 @@ def test_grid_bound_above_the_longest_span_changes_nothing() -> None:
     torch.testing.assert_close(run_kernel(case, max_query_len=case.max_query_len + 40), run_kernel(case), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("spare", [0, 5])
+def test_a_work_list_grid_matches_the_per_sequence_grid(spare: int) -> None:
+    """A CUDA graph's attention: one program per work-list entry (kernels.tiles), with spare
+    entries that must do nothing, gives what the per-sequence grid gives, bit for bit. The
+    query block is the one ``launch_config`` picks for the graph's token bound."""
+    from loraplane.kernels.tiles import tiles
+
+    case = make_case(MIXED, heads=8, kv_heads=2, seed=5)
+    bound = int(case.query_starts[-1])  # a graph sizes its tiles by its token bucket
+    cfg = launch_config(
+        num_seqs=len(MIXED), num_heads=8, kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32, max_query_len=bound
+    )
+    block_q = int(cfg.constexprs["BLOCK_Q"])
+    needed = len(tiles(case.query_starts.tolist(), block_q))
+    work = torch.from_numpy(tiles(case.query_starts.tolist(), block_q, needed + spare))
+    out = torch.full_like(case.q, float("nan"))
+    paged_attention(
+        case.q, case.k_cache, case.v_cache, case.block_tables, case.query_starts, case.seq_lens, out, scale=case.scale,
+        max_query_len=bound, tiles=work,
+    )  # fmt: skip
+    torch.testing.assert_close(out, run_kernel(case, max_query_len=bound), rtol=0, atol=0)
+    check(case, out)
+
+
 def test_launch_config_packs_tokens_and_heads() -> None:
     decode = launch_config(
         num_seqs=5, num_heads=32, kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16, max_query_len=1

@@ -266,6 +266,7 @@ def add_lora(
     backend: Backend = "auto",
     check: bool = True,
     max_seg_len: int | None = None,
+    seg_tiles: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Semantics: ``y[i, off:off+N] += scale * (x[i] @ A.T) @ B.T`` with each row's adapter.
 
@@ -273,7 +274,9 @@ def add_lora(
     For a fused projection, call once per slice with that slice's slots and ``y_offset``.
     ``max_seg_len`` is the longest segment when the caller knows it (the engine builds the
     segments on the host): the segments are then trusted as they are, and nothing is read back
-    from a device to size the SGMV grid.
+    from a device to size the SGMV grid. ``seg_tiles`` [2, capacity, 2] are the shrink's and the
+    expand's work lists (``kernels.tiles``, built with ``sgmv``'s row blocks) for a grid that does
+    not depend on the segments, as a CUDA graph needs; the Triton backend's engine path only.
     """
     if (row_slots is None) == (seg_starts is None or seg_slots is None):
         raise ValueError("give either row_slots (BGMV) or seg_starts and seg_slots (SGMV)")
@@ -313,8 +316,11 @@ def add_lora(
         _check_x(x, slots.lora_a)
         _check_y(y, slots.lora_b, y_offset)
         buf = _scratch(x, slots.lora_a)
-        sgmv.sgmv_shrink(x, slots.lora_a, slots.ranks, seg_starts, seg_slots, buf, max_seg_len)
-        sgmv.sgmv_expand(y, buf, slots.lora_b, slots.ranks, slots.scalings, seg_starts, seg_slots, y_offset, max_seg_len)
+        shrink_tiles, expand_tiles = (None, None) if seg_tiles is None else (seg_tiles[0], seg_tiles[1])
+        sgmv.sgmv_shrink(x, slots.lora_a, slots.ranks, seg_starts, seg_slots, buf, max_seg_len, tiles=shrink_tiles)
+        sgmv.sgmv_expand(
+            y, buf, slots.lora_b, slots.ranks, slots.scalings, seg_starts, seg_slots, y_offset, max_seg_len, tiles=expand_tiles
+        )  # fmt: skip
         return y
     buf = sgmv_shrink(x, slots.lora_a, slots.ranks, seg_starts, seg_slots, backend=backend, check=check)
     return sgmv_expand(
@@ -332,11 +338,12 @@ def add_lora_stacked(
     seg_slots: torch.Tensor | None = None,
     max_seg_len: int = 1,
     backend: Backend = "auto",
+    seg_tiles: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Semantics: ``add_lora`` for every slice of a fused projection, into its columns of ``y``
     [T, sum(sizes)]: one shrink and one expand on the Triton backend, whatever the number of
     slices; slice by slice on the CPU. Rows as ``add_lora`` takes them (segments with their
-    longest length, known to the caller); nothing is checked on the hot path."""
+    longest length, known to the caller, or their work lists); nothing is checked on the hot path."""
     if (row_slots is None) == (seg_starts is None or seg_slots is None):
         raise ValueError("give either row_slots (BGMV) or seg_starts and seg_slots (SGMV)")
     if _resolve(backend, x) == "cpu":
@@ -358,6 +365,10 @@ def add_lora_stacked(
     from loraplane.kernels import sgmv
 
     assert seg_starts is not None and seg_slots is not None
-    sgmv.sgmv_shrink(x, stacked.lora_a, stacked.ranks, seg_starts, seg_slots, buf, max_seg_len)
-    sgmv.sgmv_expand(y, buf, stacked.lora_b, stacked.ranks, stacked.scalings, seg_starts, seg_slots, 0, max_seg_len, layout)
+    shrink_tiles, expand_tiles = (None, None) if seg_tiles is None else (seg_tiles[0], seg_tiles[1])
+    sgmv.sgmv_shrink(x, stacked.lora_a, stacked.ranks, seg_starts, seg_slots, buf, max_seg_len, tiles=shrink_tiles)
+    sgmv.sgmv_expand(
+        y, buf, stacked.lora_b, stacked.ranks, stacked.scalings, seg_starts, seg_slots, 0, max_seg_len, layout,
+        tiles=expand_tiles,
+    )  # fmt: skip
     return y

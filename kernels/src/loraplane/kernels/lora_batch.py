@@ -21,11 +21,13 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from loraplane.kernels import cpu, dispatch  # ops registers torch.ops.loraplane.*
 from loraplane.kernels.layout import LoraSlots, StackedLoraSlots
 from loraplane.kernels.paged_layout import PagedLoraSlots
+from loraplane.kernels.tiles import tile_capacity, tiles
 
 Slices = Sequence[tuple[int, LoraSlots | PagedLoraSlots]]  # (output offset, slots) per slice of a projection
 
@@ -71,6 +73,22 @@ def plan(runs: Sequence[tuple[int, int]], backend: str, activation_dtype: torch.
     return LoraPlan(starts, slots, longest, by_segments, used)
 
 
+def segment_tile_capacity(tokens: int, segments: int) -> int:
+    """Entries of both SGMV work lists for up to ``segments`` segments over ``tokens`` rows (the
+    expand's row blocks are the shorter, so its list is the longer)."""
+    from loraplane.kernels import sgmv
+
+    return tile_capacity(tokens, segments, min(sgmv.SHRINK_BLOCK_M, sgmv.EXPAND_BLOCK_M))
+
+
+def segment_tiles(seg_starts: Sequence[int] | np.ndarray, capacity: int) -> np.ndarray:
+    """The SGMV shrink's and expand's work lists of these segments, [2, capacity, 2] int32
+    (``LoraBatch.seg_tiles``), each in its kernel's row blocks."""
+    from loraplane.kernels import sgmv
+
+    return np.stack([tiles(seg_starts, sgmv.SHRINK_BLOCK_M, capacity), tiles(seg_starts, sgmv.EXPAND_BLOCK_M, capacity)])
+
+
 @dataclass(frozen=True)
 class LoraBatch:
     """The step's rows on the device, in both forms the kernels take: ``row_slots`` [T] (BGMV) is
@@ -85,6 +103,9 @@ class LoraBatch:
     active_modules: frozenset[str]
     max_seg_len: int = 1
     backend: str = "auto"
+    # The segments' work lists [2, capacity, 2] (shrink, expand; kernels.tiles): a CUDA graph's
+    # fixed grid, for the Triton backend's steps with prompts replayed from a graph.
+    seg_tiles: torch.Tensor | None = None
 
     def add(self, y: torch.Tensor, x: torch.Tensor, slices: Slices, stacked: StackedLoraSlots | None = None) -> None:
         """Add every slice's adapter products of one projection into its output ``y`` [T, out]
@@ -105,7 +126,7 @@ class LoraBatch:
             acc = y if y.dtype == stacked.dtype else y.to(stacked.dtype)
             torch.ops.loraplane.add_lora_stacked(
                 acc, xs, stacked.lora_a, stacked.lora_b, stacked.ranks, stacked.scalings, self.row_slots, self.seg_starts,
-                self.seg_slots, list(stacked.offsets), list(stacked.sizes), self.max_seg_len, self.backend,
+                self.seg_slots, self.seg_tiles, list(stacked.offsets), list(stacked.sizes), self.max_seg_len, self.backend,
             )  # fmt: skip
             if acc is not y:
                 y.copy_(acc)
@@ -148,5 +169,5 @@ class LoraBatch:
             return
         torch.ops.loraplane.add_lora(
             y, x, slots.lora_a, slots.lora_b, slots.ranks, slots.scalings, self.row_slots, self.seg_starts, self.seg_slots,
-            y_offset, self.max_seg_len, self.backend,
+            self.seg_tiles, y_offset, self.max_seg_len, self.backend,
         )  # fmt: skip

@@ -4,13 +4,14 @@
 Semantics (each op is the function of the same name in :mod:`loraplane.kernels.dispatch`, or
 :mod:`loraplane.kernels.paged_attention` for attention)::
 
-    add_lora(y, x, A, B, ranks, scalings, row_slots, seg_starts, seg_slots, y_offset, max_seg_len, backend)
+    add_lora(y, x, A, B, ranks, scalings, row_slots, seg_starts, seg_slots, seg_tiles, y_offset, max_seg_len, backend)
         y[i, off:off+N] += scalings[s] * (x[i] @ A[s, :r].T) @ B[s, :r]     s = the row's slot
-    add_lora_stacked(y, x, A, B, ranks, scalings, row_slots, seg_starts, seg_slots, offsets, sizes, max_seg_len, backend)
+    add_lora_stacked(y, x, A, B, ranks, scalings, row_slots, seg_starts, seg_slots, seg_tiles, offsets, sizes, max_seg_len,
+                     backend)
         the same for every slice of a fused projection (layout.StackedLoraSlots), one launch each way
     add_lora_paged(y, x, pool, a_offsets, b_offsets, ranks, scalings, row_slots, y_offset, out_features, backend)
         the same with each adapter row read at its offset in the page pool
-    paged_attention(out, q, k_cache, v_cache, block_tables, query_starts, seq_lens, scale, max_query_len, backend)
+    paged_attention(out, q, k_cache, v_cache, block_tables, query_starts, seq_lens, scale, max_query_len, tiles)
         out = causal attention of each sequence's new queries over its paged context
     rms_norm(x, weight, eps, out, residual)       out = norm(x), after residual <- x + residual when given
     rotary(q, k, positions, cos, sin)             q, k rotated in place by each row's position
@@ -26,7 +27,9 @@ op would otherwise hide (a real kernel handed a host pointer faults on the GPU i
 Every op mutates its output in place and returns nothing, as the launchers do. ``backend`` is
 ``"auto"`` (Triton on CUDA tensors, the CPU path otherwise), ``"triton"`` or ``"cpu"``.
 Segments are passed with their longest length, known on the host, so no launch reads a
-device tensor back (see ``dispatch.add_lora``'s ``max_seg_len``).
+device tensor back (see ``dispatch.add_lora``'s ``max_seg_len``), or with work lists
+(``seg_tiles``, attention's ``tiles``: ``kernels.tiles``) whose grid depends on the step's tokens
+only, which a CUDA graph for steps with prompts replays whatever the step's segments.
 """
 
 from __future__ import annotations
@@ -93,17 +96,18 @@ def add_lora(
     row_slots: torch.Tensor,
     seg_starts: torch.Tensor | None,
     seg_slots: torch.Tensor | None,
+    seg_tiles: torch.Tensor | None,
     y_offset: int,
     max_seg_len: int,
     backend: str,
 ) -> None:
-    _same_device(y, x, lora_a, lora_b, ranks, scalings, row_slots, seg_starts, seg_slots)
+    _same_device(y, x, lora_a, lora_b, ranks, scalings, row_slots, seg_starts, seg_slots, seg_tiles)
     slots = LoraSlots(lora_a, lora_b, ranks, scalings)
     mode = cast(dispatch.Backend, backend)
     if seg_starts is not None:
         dispatch.add_lora(
             y, x, slots, seg_starts=seg_starts, seg_slots=seg_slots, y_offset=y_offset, backend=mode, check=False,
-            max_seg_len=max_seg_len,
+            max_seg_len=max_seg_len, seg_tiles=seg_tiles,
         )  # fmt: skip
     else:
         dispatch.add_lora(y, x, slots, row_slots=row_slots, y_offset=y_offset, backend=mode, check=False)
@@ -120,11 +124,12 @@ def _(
     row_slots: torch.Tensor,
     seg_starts: torch.Tensor | None,
     seg_slots: torch.Tensor | None,
+    seg_tiles: torch.Tensor | None,
     y_offset: int,
     max_seg_len: int,
     backend: str,
 ) -> None:
-    _same_device(y, x, lora_a, lora_b, ranks, scalings, row_slots, seg_starts, seg_slots)
+    _same_device(y, x, lora_a, lora_b, ranks, scalings, row_slots, seg_starts, seg_slots, seg_tiles)
     if x.shape[1] != lora_a.shape[2] or y.shape[1] < y_offset + lora_b.shape[2] or x.shape[0] != y.shape[0]:
         raise SlotLayoutError(f"x {list(x.shape)}, y {list(y.shape)} do not fit A {list(lora_a.shape)}, B {list(lora_b.shape)}")
 
@@ -140,14 +145,19 @@ def add_lora_stacked(
     row_slots: torch.Tensor,
     seg_starts: torch.Tensor | None,
     seg_slots: torch.Tensor | None,
+    seg_tiles: torch.Tensor | None,
     offsets: list[int],
     sizes: list[int],
     max_seg_len: int,
     backend: str,
 ) -> None:
-    _same_device(y, x, lora_a, lora_b, ranks, scalings, row_slots, seg_starts, seg_slots)
+    _same_device(y, x, lora_a, lora_b, ranks, scalings, row_slots, seg_starts, seg_slots, seg_tiles)
     stacked = StackedLoraSlots(lora_a, lora_b, ranks, scalings, tuple(offsets), tuple(sizes))
-    rows = {"seg_starts": seg_starts, "seg_slots": seg_slots} if seg_starts is not None else {"row_slots": row_slots}
+    rows = (
+        {"seg_starts": seg_starts, "seg_slots": seg_slots, "seg_tiles": seg_tiles}
+        if seg_starts is not None
+        else {"row_slots": row_slots}
+    )
     dispatch.add_lora_stacked(y, x, stacked, max_seg_len=max_seg_len, backend=cast(dispatch.Backend, backend), **rows)
 
 
@@ -162,12 +172,13 @@ def _(
     row_slots: torch.Tensor,
     seg_starts: torch.Tensor | None,
     seg_slots: torch.Tensor | None,
+    seg_tiles: torch.Tensor | None,
     offsets: list[int],
     sizes: list[int],
     max_seg_len: int,
     backend: str,
 ) -> None:
-    _same_device(y, x, lora_a, lora_b, ranks, scalings, row_slots, seg_starts, seg_slots)
+    _same_device(y, x, lora_a, lora_b, ranks, scalings, row_slots, seg_starts, seg_slots, seg_tiles)
     if x.shape[1] != lora_a.shape[3] or y.shape[1] != lora_b.shape[2] or sum(sizes) != y.shape[1] or x.shape[0] != y.shape[0]:
         raise SlotLayoutError(
             f"x {list(x.shape)}, y {list(y.shape)} do not fit stacked A {list(lora_a.shape)}, B {list(lora_b.shape)}"
@@ -225,11 +236,14 @@ def paged_attention(
     seq_lens: torch.Tensor,
     scale: float,
     max_query_len: int,
+    tiles: torch.Tensor | None,
 ) -> None:
-    _same_device(out, q, k_cache, v_cache, block_tables, query_starts, seq_lens)
+    _same_device(out, q, k_cache, v_cache, block_tables, query_starts, seq_lens, tiles)
     from loraplane.kernels.paged_attention import paged_attention as launch
 
-    launch(q, k_cache, v_cache, block_tables, query_starts, seq_lens, out, scale=scale, max_query_len=max_query_len)
+    launch(
+        q, k_cache, v_cache, block_tables, query_starts, seq_lens, out, scale=scale, max_query_len=max_query_len, tiles=tiles
+    )  # fmt: skip
 
 
 @_fake("paged_attention")
@@ -243,8 +257,9 @@ def _(
     seq_lens: torch.Tensor,
     scale: float,
     max_query_len: int,
+    tiles: torch.Tensor | None,
 ) -> None:
-    _same_device(out, q, k_cache, v_cache, block_tables, query_starts, seq_lens)
+    _same_device(out, q, k_cache, v_cache, block_tables, query_starts, seq_lens, tiles)
     if out.shape != q.shape or k_cache.shape != v_cache.shape or q.shape[2] != k_cache.shape[3]:
         raise SlotLayoutError(f"q {list(q.shape)}, out {list(out.shape)} and caches {list(k_cache.shape)} do not agree")
     if block_tables.shape[0] != seq_lens.shape[0] or query_starts.shape[0] != seq_lens.shape[0] + 1:

@@ -13,7 +13,9 @@ int32, seq_lens [B] int32. Decode is ``n = 1``; a prefill chunk after cached tok
 prefill, prefix caching) is ``n < L``; one launch serves any mix of them.
 
 Grid: (sequence, block of ``BLOCK_Q`` query tokens, kv head), sized on the host from shapes and
-``max_query_len``; programs past their sequence's new tokens exit at once. A program's M
+``max_query_len``; programs past their sequence's new tokens exit at once. Given a work list
+(``tiles``, ``kernels.tiles``), the first two are one, a program per entry: the grid then depends
+on the step's tokens only, as a CUDA graph for steps with prompts needs. A program's M
 dimension packs its ``BLOCK_Q`` tokens times the ``GROUP`` query heads that share its kv head
 (vLLM's unified attention does the same), so a decode row with GQA still hands ``tl.dot`` an M
 of 16 and each K/V tile is read once for the whole group. The context is walked in tiles of
@@ -53,6 +55,7 @@ def _paged_attention_kernel(
     block_tables_ptr,
     query_starts_ptr,
     seq_lens_ptr,
+    tiles_ptr,
     qk_scale,
     stride_qt,
     stride_qh,
@@ -77,13 +80,20 @@ def _paged_attention_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    TILED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    pid_q = tl.program_id(1)
+    if TILED:  # a work list (kernels.tiles): this program's (sequence, query block), -1 for none
+        seq = tl.load(tiles_ptr + 2 * tl.program_id(0))
+        pid_q = tl.load(tiles_ptr + 2 * tl.program_id(0) + 1)
+    else:
+        seq = tl.program_id(0)
+        pid_q = tl.program_id(1)
+    live = seq >= 0
+    seq = tl.maximum(seq, 0)
     kv_head = tl.program_id(2)
     q_start = tl.load(query_starts_ptr + seq)
-    num_new = tl.load(query_starts_ptr + seq + 1) - q_start
+    num_new = tl.where(live, tl.load(query_starts_ptr + seq + 1) - q_start, 0)
     if pid_q * BLOCK_Q < num_new:
         seq_len = tl.load(seq_lens_ptr + seq)
         offs_m = tl.arange(0, BLOCK_M)
@@ -163,6 +173,7 @@ def launch_config(
     block_size: int,
     dtype: torch.dtype,
     max_query_len: int,
+    num_tiles: int | None = None,
 ) -> LaunchConfig:
     """The grid, compile-time sizes and launch options for one step; pure host arithmetic.
 
@@ -170,7 +181,8 @@ def launch_config(
     power of two >= 16 (``tl.dot``'s minimum on GPUs) that holds the step's longest span times the
     group, capped at 64 rows unless the group alone needs more, so a long prompt is split over
     programs. Decode steps get the smallest tile ``tl.dot`` accepts, and at most three variants
-    (16, 32, 64 rows) are compiled per model.
+    (16, 32, 64 rows) are compiled per model. With ``num_tiles`` (a work list of ``BLOCK_Q``-token
+    blocks, ``kernels.tiles``) the grid is a program per entry and kv head, whatever the sequences.
     """
     if num_heads <= 0 or kv_heads <= 0 or num_heads % kv_heads:
         raise ValueError(f"{num_heads} query heads cannot be shared evenly by {kv_heads} kv heads")
@@ -194,9 +206,10 @@ def launch_config(
         "BLOCK_Q": block_q,
         "BLOCK_M": block_m,
         "BLOCK_N": block_n,
+        "TILED": num_tiles is not None,
         "DOT_PRECISION": dot_precision(dtype),
     }
-    grid = (num_seqs, triton.cdiv(max(max_query_len, 0), block_q), kv_heads)
+    grid = (num_seqs, triton.cdiv(max(max_query_len, 0), block_q), kv_heads) if num_tiles is None else (num_tiles, 1, kv_heads)
     return LaunchConfig(grid=grid, constexprs=constexprs, num_warps=4, num_stages=2)
 
 
@@ -211,12 +224,15 @@ def paged_attention(
     *,
     scale: float,
     max_query_len: int,
+    tiles: torch.Tensor | None = None,
 ) -> None:
     """Write each new token's attention over its sequence's cached context into ``out``.
 
     ``k_cache``/``v_cache`` must already hold this step's keys and values. ``max_query_len`` is
     the host's bound on any sequence's new-token count (it sizes the grid; a larger bound only
-    adds programs that exit at once). Nothing is read back from the device.
+    adds programs that exit at once). ``tiles``: the programs' work list [n, 2] int32, of
+    ``launch_config(..., max_query_len).constexprs["BLOCK_Q"]``-token blocks (a CUDA graph's
+    fixed grid). Nothing is read back from the device.
     """
     if q.dim() != 3 or out.shape != q.shape:
         raise ValueError(f"q and out must both be [T, H, D], got {tuple(q.shape)} and {tuple(out.shape)}")
@@ -246,8 +262,9 @@ def paged_attention(
         block_size=k_cache.shape[1],
         dtype=q.dtype,
         max_query_len=max_query_len,
+        num_tiles=None if tiles is None else tiles.shape[0],
     )
-    if q.shape[0] == 0 or num_seqs == 0 or max_query_len <= 0:
+    if q.shape[0] == 0 or num_seqs == 0 or max_query_len <= 0 or (tiles is not None and tiles.shape[0] == 0):
         return
     _paged_attention_kernel[cfg.grid](
         q,
@@ -257,6 +274,7 @@ def paged_attention(
         block_tables,
         query_starts,
         seq_lens,
+        seq_lens if tiles is None else tiles,
         scale * _LOG2E,
         *q.stride(),
         *k_cache.stride(),

@@ -9,7 +9,9 @@ Semantics::
 Shapes: x [T, K], lora_a [S, R, K], out/buf [T, R] float32, lora_b [S, R, N], y [T, >= off+N]; a
 fused projection's slices stacked as ``bgmv`` takes them, in one launch each way.
 Grid: (segment, row block, rank or column block). Programs past a segment's end or its adapter's
-rank exit at once, so short segments and low ranks cost nothing extra. Operands are widened to
+rank exit at once, so short segments and low ranks cost nothing extra. Given a work list
+(``tiles``, see ``kernels.tiles``), the first two are one: a program per entry, so the grid
+depends on the step's tokens only, as a CUDA graph needs. Operands are widened to
 float32 before ``tl.dot``: Triton's CPU interpreter multiplies bf16 bit patterns otherwise, and
 accumulation is float32 on every path anyway. For a bfloat16 or float16 model the dots then run
 as TF32 on the tensor cores (``DOT_PRECISION``, as attention does): TF32's 10-bit mantissa holds
@@ -38,6 +40,7 @@ def _sgmv_shrink_kernel(
     seg_starts_ptr,
     seg_slots_ptr,
     ranks_ptr,
+    tiles_ptr,
     K,
     stride_xm,
     stride_xk,
@@ -56,15 +59,22 @@ def _sgmv_shrink_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
     ATOMIC: tl.constexpr,
+    TILED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    seg = tl.program_id(0)
-    pid_m = tl.program_id(1)
+    if TILED:  # a work list (kernels.tiles): this program's (segment, row block), -1 for none
+        seg = tl.load(tiles_ptr + 2 * tl.program_id(0))
+        pid_m = tl.load(tiles_ptr + 2 * tl.program_id(0) + 1)
+    else:
+        seg = tl.program_id(0)
+        pid_m = tl.program_id(1)
+    live = seg >= 0
+    seg = tl.maximum(seg, 0)
     pid_r = tl.program_id(2) // num_splits
     k_lo = (tl.program_id(2) % num_splits) * k_per_split
     slot = tl.load(seg_slots_ptr + seg)
     start = tl.load(seg_starts_ptr + seg)
-    seg_len = tl.load(seg_starts_ptr + seg + 1) - start
+    seg_len = tl.where(live, tl.load(seg_starts_ptr + seg + 1) - start, 0)
     for j in tl.static_range(NUM_SLICES):  # a fused projection's slices, one after another
         rank = tl.load(ranks_ptr + j * stride_rj + tl.maximum(slot, 0))
         rank = tl.where(slot >= 0, rank, 0)
@@ -105,6 +115,7 @@ def _sgmv_expand_kernel(
     seg_slots_ptr,
     ranks_ptr,
     scalings_ptr,
+    tiles_ptr,
     y_offset,
     stride_bm,
     stride_bj,
@@ -120,14 +131,21 @@ def _sgmv_expand_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    TILED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    seg = tl.program_id(0)
-    pid_m = tl.program_id(1)
+    if TILED:  # as the shrink's
+        seg = tl.load(tiles_ptr + 2 * tl.program_id(0))
+        pid_m = tl.load(tiles_ptr + 2 * tl.program_id(0) + 1)
+    else:
+        seg = tl.program_id(0)
+        pid_m = tl.program_id(1)
+    live = seg >= 0
+    seg = tl.maximum(seg, 0)
     pid_n = tl.program_id(2)
     slot = tl.load(seg_slots_ptr + seg)
     start = tl.load(seg_starts_ptr + seg)
-    seg_len = tl.load(seg_starts_ptr + seg + 1) - start
+    seg_len = tl.where(live, tl.load(seg_starts_ptr + seg + 1) - start, 0)
     for j in tl.static_range(len(SLICE_SIZES)):  # a fused projection's slices, each into its columns
         rank = tl.load(ranks_ptr + j * stride_rj + tl.maximum(slot, 0))
         rank = tl.where(slot >= 0, rank, 0)
@@ -174,26 +192,31 @@ def sgmv_shrink(
     max_seg_len: int,
     *,
     zeroed: bool = False,
+    tiles: torch.Tensor | None = None,
 ) -> None:
     """``zeroed``: ``out`` already holds zeros (a split shrink adds into it; else it is zeroed here).
-    Stacked slices as ``bgmv.bgmv_shrink`` takes them."""
+    Stacked slices as ``bgmv.bgmv_shrink`` takes them. ``tiles``: a work list of
+    ``SHRINK_BLOCK_M``-row blocks (``kernels.tiles``), one program per entry whatever the segments
+    (a CUDA graph's fixed grid); ``max_seg_len`` is then unused."""
     num_segs = seg_slots.shape[0]
-    if num_segs == 0 or max_seg_len == 0:
+    if tiles is None and (num_segs == 0 or max_seg_len == 0):
         return
     n, stride_aj, stride_rj = slice_strides(lora_a, ranks)
     max_rank = lora_a.shape[-2]
     block_m, block_r, block_k, k = SHRINK_BLOCK_M, SHRINK_BLOCK_R, SHRINK_BLOCK_K, x.shape[1]
-    m_blocks, r_blocks = triton.cdiv(max_seg_len, block_m), triton.cdiv(max_rank, block_r)
+    r_blocks = triton.cdiv(max_rank, block_r)
     # Every row block of the longest segment counts: shorter ones exit early, and are cheap.
-    split, k_per_split = split_k(num_segs * m_blocks * r_blocks, k, block_k, SHRINK_PROGRAMS)
+    programs = (num_segs, triton.cdiv(max_seg_len, block_m)) if tiles is None else (tiles.shape[0], 1)
+    split, k_per_split = split_k(programs[0] * programs[1] * r_blocks, k, block_k, SHRINK_PROGRAMS)
     if split > 1 and not zeroed:
         out.zero_()
-    grid = (num_segs, m_blocks, r_blocks * split)
+    grid = (*programs, r_blocks * split)
     _sgmv_shrink_kernel[grid](
-        x, lora_a, out, seg_starts, seg_slots, ranks, x.shape[1], x.stride(0), x.stride(1), stride_aj, lora_a.stride(-3),
-        lora_a.stride(-2), lora_a.stride(-1), out.stride(0), max_rank * out.stride(1), out.stride(1), stride_rj, split,
-        k_per_split, NUM_SLICES=n, BLOCK_M=block_m, BLOCK_R=block_r, BLOCK_K=block_k, ATOMIC=split > 1,
-        DOT_PRECISION=dot_precision(x.dtype), num_warps=SHRINK_WARPS,
+        x, lora_a, out, seg_starts, seg_slots, ranks, seg_starts if tiles is None else tiles, x.shape[1], x.stride(0),
+        x.stride(1), stride_aj, lora_a.stride(-3), lora_a.stride(-2), lora_a.stride(-1), out.stride(0),
+        max_rank * out.stride(1), out.stride(1), stride_rj, split, k_per_split, NUM_SLICES=n, BLOCK_M=block_m,
+        BLOCK_R=block_r, BLOCK_K=block_k, ATOMIC=split > 1, TILED=tiles is not None, DOT_PRECISION=dot_precision(x.dtype),
+        num_warps=SHRINK_WARPS,
     )  # fmt: skip
 
 
@@ -208,18 +231,22 @@ def sgmv_expand(
     y_offset: int,
     max_seg_len: int,
     slices: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
+    tiles: torch.Tensor | None = None,
 ) -> None:
-    """``slices``: as ``bgmv.bgmv_expand`` takes them."""
+    """``slices``: as ``bgmv.bgmv_expand`` takes them. ``tiles``: as the shrink's, of
+    ``EXPAND_BLOCK_M``-row blocks."""
     num_segs = seg_slots.shape[0]
-    if num_segs == 0 or max_seg_len == 0:
+    if tiles is None and (num_segs == 0 or max_seg_len == 0):
         return
     offsets, sizes = slices if slices is not None else ((0,), (lora_b.shape[2],))
     stride_rj = ranks.stride(0) if ranks.dim() == 2 else 0
     block_m, block_n, block_r, max_rank = EXPAND_BLOCK_M, EXPAND_BLOCK_N, EXPAND_BLOCK_R, lora_b.shape[1]
-    grid = (num_segs, triton.cdiv(max_seg_len, block_m), triton.cdiv(max(sizes), block_n))
+    programs = (num_segs, triton.cdiv(max_seg_len, block_m)) if tiles is None else (tiles.shape[0], 1)
+    grid = (*programs, triton.cdiv(max(sizes), block_n))
     _sgmv_expand_kernel[grid](
-        buf, lora_b, y, seg_starts, seg_slots, ranks, scalings, y_offset, buf.stride(0), max_rank * buf.stride(1),
-        buf.stride(1), lora_b.stride(0), lora_b.stride(1), lora_b.stride(2), y.stride(0), y.stride(1), stride_rj,
-        SLICE_OFFSETS=tuple(offsets), SLICE_SIZES=tuple(sizes), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=block_r,
-        DOT_PRECISION=dot_precision(y.dtype), num_warps=EXPAND_WARPS,
+        buf, lora_b, y, seg_starts, seg_slots, ranks, scalings, seg_starts if tiles is None else tiles, y_offset,
+        buf.stride(0), max_rank * buf.stride(1), buf.stride(1), lora_b.stride(0), lora_b.stride(1), lora_b.stride(2),
+        y.stride(0), y.stride(1), stride_rj, SLICE_OFFSETS=tuple(offsets), SLICE_SIZES=tuple(sizes), BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_R=block_r, TILED=tiles is not None, DOT_PRECISION=dot_precision(y.dtype),
+        num_warps=EXPAND_WARPS,
     )  # fmt: skip

@@ -14,7 +14,8 @@ What it checks and counts, per step:
 
 - **launches**: every operation that would run a kernel on the device (views, reshapes and
   allocations do not), each custom op by the kernels it declares (``kernels.ops.LAUNCHES``);
-- **graph replays**: a captured decode graph replays as one count and none of its launches;
+- **graph replays**: a captured graph (decode, or a step with prompts) replays as one count and
+  none of its launches;
 - **read-backs**: the engine's declared ones (``transfers.to_host``, answered with zeros);
   anything else that would wait for the device (``.item()``, ``.tolist()``, a copy to the host,
   a data-dependent shape) raises :class:`HostSync`;
@@ -183,6 +184,8 @@ class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.cache: dict[Any, Any] = {}
         self.tally = Tally()
         self.capturing = False  # inside a graph capture: launches go to the graph, not the step
+        self.captured = 0  # launches recorded into graphs so far
+        self.graph_launches: dict[tuple[str, int], int] = {}  # (graph kind, bucket): launches it replays
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -210,6 +213,8 @@ class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             t.ops += 1
             t.by_op[name] += 1
             t.launches += self._launches(func, name, args, kwargs)
+        else:
+            self.captured += self._launches(func, name, args, kwargs)
         if type(outs) is _Out and not entry[2]:
             return self._build(outs, args)
         # A view is made outside inference mode: it takes its base's version counter, which an
@@ -350,10 +355,10 @@ def per_op_cost(recorder: Recorder, repeats: int = 2000) -> float:
 def device_free_engine(settings: dict[str, Any]) -> Iterator[tuple[Any, Recorder]]:
     """An engine built from ``settings`` (an ``EngineConfig``'s fields; ``device`` is ``cuda``)
     with every device tensor device-free, its declared read-backs answered with zeros and counted,
-    and its decode graphs recorded once and replayed as a count."""
+    and its step graphs (decode and prompt) recorded once and replayed as a count."""
     from loraplane.serving.config import EngineConfig
     from loraplane.serving.engine import builder, transfers
-    from loraplane.serving.engine.decode_graphs import DecodeGraphs
+    from loraplane.serving.engine.step_graphs import StepGraphs
 
     with recording() as recorder, contextlib.ExitStack() as patches:
 
@@ -364,9 +369,11 @@ def device_free_engine(settings: dict[str, Any]) -> Iterator[tuple[Any, Recorder
             recorder.tally.read_back_bytes += t.numel() * t.element_size()
             return torch.zeros(tuple(t.shape), dtype=t.dtype)
 
-        def capture(graphs: DecodeGraphs, size: int) -> None:
+        def capture(graphs: StepGraphs, size: int) -> None:
+            before = recorder.captured
             with recorder.capture():
                 graphs.outputs[size] = graphs._forward(size)
+            recorder.graph_launches[type(graphs).__name__, size] = recorder.captured - before
 
             def replay() -> None:
                 recorder.tally.graph_replays += 1
@@ -376,7 +383,7 @@ def device_free_engine(settings: dict[str, Any]) -> Iterator[tuple[Any, Recorder
         patches.enter_context(_patched(transfers, "to_host", to_host))
         # Random weights would need a CUDA generator; a device-free weight has no values to fill.
         patches.enter_context(_patched(builder, "random_weights", lambda model: None))
-        patches.enter_context(_patched(DecodeGraphs, "capture", capture))
+        patches.enter_context(_patched(StepGraphs, "capture", capture))
         engine = builder.build_engine(EngineConfig(**{**settings, "device": "cuda", "load_format": "dummy"}))
         try:
             yield engine, recorder

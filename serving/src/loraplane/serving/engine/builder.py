@@ -21,13 +21,13 @@ from loraplane.serving import cuda_runtime
 from loraplane.serving.config import EngineConfig
 from loraplane.serving.engine.adapter_gate import AdapterGate
 from loraplane.serving.engine.block_manager import BlockManager
-from loraplane.serving.engine.decode_graphs import DecodeGraphs
 from loraplane.serving.engine.device_memory import GpuBudget, activation_bytes, gpu_budget, log_sizing, resolve_device
 from loraplane.serving.engine.llm_engine import EngineParts, LLMEngine
 from loraplane.serving.engine.model_runner import ModelRunner
 from loraplane.serving.engine.queue_metrics import QueueCollector
 from loraplane.serving.engine.sampler import Sampler
 from loraplane.serving.engine.scheduler import FAIR_PREFILL_CHUNK, Scheduler
+from loraplane.serving.engine.step_graphs import DecodeGraphs, PromptGraphs
 from loraplane.serving.engine.structured import Grammars
 from loraplane.serving.lora.adapter_files import AdapterFiles, NodeAgentFiles, OwnCache
 from loraplane.serving.lora.manager import AdapterManager
@@ -284,11 +284,15 @@ def build_parts(config: EngineConfig) -> EngineParts:
         fair_prefill_chunk=config.fair_prefill_chunk or FAIR_PREFILL_CHUNK["cuda" if device.type == "cuda" else "cpu"],
     )
     metrics.registry.register(QueueCollector(scheduler, blocks, config.max_loras, base.shape.name))
-    graphs = None
+    graphs = prompt_graphs = None
     if graphed:
         max_blocks = -(-max_model_len // config.block_size)
         graphs = DecodeGraphs(model, cache, num_blocks, max_num_seqs, max_blocks, backend)
-        if graphs.real:
+        prompt_graphs = PromptGraphs(
+            model, cache, num_blocks, max_num_seqs, max_num_batched_tokens, max_blocks, backend, pool=graphs.pool
+        )
+        if graphs.real:  # the larger first, so the decode graphs reuse their memory
+            prompt_graphs.capture_all()
             graphs.capture_all()
     eos = tokenizer.eos_token_id
     eos_ids = frozenset(cfg.eos_token_ids) | ({eos} if eos is not None else frozenset())
@@ -310,6 +314,6 @@ def build_parts(config: EngineConfig) -> EngineParts:
         eos_ids=eos_ids,
         sampler=sampler,
         grammars=Grammars(tokenizer.hf, cfg.vocab_size, eos_ids),
-        runner=ModelRunner(model, cache, slots, sampler, backend, graphs),
+        runner=ModelRunner(model, cache, slots, sampler, backend, graphs, prompt_graphs),
         interjects=interjects(config, backend),
     )

@@ -25,9 +25,9 @@ import torch
 from loraplane.kernels import lora_batch
 from loraplane.kernels.lora_batch import LoraBatch
 from loraplane.serving.engine import prompt_logprobs, transfers
-from loraplane.serving.engine.decode_graphs import DecodeGraphs
 from loraplane.serving.engine.sampler import SampleFailure, Sampler
 from loraplane.serving.engine.sequence import Sequence, TokenLogprob
+from loraplane.serving.engine.step_graphs import DecodeGraphs, PromptGraphs
 from loraplane.serving.lora.slot_table import SlotTable
 from loraplane.serving.model.attention import KVCache
 from loraplane.serving.model.context import PagedBatch, PrefillSpan, StepContext
@@ -61,12 +61,13 @@ class ModelRunner:
         sampler: Sampler,
         backend: str = "cpu",
         graphs: DecodeGraphs | None = None,
+        prompt_graphs: PromptGraphs | None = None,
     ) -> None:
         """``backend``: "triton" (the paged-attention kernel and the Triton LoRA kernels) or
         "cpu" (SDPA and the numba LoRA path), resolved by the builder from the device; ``graphs``
-        replays decode-only steps (absent: every step runs eagerly)."""
+        replays decode-only steps and ``prompt_graphs`` the others (absent: those run eagerly)."""
         self.model, self.cache, self.slots, self.sampler, self.backend = model, cache, slots, sampler, backend
-        self.graphs = graphs
+        self.graphs, self.prompt_graphs = graphs, prompt_graphs
         self.block_size = cache.block_size
         self.device = model.embed_tokens.weight.device
         self.activation_dtype = model.embed_tokens.weight.dtype  # what the LoRA plan weighs on the CPU
@@ -183,17 +184,41 @@ class ModelRunner:
             sampled = [seq for seq, _ in items]
             logits = self.graphs.run(rows)
         else:
-            input_ids, ctx, logit_rows, sampled = self.build(items)
-            # The hook only when there is one: the forward's three-argument call stays what it
-            # was for every step that has none (every step on a GPU).
-            if between_layers is None:
-                hidden = self.model(input_ids, ctx, self.cache)
+            replayed = self._replay_prompt_graph(items) if between_layers is None else None
+            if replayed is not None:
+                hidden, sampled_hidden, sampled = replayed
             else:
-                hidden = self.model(input_ids, ctx, self.cache, between_layers=between_layers)
+                input_ids, ctx, logit_rows, sampled = self.build(items)
+                # The hook only when there is one: the forward's three-argument call stays what it
+                # was for every step that has none (every step on a GPU).
+                if between_layers is None:
+                    hidden = self.model(input_ids, ctx, self.cache)
+                else:
+                    hidden = self.model(input_ids, ctx, self.cache, between_layers=between_layers)
+                sampled_hidden = hidden[logit_rows]
             if any(seq.params.prompt_logprobs is not None for seq, _ in items):
                 prompt_logprobs.record(items, hidden, self.model.logits)
             if not sampled:
                 return {}
-            logits = self.model.logits(hidden[logit_rows])
+            logits = self.model.logits(sampled_hidden)
         results = self.sampler.sample(logits, sampled)
         return {seq.seq_id: r for seq, r in zip(sampled, results, strict=True)}
+
+    def _replay_prompt_graph(self, items: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, torch.Tensor, list[Sequence]] | None:
+        """(the rows' hidden states, the sampled rows', the sequences sampled) of a step with
+        prompts replayed from its token bucket's graph, or None when no bucket holds it (or there
+        are no prompt graphs: the step then runs eagerly)."""
+        graphs = self.prompt_graphs
+        if graphs is None:
+            return None
+        size = graphs.fits(sum(n for _, n in items), len(items))
+        if size is None:
+            return None
+        r = self._rows(items)
+        plan = lora_batch.plan(r.runs, self.backend, self.activation_dtype)
+        if plan is not None:
+            self.slots.wait_for_writes(plan.used)
+        slots = np.repeat(np.array([slot for slot, _ in r.runs], dtype=np.int32), [n for _, n in r.runs])
+        token_arrays = [np.concatenate(a) for a in (r.ids, r.positions, r.blocks, r.offsets)] + [slots]
+        hidden, sampled_hidden = graphs.run(size, token_arrays, plan, r.query_starts, r.seq_lens, r.tables, r.logit_rows)
+        return hidden, sampled_hidden, r.sampled

@@ -110,7 +110,7 @@ def paged_attention(
         p = ctx.paged
         scale = q.shape[-1] ** -0.5
         torch.ops.loraplane.paged_attention(
-            out, q, k_cache, v_cache, p.block_tables, p.query_starts, p.seq_lens, scale, p.max_query_len
+            out, q, k_cache, v_cache, p.block_tables, p.query_starts, p.seq_lens, scale, p.max_query_len, p.tiles
         )  # fmt: skip
         return out
     for span in ctx.prefills:

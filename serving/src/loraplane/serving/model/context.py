@@ -35,7 +35,8 @@ class PagedBatch:
     block_tables: torch.Tensor  # [B, max_blocks] int32; past a sequence's length never read
     query_starts: torch.Tensor  # [B + 1] int32
     seq_lens: torch.Tensor  # [B] int32
-    max_query_len: int  # known on the host: sizes the kernel's grid
+    max_query_len: int  # known on the host: sizes the kernel's grid (its tiles' query block, with ``tiles``)
+    tiles: torch.Tensor | None = None  # a work list (kernels.tiles): the fixed grid of a CUDA graph with prompts
 
 
 @dataclass(frozen=True)
