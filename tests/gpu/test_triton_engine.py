@@ -30,7 +30,11 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(3, 320) for _ in range(rng.randrange(3, 30))] for _ in range(n)]
 
 
-@pytest.mark.parametrize(("lora_memory", "enforce_eager"), [("static", False), ("unified", True)], ids=["graphs", "eager"])
+@pytest.mark.parametrize(
+    ("lora_memory", "enforce_eager"),
+    [("static", False), ("unified", True), ("unified", False)],
+    ids=["graphs", "eager", "unified-graphs"],
+)
 def test_the_triton_path_matches_peft(
     tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path: Path, lora_memory: str, enforce_eager: bool
 ) -> None:
@@ -77,3 +81,23 @@ def test_the_triton_path_is_the_one_that_runs(
     spy(attention, "_attend")
     tokens, _ = engine_greedy(engine, [([5, 6, 7, 8, 9, 10, 11], "all8"), ([12, 13], None)], 3, eos_id=2)
     assert calls == [] and all(len(t) == 3 for t in tokens)
+
+
+def test_a_prompt_step_fills_the_host_copy_the_step_before_did_not_send_from(
+    tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    """A long prompt's middle chunks sample nothing, so no read-back waits for their copies to the
+    device: a chunk filling the host copy that the chunk before is still being sent from would
+    hand that chunk the wrong tokens on a GPU. The prompt graphs fill two host copies by turns;
+    after two chunks each holds its own chunk's tokens."""
+    from loraplane.serving.engine.sampling_params import SamplingParams
+
+    engine = tiny_engine(tiny_llama, tmp_path, tiny_adapters, kernel_backend="triton", max_num_batched_tokens=16)
+    graphs = engine.runner.prompt_graphs
+    assert graphs is not None
+    prompt = list(range(3, 43))  # three chunks of 16, 16 and 8 tokens
+    engine.add_request(prompt, SamplingParams(max_tokens=1), adapter="all8")
+    engine.step()
+    engine.step()
+    assert [h["ids"][:16].tolist() for h in graphs.hosts] == [prompt[:16], prompt[16:32]]
+    assert graphs.turn == 0

@@ -89,6 +89,40 @@ class StepGraphs:
     def _forward(self, size: int) -> torch.Tensor:
         raise NotImplementedError
 
+    def _stage(self, staging: torch.Tensor, views: Callable[[torch.Tensor], dict[str, np.ndarray]]) -> None:
+        """Two page-locked host copies of the static buffer (``staging``, holding its first
+        values, and a twin), filled by turns. A step's copy to the device is queued behind the
+        device's work, so the host copy it reads may be refilled only once the copy has run: a
+        step that samples waits for its tokens anyway, one that samples nothing (a long prompt's
+        middle chunks) does not, and the next fill would race with its queued copy. With two, a
+        fill waits (``_host``) only for the send of two steps ago, which has almost always run."""
+        twin = staging.clone()
+        self.stagings = [staging, twin.pin_memory() if self.real else twin]
+        self.hosts = [views(buffer) for buffer in self.stagings]
+        self.sends: list[Any] = [None, None]  # the event after each host copy's last send
+        self.turn = 0
+
+    def _host(self) -> dict[str, np.ndarray]:
+        """This step's host copy, once its previous send has left it."""
+        sent = self.sends[self.turn]
+        if sent is not None:
+            sent.synchronize()
+        return self.hosts[self.turn]
+
+    def _send(self, device_buffer: torch.Tensor, end: int | None = None) -> None:
+        """This step's host copy (its first ``end`` entries, or all) to the static buffer, in one
+        asynchronous copy; the next step fills the other host copy."""
+        staging = self.stagings[self.turn]
+        if end is None:
+            device_buffer.copy_(staging, non_blocking=True)
+        else:
+            device_buffer[:end].copy_(staging[:end], non_blocking=True)
+        if self.real:
+            sent = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            sent.record()
+            self.sends[self.turn] = sent
+        self.turn ^= 1
+
     def capture(self, size: int) -> None:
         """Record the bucket's graph (after one eager run, which compiles the Triton kernels and
         settles the allocator), or keep the function for replay where there is no CUDA."""
@@ -101,6 +135,9 @@ class StepGraphs:
             return
         self.outputs[size] = self._forward(size)  # warm-up: Triton compiles, nothing may compile while recording
         torch.cuda.synchronize(self.device)
+        # The warm-up's activations go back to the device, so the graph's pool can take them
+        # rather than hold as much again beside the caching allocator's blocks.
+        torch.cuda.empty_cache()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             self.outputs[size] = self._forward(size)
@@ -165,13 +202,13 @@ class DecodeGraphs(StepGraphs):
         rows = self.sizes[-1]
         # The host side of the static buffer: filled in place each step (only the bucket's rows,
         # only each row's own blocks) and sent whole in one copy; real, and page-locked on a GPU,
-        # even while fake tensors are traced. Until a step fills them, rows point at the scratch
-        # block (the warm-up before capture runs them); each decode row is one query, so the
-        # query starts never change.
+        # even while fake tensors are traced (two of them, by turns: ``_stage``). Until a step
+        # fills them, rows point at the scratch block (the warm-up before capture runs them);
+        # each decode row is one query, so the query starts never change.
         with host_side():
             staging = torch.zeros(StaticInputs.size(rows, max_blocks), dtype=torch.int32)
-            self.staging = staging.pin_memory() if self.real else staging
-            host = StaticInputs.views(self.staging, rows, max_blocks)
+            staging = staging.pin_memory() if self.real else staging
+            host = StaticInputs.views(staging, rows, max_blocks)
             host.query_starts.copy_(torch.arange(rows + 1, dtype=torch.int32))
             for field, value in (
                 (host.blocks, scratch_block),
@@ -180,12 +217,15 @@ class DecodeGraphs(StepGraphs):
                 (host.row_slots, -1),
             ):
                 field.fill_(value)
-            self.host = {
-                name: getattr(host, name).numpy()
-                for name in ("ids", "positions", "blocks", "offsets", "row_slots", "seq_lens", "tables")
-            }
-        self.static = StaticInputs.views(torch.empty_like(self.staging, device=self.device), rows, max_blocks)
-        self.static.buffer.copy_(self.staging)
+
+            def views(buffer: torch.Tensor) -> dict[str, np.ndarray]:
+                host = StaticInputs.views(buffer, rows, max_blocks)
+                names = ("ids", "positions", "blocks", "offsets", "row_slots", "seq_lens", "tables")
+                return {name: getattr(host, name).numpy() for name in names}
+
+            self._stage(staging, views)
+        self.static = StaticInputs.views(torch.empty_like(staging, device=self.device), rows, max_blocks)
+        self.static.buffer.copy_(staging)
 
     def _forward(self, size: int) -> torch.Tensor:
         """The decode step of ``size`` padded rows on the static buffers: hidden states [size,
@@ -210,7 +250,7 @@ class DecodeGraphs(StepGraphs):
         """Write these decode rows, padded to ``size``, into the host buffer: (token id, position,
         KV slot, adapter slot, context length, block table) per row. Rows past ``size`` and table
         columns past a row's context are never read (the kernel stops at each row's length)."""
-        h, n, bs = self.host, len(rows), self.cache.block_size
+        h, n, bs = self._host(), len(rows), self.cache.block_size
         for name, column in (("ids", 0), ("positions", 1), ("row_slots", 3), ("seq_lens", 4)):
             h[name][:n] = [r[column] for r in rows]
         h["blocks"][:n] = [r[2] // bs for r in rows]
@@ -230,14 +270,12 @@ class DecodeGraphs(StepGraphs):
         h["tables"][n:size, 0] = self.scratch_block
 
     def run(self, rows: list[tuple[int, int, int, int, int, list[int]]]) -> torch.Tensor:
-        """Logits [len(rows), vocab] of one decode step, replayed from its bucket's graph. The
-        host buffer is free to refill: the previous step's copy was waited for when its tokens
-        came back."""
+        """Logits [len(rows), vocab] of one decode step, replayed from its bucket's graph."""
         size = self.bucket(len(rows))
         assert size is not None, "the runner checks the bucket first"
         with host_side():
             self.fill(rows, size)
-        self.static.buffer.copy_(self.staging, non_blocking=True)
+        self._send(self.static.buffer)
         return self.model.logits(self.replay(size)[: len(rows)])
 
 
@@ -249,8 +287,9 @@ class PromptGraphs(StepGraphs):
     both SGMV work lists and the attention's; per sequence its block table row, query start,
     context length and the row its logits come from. A bucket reads the first entries of each."""
 
+    # The block tables last: a step sends the buffer up to its own sequences' rows only.
     FIELDS = ("ids", "positions", "blocks", "offsets", "row_slots", "seg_starts", "seg_slots", "seg_tiles",
-              "attn_tiles", "tables", "query_starts", "seq_lens", "logit_rows")  # fmt: skip
+              "attn_tiles", "query_starts", "seq_lens", "logit_rows", "tables")  # fmt: skip
 
     def __init__(
         self,
@@ -286,17 +325,24 @@ class PromptGraphs(StepGraphs):
         }  # fmt: skip
         # Host side as the decode graphs' (page-locked, real under a trace); until a step fills it,
         # every work list is empty and every token a pad token, which the warm-up runs.
+        size = sum(int(np.prod(shape)) for shape in shapes.values())
+        self.tables_at, self.width = size - seqs * max_blocks, max_blocks
+
+        def views(buffer: torch.Tensor) -> dict[str, np.ndarray]:
+            return {name: view.numpy() for name, view in self._carve(buffer, shapes).items() if name != "_buffer"}
+
         with host_side():
-            staging = torch.zeros(sum(int(np.prod(shape)) for shape in shapes.values()), dtype=torch.int32)
-            self.staging = staging.pin_memory() if self.real else staging
-            self.host = {name: view.numpy() for name, view in self._carve(self.staging, shapes).items() if name != "_buffer"}
-            self.host["seg_tiles"][:, :, 0] = -1
-            self.host["attn_tiles"][:, 0] = -1
-            self.host["blocks"][:] = scratch_block
-            self.host["row_slots"][:] = -1
-        self.static = self._carve(torch.empty_like(self.staging, device=self.device), shapes)
+            staging = torch.zeros(size, dtype=torch.int32)
+            staging = staging.pin_memory() if self.real else staging
+            first = views(staging)
+            first["seg_tiles"][:, :, 0] = -1
+            first["attn_tiles"][:, 0] = -1
+            first["blocks"][:] = scratch_block
+            first["row_slots"][:] = -1
+            self._stage(staging, views)
+        self.static = self._carve(torch.empty_like(staging, device=self.device), shapes)
         self.device_buffer = self.static.pop("_buffer")
-        self.device_buffer.copy_(self.staging)
+        self.device_buffer.copy_(staging)
         # Every bucket's last hidden states land here (the graphs copy them in), so the pool does
         # not keep one output per bucket alive.
         self.out = torch.empty((top, cfg.hidden_size), dtype=model.embed_tokens.weight.dtype, device=self.device)
@@ -351,7 +397,7 @@ class PromptGraphs(StepGraphs):
         n = query_starts[-1]
         with host_side():
             self.fill(size, token_arrays, plan, query_starts, seq_lens, tables, logit_rows)
-        self.device_buffer.copy_(self.staging, non_blocking=True)
+        self._send(self.device_buffer, self.tables_at + len(seq_lens) * self.width)
         hidden = self.replay(size)
         return hidden[:n], hidden[self.static["logit_rows"][: len(logit_rows)]]
 
@@ -367,7 +413,7 @@ class PromptGraphs(StepGraphs):
     ) -> None:
         """Write the step into the host buffer, padded to the bucket: pad tokens at position 0 of
         the scratch block with no adapter, in no segment or attention tile."""
-        h, n, b = self.host, query_starts[-1], len(seq_lens)
+        h, n, b = self._host(), query_starts[-1], len(seq_lens)
         for name, values, pad in zip(
             ("ids", "positions", "blocks", "offsets", "row_slots"), token_arrays, (0, 0, self.scratch_block, 0, -1),
             strict=True,
