@@ -156,3 +156,16 @@ def test_the_benchmark_runs(tmp_path: Path) -> None:
     assert bench.main(["--shape", "toy", "--repeats", "1", "--adapters", "4", "--only", "batch 1", "--json", str(out),
                        "--work-dir", str(tmp_path / "work")]) == 0  # fmt: skip
     assert '"launches": 3' in out.read_text()
+
+
+def test_steps_above_the_capture_size_run_eagerly(tmp_path: Path) -> None:
+    """``max_cudagraph_capture_size`` (vLLM's) caps what is captured: a step with more tokens, of
+    prompts or of decodes, launches its layers one by one; smaller ones still replay."""
+    for built, recorder, names in _engine(tmp_path, max_cudagraph_capture_size=8):
+        for scenario, replays in ((Scenario("decode", decode=5), 1), (Scenario("decode", decode=12), 0)):
+            (step,) = run_scenario(built, recorder, scenario, names, repeats=1)
+            assert step.tally.graph_replays == replays, f"{scenario}: {step.tally}"
+        (step,) = run_scenario(built, recorder, PROMPT_SCENARIOS[0], names, repeats=1)
+        assert step.tally.graph_replays == 0 and step.tally.launches == PER_LAYER * LAYERS + AROUND
+        prompt_graphs = built.runner.prompt_graphs
+        assert prompt_graphs.sizes == [8] and built.runner.graphs.sizes == [1, 2, 4, 8]

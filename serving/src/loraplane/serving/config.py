@@ -58,7 +58,13 @@ class EngineConfig(EngineSizing):
     )
     enforce_eager: bool = Field(
         default=False,
-        description="run every step eagerly; by default decode steps replay CUDA graphs (the Triton backend only)",
+        description="run every step eagerly; by default every step replays a CUDA graph (the Triton backend only)",
+    )
+    max_cudagraph_capture_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="the largest step captured as a CUDA graph, in tokens (vLLM's): larger decode batches and steps "
+        "with prompts run eagerly; unset: max_num_batched_tokens (every step)",
     )
     kernel_backend: Literal["auto", "triton", "cpu"] = Field(
         default="auto",

@@ -287,10 +287,9 @@ def build_parts(config: EngineConfig) -> EngineParts:
     graphs = prompt_graphs = None
     if graphed:
         max_blocks = -(-max_model_len // config.block_size)
-        graphs = DecodeGraphs(model, cache, num_blocks, max_num_seqs, max_blocks, backend)
-        prompt_graphs = PromptGraphs(
-            model, cache, num_blocks, max_num_seqs, max_num_batched_tokens, max_blocks, backend, pool=graphs.pool
-        )
+        cap = min(config.max_cudagraph_capture_size or max_num_batched_tokens, max_num_batched_tokens)
+        graphs = DecodeGraphs(model, cache, num_blocks, min(max_num_seqs, cap), max_blocks, backend)
+        prompt_graphs = PromptGraphs(model, cache, num_blocks, max_num_seqs, cap, max_blocks, backend, pool=graphs.pool)
         if graphs.real:  # the larger first, so the decode graphs reuse their memory
             prompt_graphs.capture_all()
             graphs.capture_all()
