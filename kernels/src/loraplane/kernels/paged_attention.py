@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from loraplane.kernels.precision import dot_precision
+from loraplane.kernels.tiles import program_work
 
 _LOG2E = math.log2(math.e)  # the kernel takes exp2 of scores in log2 units
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -83,14 +84,7 @@ def _paged_attention_kernel(
     TILED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    if TILED:  # a work list (kernels.tiles): this program's (sequence, query block), -1 for none
-        seq = tl.load(tiles_ptr + 2 * tl.program_id(0))
-        pid_q = tl.load(tiles_ptr + 2 * tl.program_id(0) + 1)
-    else:
-        seq = tl.program_id(0)
-        pid_q = tl.program_id(1)
-    live = seq >= 0
-    seq = tl.maximum(seq, 0)
+    seq, pid_q, live = program_work(tiles_ptr, TILED)  # (sequence, query block): the grid's, or a work list's
     kv_head = tl.program_id(2)
     q_start = tl.load(query_starts_ptr + seq)
     num_new = tl.where(live, tl.load(query_starts_ptr + seq + 1) - q_start, 0)

@@ -30,6 +30,7 @@ import triton.language as tl
 
 from loraplane.kernels.bgmv import slice_strides, split_k
 from loraplane.kernels.precision import dot_precision
+from loraplane.kernels.tiles import program_work
 
 
 @triton.jit
@@ -62,14 +63,7 @@ def _sgmv_shrink_kernel(
     TILED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    if TILED:  # a work list (kernels.tiles): this program's (segment, row block), -1 for none
-        seg = tl.load(tiles_ptr + 2 * tl.program_id(0))
-        pid_m = tl.load(tiles_ptr + 2 * tl.program_id(0) + 1)
-    else:
-        seg = tl.program_id(0)
-        pid_m = tl.program_id(1)
-    live = seg >= 0
-    seg = tl.maximum(seg, 0)
+    seg, pid_m, live = program_work(tiles_ptr, TILED)  # (segment, row block): the grid's, or a work list's
     pid_r = tl.program_id(2) // num_splits
     k_lo = (tl.program_id(2) % num_splits) * k_per_split
     slot = tl.load(seg_slots_ptr + seg)
@@ -134,14 +128,7 @@ def _sgmv_expand_kernel(
     TILED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    if TILED:  # as the shrink's
-        seg = tl.load(tiles_ptr + 2 * tl.program_id(0))
-        pid_m = tl.load(tiles_ptr + 2 * tl.program_id(0) + 1)
-    else:
-        seg = tl.program_id(0)
-        pid_m = tl.program_id(1)
-    live = seg >= 0
-    seg = tl.maximum(seg, 0)
+    seg, pid_m, live = program_work(tiles_ptr, TILED)
     pid_n = tl.program_id(2)
     slot = tl.load(seg_slots_ptr + seg)
     start = tl.load(seg_starts_ptr + seg)

@@ -14,6 +14,9 @@ own metadata (tokens sorted by adapter; a scheduler's work tiles).
 Semantics::
 
     tiles(starts, block)[t] = (g, b)  for every group g = 0..len(starts)-2, b < ceil(len_g / block), in order
+
+:func:`program_work` is the kernels' side: a program's ``(group, block)`` from the list, or from
+the grid's first two axes when the launch has no list (eager steps), so one kernel serves both.
 """
 
 from __future__ import annotations
@@ -21,6 +24,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def program_work(tiles_ptr, TILED: tl.constexpr):
+    """(group, block, live) of this program: from the work list with ``TILED`` (a dead entry is
+    group 0, not live), else the grid's first two axes (always live)."""
+    if TILED:
+        group = tl.load(tiles_ptr + 2 * tl.program_id(0))
+        block = tl.load(tiles_ptr + 2 * tl.program_id(0) + 1)
+    else:
+        group = tl.program_id(0)
+        block = tl.program_id(1)
+    return tl.maximum(group, 0), block, group >= 0
 
 
 def tile_capacity(tokens: int, groups: int, block: int) -> int:
