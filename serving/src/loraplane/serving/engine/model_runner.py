@@ -51,6 +51,10 @@ class _Rows:
     logit_rows: list[int] = field(default_factory=list)
     sampled: list[Sequence] = field(default_factory=list)
 
+    def row_slots(self) -> np.ndarray:
+        """Each token's adapter slot, from the sequences' runs."""
+        return np.repeat(np.array([slot for slot, _ in self.runs], dtype=np.int32), [n for _, n in self.runs])
+
 
 class ModelRunner:
     def __init__(
@@ -99,7 +103,6 @@ class ModelRunner:
         r = self._rows(items)
         bs, num_rows = self.block_size, r.query_starts[-1]
         plan = lora_batch.plan(r.runs, self.backend, self.activation_dtype)
-        row_slots_host = np.repeat(np.array([slot for slot, _ in r.runs], dtype=np.int32), [n for _, n in r.runs])
         starts, seg_slots = (plan.seg_starts, plan.seg_slots) if plan else ([0], [])
         width = max(len(t) for t in r.tables)
         # Padding repeats the sequence's own first block: the CPU path's padded gather reads it
@@ -113,7 +116,7 @@ class ModelRunner:
             (np.concatenate(r.blocks), (num_rows,)),
             (np.concatenate(r.offsets), (num_rows,)),
             (r.logit_rows, (len(r.logit_rows),)),
-            (row_slots_host, (num_rows,)),
+            (r.row_slots(), (num_rows,)),
             (starts, (len(starts),)),
             (seg_slots, (len(seg_slots),)),
             (padded, (len(items), width)),
@@ -218,7 +221,6 @@ class ModelRunner:
         plan = lora_batch.plan(r.runs, self.backend, self.activation_dtype)
         if plan is not None:
             self.slots.wait_for_writes(plan.used)
-        slots = np.repeat(np.array([slot for slot, _ in r.runs], dtype=np.int32), [n for _, n in r.runs])
-        token_arrays = [np.concatenate(a) for a in (r.ids, r.positions, r.blocks, r.offsets)] + [slots]
+        token_arrays = [np.concatenate(a) for a in (r.ids, r.positions, r.blocks, r.offsets)] + [r.row_slots()]
         hidden, sampled_hidden = graphs.run(size, token_arrays, plan, r.query_starts, r.seq_lens, r.tables, r.logit_rows)
         return hidden, sampled_hidden, r.sampled
