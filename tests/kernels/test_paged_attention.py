@@ -10,77 +10,12 @@ and bfloat16 1e-2 (output rounding dominates).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import pytest
 import torch
+from attention_cases import TOL, Case, check, make_case
 
-from loraplane.kernels.attention_reference import reference_paged_attention
 from loraplane.kernels.paged_attention import launch_config, paged_attention
-
-TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
-POISON_BLOCK = 0  # padding entries of every block table point here, and it is all NaN
-
-
-@dataclass
-class Case:
-    q: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    block_tables: torch.Tensor
-    query_starts: torch.Tensor
-    seq_lens: torch.Tensor
-    max_query_len: int
-    scale: float
-
-
-def make_case(
-    spans: list[tuple[int, int]],
-    *,
-    heads: int = 4,
-    kv_heads: int = 2,
-    head_dim: int = 64,
-    block_size: int = 16,
-    dtype: torch.dtype = torch.float32,
-    strided: bool = False,
-    seed: int = 0,
-) -> Case:
-    """``spans`` lists (tokens already cached, new tokens) per sequence; the cache holds both."""
-    g = torch.Generator().manual_seed(seed)
-    seq_lens = [cached + new for cached, new in spans]
-    num_seq_blocks = [-(-length // block_size) for length in seq_lens]
-    num_blocks = 1 + sum(num_seq_blocks) + 1  # the poison block, every sequence's, one never used
-    if strided:
-        # Exactly how the unified page pool views its bytes: [pages, k/v, layers, block, kv, d].
-        layers, layer = 3, 1
-        page_bytes = 2 * layers * block_size * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
-        pool = torch.zeros(num_blocks, page_bytes, dtype=torch.uint8)
-        pages = pool.view(dtype).view(num_blocks, 2, layers, block_size, kv_heads, head_dim)
-        pages.fill_(float("nan"))
-        k_cache = pages[:, 0].transpose(0, 1)[layer]
-        v_cache = pages[:, 1].transpose(0, 1)[layer]
-        assert not k_cache.is_contiguous() and k_cache.stride(0) != block_size * kv_heads * head_dim
-    else:
-        shape = (num_blocks, block_size, kv_heads, head_dim)
-        k_cache = torch.full(shape, float("nan"), dtype=dtype)
-        v_cache = torch.full(shape, float("nan"), dtype=dtype)
-    # Blocks are handed out in a shuffled order, so a sequence's blocks are not adjacent.
-    free = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
-    width = max(num_seq_blocks) + 1  # one padding column at least
-    tables = torch.full((len(spans), width), POISON_BLOCK, dtype=torch.int32)
-    for b, length in enumerate(seq_lens):
-        blocks = torch.tensor([free.pop() for _ in range(num_seq_blocks[b])], dtype=torch.long)
-        tables[b, : len(blocks)] = blocks.int()
-        positions = torch.arange(length)
-        where = (blocks[positions // block_size], positions % block_size)
-        k_cache[where] = torch.randn(length, kv_heads, head_dim, generator=g).to(dtype)
-        v_cache[where] = torch.randn(length, kv_heads, head_dim, generator=g).to(dtype)
-    news = [new for _, new in spans]
-    starts = torch.tensor([0, *news], dtype=torch.int32).cumsum(0, dtype=torch.int32)
-    q = torch.randn(sum(news), heads, head_dim, generator=g).to(dtype)
-    return Case(
-        q, k_cache, v_cache, tables, starts, torch.tensor(seq_lens, dtype=torch.int32), max(news), 1 / math.sqrt(head_dim)
-    )
 
 
 def run_kernel(case: Case, *, max_query_len: int | None = None) -> torch.Tensor:
@@ -97,15 +32,6 @@ def run_kernel(case: Case, *, max_query_len: int | None = None) -> torch.Tensor:
         max_query_len=case.max_query_len if max_query_len is None else max_query_len,
     )
     return out
-
-
-def check(case: Case, out: torch.Tensor) -> None:
-    ref = reference_paged_attention(
-        case.q, case.k_cache, case.v_cache, case.block_tables, case.query_starts, case.seq_lens, scale=case.scale
-    )
-    assert out.dtype == case.q.dtype
-    tol = TOL[case.q.dtype]
-    torch.testing.assert_close(out.to(torch.float64), ref, rtol=tol, atol=tol)
 
 
 MIXED = [(0, 19), (7, 1), (24, 12), (50, 1), (3, 0), (2, 1)]  # prompt, decodes, a cached-prefix chunk, an idle sequence
@@ -204,9 +130,12 @@ def test_rejects_what_it_cannot_run() -> None:
         launch_config(num_seqs=1, num_heads=1, kv_heads=1, head_dim=512, block_size=16, dtype=torch.float16, max_query_len=1)
 
 
-def test_reference_matches_cpu_attention() -> None:
-    """The engine's CPU attention (SDPA over gathered blocks) and the reference agree on a mixed
-    batch, so the kernel can replace it; the kernel is checked on the same step too."""
+@pytest.mark.parametrize("in_place", [False, True], ids=["padded gather", "numba in place"])
+def test_reference_matches_cpu_attention(in_place: bool) -> None:
+    """The engine's CPU attention (SDPA over gathered blocks for the prompts; the decode rows by
+    a padded gather and SDPA, or in float32 by ``cpu_layer.decode_attention`` reading the cache
+    in place once the step gives their lengths) and the reference agree on a mixed batch, so the
+    kernel can replace it; the kernel is checked on the same step too."""
     from loraplane.serving.model.attention import paged_attention as cpu_paged_attention
     from loraplane.serving.model.context import PrefillSpan, StepContext
 
@@ -242,6 +171,7 @@ def test_reference_matches_cpu_attention() -> None:
         decode_rows=torch.tensor(decode_rows),
         decode_block_tables=torch.tensor([t + [0] * (width - len(t)) for t in decode_tables]),
         decode_mask=(torch.arange(width * bs)[None, :] < decode_lens[:, None]).view(-1, 1, 1, width * bs),
+        decode_lens=decode_lens.int() if in_place else None,
     )
     q = torch.randn(start, heads, head_dim, generator=g)
     k = torch.randn(start, kv_heads, head_dim, generator=g)

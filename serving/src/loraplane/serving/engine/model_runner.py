@@ -150,12 +150,18 @@ class ModelRunner:
         )
         ctx = StepContext(positions=positions, slot_blocks=blocks, slot_offsets=offsets, prefills=prefills, lora=lora)
         if decode:
-            # One padded gather for every decode row, as wide as the longest decode row (not a
-            # prefill's context beside them); the mask hides each row's padding.
+            # Each decode row's table and length: float32 reads the cache through them in place;
+            # other dtypes make one padded gather as wide as the longest decode row (not a
+            # prefill's context beside them), and the mask hides each row's padding.
             dw = max(len(r.tables[i]) for i in decode)
-            mask = torch.arange(dw * bs, device=self.device).unsqueeze(0) < lens[decode].unsqueeze(1)
+            decode_lens = lens[decode]
+            mask = torch.arange(dw * bs, device=self.device).unsqueeze(0) < decode_lens.unsqueeze(1)
             ctx = dataclasses.replace(
-                ctx, decode_rows=drows, decode_block_tables=tables[decode, :dw], decode_mask=mask.view(len(decode), 1, 1, dw * bs)
+                ctx,
+                decode_rows=drows,
+                decode_block_tables=tables[decode, :dw],
+                decode_mask=mask.view(len(decode), 1, 1, dw * bs),
+                decode_lens=decode_lens,
             )
         return ids, ctx, logit_rows, r.sampled
 

@@ -74,6 +74,8 @@ class Sampler:
         that sequence alone: the others in the batch still get their token."""
         if logits.device.type != "cpu":
             return self._sample_from_device(logits, seqs)
+        if all(_plain_greedy(s) for s in seqs):  # one argmax for the batch, not one call a row
+            return [(token, None) for token in logits.argmax(dim=-1).tolist()]
         out: list[tuple[int, TokenLogprob | None] | SampleFailure] = []
         broken = self._adjust(logits, seqs)
         for row, seq in zip(logits, seqs, strict=True):

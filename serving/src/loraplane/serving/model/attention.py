@@ -9,7 +9,10 @@ and values are scattered into their slots first, then:
 - decode rows (one new token each) are attended together: their block tables are gathered into
   one padded batch and a mask hides the padding.
 
-On a CPU, plain ``scaled_dot_product_attention`` with grouped-query heads does the arithmetic.
+On a CPU, plain ``scaled_dot_product_attention`` with grouped-query heads does the arithmetic for
+prefill spans; in float32 the decode rows and the KV writes go through numba loops that read and
+write the cache in place (:mod:`loraplane.kernels.cpu_layer`), other dtypes through the padded
+gather.
 With the Triton backend (CUDA), one kernel (``loraplane::paged_attention``, see
 :mod:`loraplane.kernels.paged_attention`) attends every sequence of the step, prefill spans and
 decode rows alike, reading keys through the block tables in place.
@@ -20,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from loraplane.kernels import ops  # noqa: F401  (registers torch.ops.loraplane.*)
+from loraplane.kernels import cpu_layer, ops  # noqa: F401  (ops registers torch.ops.loraplane.*)
 from loraplane.serving.model.context import PrefillSpan, StepContext
 from loraplane.serving.model.page_pool import PagePool
 
@@ -100,8 +103,11 @@ def paged_attention(
 ) -> torch.Tensor:
     """q [T, H, D], k/v [T, KV, D] for this step's tokens; returns [T, H, D]."""
     # (block, offset) indexing rather than a flat view: the cache may be a strided view of the page pool.
+    in_place = not ctx.fused and cpu_layer.applies(q, k, k_cache)  # the CPU's float32 loops
     if ctx.fused:
         torch.ops.loraplane.kv_write(k, v, k_cache, v_cache, ctx.slot_blocks, ctx.slot_offsets)
+    elif in_place:
+        cpu_layer.kv_write(k, v, k_cache, v_cache, ctx.slot_blocks, ctx.slot_offsets)
     else:
         k_cache[ctx.slot_blocks, ctx.slot_offsets] = k
         v_cache[ctx.slot_blocks, ctx.slot_offsets] = v
@@ -116,5 +122,9 @@ def paged_attention(
     for span in ctx.prefills:
         out[span.start : span.start + span.num_new] = _prefill(q, k, v, span, k_cache, v_cache)
     if ctx.decode_rows is not None and ctx.decode_rows.numel():
-        out[ctx.decode_rows] = _decode(q, ctx, k_cache, v_cache)
+        if in_place and ctx.decode_lens is not None:
+            assert ctx.decode_block_tables is not None
+            cpu_layer.decode_attention(q, k_cache, v_cache, ctx.decode_block_tables, ctx.decode_lens, ctx.decode_rows, out)
+        else:
+            out[ctx.decode_rows] = _decode(q, ctx, k_cache, v_cache)
     return out

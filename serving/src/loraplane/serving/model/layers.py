@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from loraplane.kernels import LoraSlots, PagedLoraSlots, StackedLoraSlots, ops  # noqa: F401  (ops registers torch.ops.loraplane.*)
+from loraplane.kernels import LoraSlots, PagedLoraSlots, StackedLoraSlots, cpu_layer, ops  # noqa: F401  (ops registers torch.ops.loraplane.*)
 from loraplane.kernels.lora_batch import LoraBatch
 from loraplane.serving.model import cpu_gemm
 
@@ -27,6 +27,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and cpu_layer.applies(x, self.weight):
+            # One pass, the same numbers up to summation order: in float32 the casts below are no-ops.
+            return cpu_layer.rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             # One op, the same numbers: in float32 the casts below are no-ops (checked bit for bit).
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
@@ -79,6 +82,14 @@ class Rotation:
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` [T, heads, D] rotated: queries and keys alike (or both at once, side by side)."""
         return x * self.cos + _rotate_half(x) * self.sin
+
+    def rotated(self, x: torch.Tensor) -> torch.Tensor:
+        """``apply(x)``, for a caller done with ``x``: in float32 on a CPU rotated in place in one
+        pass (``cpu_layer.rotate``; a view is fine) and returned, otherwise a new tensor."""
+        if cpu_layer.applies(x, self.cos):
+            cpu_layer.rotate(x, self.cos.squeeze(1), self.sin.squeeze(1))
+            return x
+        return self.apply(x)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,7 @@ class Attention(nn.Module):
         if isinstance(rotary, RotaryEmbedding):
             rotary.fused(ctx.positions, q, k)
         else:  # queries and keys side by side, rotated by one set of ops
-            qk = rotary.apply(qkv[:, : q_size + kv_size].view(-1, self.heads + self.kv_heads, self.head_dim))
+            qk = rotary.rotated(qkv[:, : q_size + kv_size].view(-1, self.heads + self.kv_heads, self.head_dim))
             q, k = qk[:, : self.heads], qk[:, self.heads :]
         out = paged_attention(q, k, v, cache.k[self.layer], cache.v[self.layer], ctx)
         projected: torch.Tensor = self.o_proj(out.reshape(-1, q_size), ctx.lora)

@@ -1,0 +1,189 @@
+"""The CPU path's per-layer work besides its GEMMs, numba-compiled: norms, the rotation, KV writes
+and decode attention over the paged cache, all in float32.
+
+Why: at a decode batch a layer's elementwise work is a few thousand numbers, and torch paid tens
+of microseconds of dispatch for it (``F.rms_norm`` about 45 us on [16, 576] on a 2-core AMD EPYC,
+a rotation five ops), while decode attention gathered every row's blocks into a padded copy twice
+a layer (keys, then values) before SDPA read them: about 500 us a layer of the embedded base's
+decode step at batch 16 (``benchmarks/cpu_step.py``). These loops read the cache through the
+block tables in place, as the Triton kernel does on a GPU, and do a norm or a rotation in one
+pass. The MLP's activation stays with torch, whose vectorised ``exp`` numba lacks here (190
+against 70 us on [16, 3072]).
+
+They run single-threaded below ``PARALLEL_MIN_ROWS`` rows (decode attention: below
+``PARALLEL_MIN_WORK``), as :mod:`loraplane.kernels.cpu`'s do: a parallel region costs more than a
+decode batch's work and its threads compete with torch's OpenMP threads for the same cores.
+Only float32 takes this path (the CPU engine's dtype where the CPU has no native bfloat16); other
+dtypes keep the torch ops, which round where transformers rounds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from loraplane.kernels.cpu import PARALLEL_MIN_ROWS
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
+    rows, n = x.shape
+    for t in prange(rows):
+        acc = np.float32(0.0)
+        for j in range(n):
+            acc += x[t, j] * x[t, j]
+        inv = np.float32(1.0) / np.sqrt(acc / np.float32(n) + np.float32(eps))
+        for j in range(n):
+            out[t, j] = weight[j] * (x[t, j] * inv)
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
+    """x [T, heads, D] in place by its rows' cos and sin [T, D], the rotate-half layout:
+    (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)."""
+    rows, heads, dim = x.shape
+    half = dim // 2
+    for t in prange(rows):
+        for h in range(heads):
+            for j in range(half):
+                a, b = x[t, h, j], x[t, h, half + j]
+                x[t, h, j] = a * cos[t, j] - b * sin[t, j]
+                x[t, h, half + j] = b * cos[t, half + j] + a * sin[t, half + j]
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _kv_write(
+    k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, blocks: np.ndarray, offsets: np.ndarray
+) -> None:
+    rows, kv_heads, dim = k.shape
+    for t in prange(rows):
+        b, o = blocks[t], offsets[t]
+        for h in range(kv_heads):
+            for d in range(dim):
+                k_cache[b, o, h, d] = k[t, h, d]
+                v_cache[b, o, h, d] = v[t, h, d]
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _decode_attention(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    tables: np.ndarray,
+    lens: np.ndarray,
+    rows: np.ndarray,
+    scale: float,
+    out: np.ndarray,
+) -> None:
+    """One query row per sequence against its whole context, read through its block table. One
+    task per sequence, walking its cache in address order: a token's keys for every KV head are
+    one contiguous row, read once for all the query heads (grouped-query attention), and a
+    block's tokens follow each other, so the reads stream (a task per KV head read strided rows
+    and took twice as long on contexts that had left the caches)."""
+    num_seqs = rows.shape[0]
+    heads, dim = q.shape[1], q.shape[2]
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = heads // kv_heads
+    for i in prange(num_seqs):
+        t, length = rows[i], lens[i]
+        # The query row copied once, scaled: q is often a strided view (of the fused q/k/v
+        # projection), and a unit-stride copy is what lets LLVM vectorise the dots below.
+        qs = np.empty((heads, dim), dtype=np.float32)
+        for h in range(heads):
+            for d in range(dim):
+                qs[h, d] = q[t, h, d] * np.float32(scale)
+        scores = np.empty((heads, length), dtype=np.float32)
+        for j in range(length):
+            b, o = tables[i, j // block_size], j % block_size
+            for h in range(heads):
+                key = k_cache[b, o, h // group]
+                acc = np.float32(0.0)
+                for d in range(dim):
+                    acc += qs[h, d] * key[d]
+                scores[h, j] = acc
+        for h in range(heads):
+            top = scores[h, 0]
+            for j in range(1, length):
+                top = max(top, scores[h, j])
+            total = np.float32(0.0)
+            for j in range(length):
+                e = np.exp(scores[h, j] - top)
+                scores[h, j] = e
+                total += e
+            inv = np.float32(1.0) / total
+            for j in range(length):
+                scores[h, j] *= inv
+        acc_out = np.zeros((heads, dim), dtype=np.float32)
+        for j in range(length):
+            b, o = tables[i, j // block_size], j % block_size
+            for h in range(heads):
+                value = v_cache[b, o, h // group]
+                p = scores[h, j]
+                for d in range(dim):
+                    acc_out[h, d] += p * value[d]
+        for h in range(heads):
+            for d in range(dim):
+                out[t, h, d] = acc_out[h, d]
+
+
+# Decode attention opens a parallel region from this many multiply-adds of scores (16 sequences
+# of about 110 tokens at 9 x 64 query features). On the embedded base's decode step at batch 16
+# with 50-token contexts, serial and parallel were within this machine's drift of each other.
+PARALLEL_MIN_WORK = 1 << 20
+
+_rms_norm_serial = njit(fastmath=True, cache=True)(_rms_norm.py_func)
+_rotate_serial = njit(fastmath=True, cache=True)(_rotate.py_func)
+_kv_write_serial = njit(fastmath=True, cache=True)(_kv_write.py_func)
+_decode_attention_serial = njit(fastmath=True, cache=True)(_decode_attention.py_func)
+
+
+def applies(*tensors: torch.Tensor) -> bool:
+    """Whether these tensors take this path: every one float32 on the CPU."""
+    return all(t.dtype == torch.float32 and t.is_cpu for t in tensors)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``weight * x / sqrt(mean(x^2) + eps)`` per row of x [T, N]."""
+    out = torch.empty((x.shape[0], x.shape[1]), dtype=torch.float32)
+    kernel = _rms_norm if x.shape[0] >= PARALLEL_MIN_ROWS else _rms_norm_serial
+    kernel(x.detach().numpy(), weight.detach().numpy(), eps, out.numpy())
+    return out
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """x [T, heads, D] (a view is fine: queries and keys side by side) rotated in place by its
+    rows' cos and sin [T, D]."""
+    kernel = _rotate if x.shape[0] >= PARALLEL_MIN_ROWS else _rotate_serial
+    kernel(x.detach().numpy(), cos.numpy(), sin.numpy())
+
+
+def kv_write(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor
+) -> None:
+    """Row t of k and v [T, KV, D] into slot ``offsets[t]`` of block ``blocks[t]`` of the caches."""
+    kernel = _kv_write if k.shape[0] >= PARALLEL_MIN_ROWS else _kv_write_serial
+    kernel(k.detach().numpy(), v.detach().numpy(), k_cache.numpy(), v_cache.numpy(), blocks.numpy(), offsets.numpy())
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+    rows: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """``out[rows[i]]`` <- attention of ``q[rows[i]]`` [H, D] over the first ``lens[i]`` keys and
+    values of sequence i, read through ``tables[i]`` from the caches [blocks, block_size, KV, D]."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    # At most this many multiply-adds for the scores: the tables' width, not the lengths' sum (a
+    # reduction here cost 20 us, a fifth of a short decode's attention).
+    work = tables.shape[0] * tables.shape[1] * k_cache.shape[1] * q.shape[1] * q.shape[2]
+    kernel = _decode_attention if work >= PARALLEL_MIN_WORK else _decode_attention_serial
+    kernel(
+        q.detach().numpy(), k_cache.numpy(), v_cache.numpy(), tables.numpy(), lens.numpy(), rows.numpy(), scale, out.numpy()
+    )  # fmt: skip
