@@ -68,7 +68,7 @@ class ModelRunner:
         prompt_graphs: PromptGraphs | None = None,
     ) -> None:
         """``backend``: "triton" (the paged-attention kernel and the Triton LoRA kernels) or
-        "cpu" (SDPA and the numba LoRA path), resolved by the builder from the device; ``graphs``
+        "cpu" (numba loops for LoRA and decode attention, SDPA for prompts), resolved by the builder from the device; ``graphs``
         replays decode-only steps and ``prompt_graphs`` the others (absent: those run eagerly)."""
         self.model, self.cache, self.slots, self.sampler, self.backend = model, cache, slots, sampler, backend
         self.graphs, self.prompt_graphs = graphs, prompt_graphs
