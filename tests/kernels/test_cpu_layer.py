@@ -77,3 +77,14 @@ def test_kv_write_matches_index_assignment() -> None:
     caches[2][blocks.long(), offsets.long()] = k
     caches[3][blocks.long(), offsets.long()] = v
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+def test_shapes_that_do_not_agree_are_refused_before_any_read() -> None:
+    """numba does not check bounds, so a mismatch must fail in Python, naming the op."""
+    with pytest.raises(ValueError, match="rms_norm"):
+        cpu_layer.rms_norm(torch.zeros(2, 8), torch.ones(6), 1e-5)
+    case = make_case([(3, 1)], heads=4, kv_heads=2)
+    out = torch.empty_like(case.q)
+    rows = case.query_starts[:-1].contiguous()
+    with pytest.raises(ValueError, match="decode_attention"):
+        cpu_layer.decode_attention(case.q[:, :3], case.k_cache, case.v_cache, case.block_tables, case.seq_lens, rows, out)

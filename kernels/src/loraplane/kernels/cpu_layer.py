@@ -147,6 +147,8 @@ def applies(*tensors: torch.Tensor) -> bool:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``weight * x / sqrt(mean(x^2) + eps)`` per row of x [T, N]."""
+    if weight.shape != x.shape[1:]:  # numba does not check bounds: a mismatch would read past weight
+        raise ValueError(f"rms_norm: x {list(x.shape)} and weight {list(weight.shape)} do not agree")
     out = torch.empty((x.shape[0], x.shape[1]), dtype=torch.float32)
     kernel = _rms_norm if x.shape[0] >= PARALLEL_MIN_ROWS else _rms_norm_serial
     kernel(x.detach().numpy(), weight.detach().numpy(), eps, out.numpy())
@@ -179,6 +181,8 @@ def decode_attention(
 ) -> None:
     """``out[rows[i]]`` <- attention of ``q[rows[i]]`` [H, D] over the first ``lens[i]`` keys and
     values of sequence i, read through ``tables[i]`` from the caches [blocks, block_size, KV, D]."""
+    if q.shape[2] != k_cache.shape[3] or q.shape[1] % k_cache.shape[2] or out.shape != q.shape:
+        raise ValueError(f"decode_attention: q {list(q.shape)}, out {list(out.shape)}, caches {list(k_cache.shape)} do not agree")
     scale = 1.0 / math.sqrt(q.shape[-1])
     # At most this many multiply-adds for the scores: the tables' width, not the lengths' sum (a
     # reduction here cost 20 us, a fifth of a short decode's attention).
