@@ -67,16 +67,39 @@ def test_rotation_in_place_matches_the_eager_ops() -> None:
     assert torch.equal(qkv[:, 12:], values)
 
 
-def test_kv_write_matches_index_assignment() -> None:
+@pytest.mark.parametrize("strided", [False, True], ids=["own cache", "page pool view"])
+def test_kv_write_matches_index_assignment(strided: bool) -> None:
     g = torch.Generator().manual_seed(2)
     k, v = torch.randn(10, 2, 32, generator=g), torch.randn(10, 2, 32, generator=g)
     blocks = torch.randperm(6, generator=g)[:5].repeat_interleave(2).int()
     offsets = torch.tensor([0, 3] * 5, dtype=torch.int32)
-    caches = [torch.zeros(6, 4, 2, 32) for _ in range(4)]
+    if strided:  # as the unified page pool views a layer: [pages, k/v, layers, block, kv, d][:, i, layer]
+        pages = torch.zeros(2, 6, 2, 3, 4, 2, 32)
+        caches = [pages[c, :, kv, 1] for c in (0, 1) for kv in (0, 1)]
+        assert not caches[0].is_contiguous()
+    else:
+        caches = [torch.zeros(6, 4, 2, 32) for _ in range(4)]
     cpu_layer.kv_write(k, v, caches[0], caches[1], blocks, offsets)
     caches[2][blocks.long(), offsets.long()] = k
     caches[3][blocks.long(), offsets.long()] = v
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    if strided:  # nothing outside the slots was written: the other layers' rows are still zero
+        assert int((pages != 0).sum()) == 2 * 2 * k.numel()
+
+
+def test_single_threaded_copies_are_cached_apart_from_the_parallel_loops() -> None:
+    """numba files its on-disk cache by function name and signature, not by ``parallel``: a
+    single-threaded copy under the parallel loop's name loads whichever compiled first. Each
+    copy must have an index file of its own."""
+    from loraplane.kernels import cpu
+
+    pairs = [(getattr(m, name), getattr(m, f"{name}_serial")) for m, names in [
+        (cpu, ["_shrink_rows", "_expand_rows", "_add_lora_rows", "_add_lora_rows_paged"]),
+        (cpu_layer, ["_rms_norm", "_rotate", "_kv_write", "_decode_attention"]),
+    ] for name in names]  # fmt: skip
+    for parallel, single in pairs:
+        assert parallel.targetoptions.get("parallel") and not single.targetoptions.get("parallel")
+        assert parallel._cache._cache_file._index_name != single._cache._cache_file._index_name
 
 
 def test_shapes_that_do_not_agree_are_refused_before_any_read() -> None:
@@ -88,3 +111,12 @@ def test_shapes_that_do_not_agree_are_refused_before_any_read() -> None:
     rows = case.query_starts[:-1].contiguous()
     with pytest.raises(ValueError, match="decode_attention"):
         cpu_layer.decode_attention(case.q[:, :3], case.k_cache, case.v_cache, case.block_tables, case.seq_lens, rows, out)
+    with pytest.raises(ValueError, match="decode_attention"):
+        cpu_layer.decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens[:0], rows, out)
+    k, slots = torch.zeros(3, case.k_cache.shape[2], case.k_cache.shape[3]), torch.zeros(3, dtype=torch.int32)
+    with pytest.raises(ValueError, match="kv_write"):
+        cpu_layer.kv_write(k, k[:2], case.k_cache, case.v_cache, slots, slots)
+    with pytest.raises(ValueError, match="kv_write"):
+        cpu_layer.kv_write(k, k, case.k_cache, case.v_cache, slots, slots[:2])
+    with pytest.raises(ValueError, match="rotate"):
+        cpu_layer.rotate(torch.zeros(3, 2, 8), torch.zeros(3, 6), torch.zeros(3, 6))

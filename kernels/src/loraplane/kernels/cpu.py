@@ -14,6 +14,7 @@ precision instead (``add_lora_segments``).
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -199,10 +200,26 @@ def add_lora_segments(
 # tens of microseconds to open, more than a decode batch's work, and its worker threads compete
 # with torch's OpenMP threads for the same cores between the base matmuls.
 PARALLEL_MIN_ROWS = 64
-_shrink_rows_serial = njit(fastmath=True, cache=True)(_shrink_rows.py_func)
-_expand_rows_serial = njit(fastmath=True, cache=True)(_expand_rows.py_func)
-_add_lora_rows_serial = njit(fastmath=True, cache=True)(_add_lora_rows.py_func)
-_add_lora_rows_paged_serial = njit(fastmath=True, cache=True)(_add_lora_rows_paged.py_func)
+
+
+def serial(kernel: Any) -> Any:
+    """``kernel``'s loop compiled single-threaded, cached on disk under its own name.
+
+    numba's cache files a function under its module, qualified name and first line, and within
+    them by signature, not by ``parallel``: a plain ``njit(cache=True)(kernel.py_func)`` shares the
+    parallel kernel's cache entry, and loaded whichever of the two had compiled first, so decode
+    batches could run the parallel loop (and its thread pool) this module keeps them out of.
+    """
+    fn = kernel.py_func
+    copy = types.FunctionType(fn.__code__, fn.__globals__, f"{fn.__name__}_serial", fn.__defaults__, fn.__closure__)
+    copy.__qualname__ = f"{fn.__qualname__}_serial"
+    return njit(fastmath=True, cache=True)(copy)
+
+
+_shrink_rows_serial = serial(_shrink_rows)
+_expand_rows_serial = serial(_expand_rows)
+_add_lora_rows_serial = serial(_add_lora_rows)
+_add_lora_rows_paged_serial = serial(_add_lora_rows_paged)
 
 
 def _as_numpy(t: torch.Tensor, dtype: torch.dtype) -> np.ndarray:

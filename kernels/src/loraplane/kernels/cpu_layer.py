@@ -13,6 +13,8 @@ against 70 us on [16, 3072]).
 They run single-threaded below ``PARALLEL_MIN_ROWS`` rows (decode attention: below
 ``PARALLEL_MIN_WORK``), as :mod:`loraplane.kernels.cpu`'s do: a parallel region costs more than a
 decode batch's work and its threads compete with torch's OpenMP threads for the same cores.
+Shapes are checked before a loop runs (numba checks no bounds); the values the loops index with
+(block ids, offsets, lengths, rows) are the engine's to keep in range, as for the Triton kernels.
 Only float32 takes this path (the CPU engine's dtype where the CPU has no native bfloat16); other
 dtypes keep the torch ops, which round where transformers rounds.
 """
@@ -25,7 +27,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from loraplane.kernels.cpu import PARALLEL_MIN_ROWS
+from loraplane.kernels.cpu import PARALLEL_MIN_ROWS, serial
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -134,10 +136,10 @@ def _decode_attention(
 # with 50-token contexts, serial and parallel were within this machine's drift of each other.
 PARALLEL_MIN_WORK = 1 << 20
 
-_rms_norm_serial = njit(fastmath=True, cache=True)(_rms_norm.py_func)
-_rotate_serial = njit(fastmath=True, cache=True)(_rotate.py_func)
-_kv_write_serial = njit(fastmath=True, cache=True)(_kv_write.py_func)
-_decode_attention_serial = njit(fastmath=True, cache=True)(_decode_attention.py_func)
+_rms_norm_serial = serial(_rms_norm)
+_rotate_serial = serial(_rotate)
+_kv_write_serial = serial(_kv_write)
+_decode_attention_serial = serial(_decode_attention)
 
 
 def applies(*tensors: torch.Tensor) -> bool:
@@ -158,6 +160,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     """x [T, heads, D] (a view is fine: queries and keys side by side) rotated in place by its
     rows' cos and sin [T, D]."""
+    if cos.shape != sin.shape or cos.shape != (x.shape[0], x.shape[2]):
+        raise ValueError(f"rotate: x {list(x.shape)}, cos {list(cos.shape)}, sin {list(sin.shape)} do not agree")
     kernel = _rotate if x.shape[0] >= PARALLEL_MIN_ROWS else _rotate_serial
     kernel(x.detach().numpy(), cos.numpy(), sin.numpy())
 
@@ -166,6 +170,11 @@ def kv_write(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor
 ) -> None:
     """Row t of k and v [T, KV, D] into slot ``offsets[t]`` of block ``blocks[t]`` of the caches."""
+    rows = k.shape[0]
+    if v.shape != k.shape or k_cache.shape != v_cache.shape or k_cache.shape[2:] != k.shape[1:] or blocks.shape != (rows,):
+        raise ValueError(f"kv_write: k {list(k.shape)}, v {list(v.shape)}, caches {list(k_cache.shape)} do not agree")
+    if offsets.shape != (rows,):
+        raise ValueError(f"kv_write: {rows} rows but {list(offsets.shape)} offsets")
     kernel = _kv_write if k.shape[0] >= PARALLEL_MIN_ROWS else _kv_write_serial
     kernel(k.detach().numpy(), v.detach().numpy(), k_cache.numpy(), v_cache.numpy(), blocks.numpy(), offsets.numpy())
 
@@ -181,8 +190,10 @@ def decode_attention(
 ) -> None:
     """``out[rows[i]]`` <- attention of ``q[rows[i]]`` [H, D] over the first ``lens[i]`` keys and
     values of sequence i, read through ``tables[i]`` from the caches [blocks, block_size, KV, D]."""
-    if q.shape[2] != k_cache.shape[3] or q.shape[1] % k_cache.shape[2] or out.shape != q.shape:
+    if q.shape[2] != k_cache.shape[3] or q.shape[1] % k_cache.shape[2] or out.shape != q.shape or v_cache.shape != k_cache.shape:
         raise ValueError(f"decode_attention: q {list(q.shape)}, out {list(out.shape)}, caches {list(k_cache.shape)} do not agree")
+    if not (rows.shape == lens.shape == tables.shape[:1]):
+        raise ValueError(f"decode_attention: {list(rows.shape)} rows, {list(lens.shape)} lengths, {list(tables.shape)} tables")
     scale = 1.0 / math.sqrt(q.shape[-1])
     # At most this many multiply-adds for the scores: the tables' width, not the lengths' sum (a
     # reduction here cost 20 us, a fifth of a short decode's attention).

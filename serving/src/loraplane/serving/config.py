@@ -68,7 +68,7 @@ class EngineConfig(EngineSizing):
     )
     kernel_backend: Literal["auto", "triton", "cpu"] = Field(
         default="auto",
-        description="auto: the Triton kernels on CUDA, numba loops (LoRA, decode attention) and SDPA on a CPU; "
+        description="auto: the Triton kernels on CUDA, numba loops (LoRA; decode attention in float32) and SDPA on a CPU; "
         "triton on a CPU runs Triton's interpreter (TRITON_INTERPRET=1), for tests",
     )
     quantization: Literal["fp8"] | None = Field(default=None, description="fp8: float8_e4m3fn base weights, per-channel scales")

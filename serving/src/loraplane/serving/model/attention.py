@@ -6,13 +6,13 @@ and values are scattered into their slots first, then:
 
 - prefill spans (a prompt or a chunk of one, possibly after a cached prefix) attend causally to
   their sequence's whole context, one span at a time;
-- decode rows (one new token each) are attended together: their block tables are gathered into
-  one padded batch and a mask hides the padding.
+- decode rows (one new token each) are attended together.
 
 On a CPU, plain ``scaled_dot_product_attention`` with grouped-query heads does the arithmetic for
-prefill spans; in float32 the decode rows and the KV writes go through numba loops that read and
-write the cache in place (:mod:`loraplane.kernels.cpu_layer`), other dtypes through the padded
-gather.
+prefill spans. In float32 the decode rows and the KV writes go through numba loops that read and
+write the cache in place (:mod:`loraplane.kernels.cpu_layer`); in other dtypes the decode rows'
+block tables are gathered into one padded batch for SDPA, and a mask hides the padding.
+
 With the Triton backend (CUDA), one kernel (``loraplane::paged_attention``, see
 :mod:`loraplane.kernels.paged_attention`) attends every sequence of the step, prefill spans and
 decode rows alike, reading keys through the block tables in place.

@@ -42,8 +42,8 @@ class PagedBatch:
 @dataclass(frozen=True)
 class StepContext:
     """One forward pass's metadata. The attention kernel reads ``paged``; the CPU path reads
-        ``prefills`` and the ``decode_*`` fields (in float32 the decode rows read the cache through their
-    block tables, :mod:`loraplane.kernels.cpu_layer`; otherwise one padded gather and a mask)."""
+    ``prefills`` and the ``decode_*`` fields (in float32 the decode rows read the cache through
+    their block tables, :mod:`loraplane.kernels.cpu_layer`; otherwise one padded gather and a mask)."""
 
     positions: torch.Tensor
     slot_blocks: torch.Tensor  # KV block of each new token
@@ -57,5 +57,6 @@ class StepContext:
     paged: PagedBatch | None = None
     # The layers' norms, rotations, activation and KV writes as one Triton kernel each
     # (kernels.ops), with the residual stream carried beside the layer output; the Triton
-    # backend's step. Off: torch ops, in the order and precision of transformers' Llama.
+    # backend's step. Off: torch ops, in the order and precision of transformers' Llama (in
+    # float32 on a CPU, the norms, rotations and KV writes as kernels.cpu_layer's numba loops).
     fused: bool = False
