@@ -3,6 +3,7 @@ every row on an adapter (8 adapters of rank 8 on all seven projections, two rows
 
   python benchmarks/cpu_step.py                 # one figure each: the median step of --steps
   python benchmarks/cpu_step.py --json out.json
+  python benchmarks/cpu_step.py --without-gemms # every packed GEMM a zero tensor: the rest of the step
 
 Compare two checkouts by running this script in each, alternately, several times, and quoting the
 medians (the machine's speed drifts by tens of percent within minutes); docs/benchmarks.md, "The
@@ -60,11 +61,30 @@ def decode_step_ms(engine: object, adapters: list[str | None], steps: int) -> fl
     return statistics.median(times) * 1e3
 
 
+def without_gemms() -> None:
+    """Every packed GEMM (``cpu_gemm.linear``: the projections and the LM head) replaced by a zero
+    tensor of its output's shape, so the step's time is what everything else costs. The tokens
+    are then meaningless; the work per step is not (decode rows, KV, adapters all as before)."""
+    from loraplane.serving.model import cpu_gemm
+
+    real, widths = cpu_gemm.linear, {}
+
+    def zeros(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if id(packed) not in widths:
+            widths[id(packed)] = real(x[:1], packed, bias).shape[1]
+        return torch.zeros(x.shape[0], widths[id(packed)], dtype=x.dtype)
+
+    cpu_gemm.linear = zeros
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--without-gemms", action="store_true", help="time the step with every packed GEMM a zero tensor")
     args = ap.parse_args(argv)
+    if args.without_gemms:
+        without_gemms()
     # The engine converts the embedded base into its cache here (about 670 MB): removed at the end.
     with tempfile.TemporaryDirectory(prefix="cpu-step-") as tmp:
         work = Path(tmp)
@@ -76,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         bare = decode_step_ms(engine, [None], args.steps)
         mixed = decode_step_ms(engine, list(names), args.steps)
     figures = {"cpu": cpu(), "dtype": str(engine.dtype).removeprefix("torch."), "bare_ms": bare, "adapters_ms": mixed}
-    print(f"{figures['cpu']}, {figures['dtype']}: decode step at batch 16: bare {bare:.1f} ms, on 8 adapters {mixed:.1f} ms")
+    what = "decode step without its GEMMs" if args.without_gemms else "decode step"
+    print(f"{figures['cpu']}, {figures['dtype']}: {what} at batch 16: bare {bare:.1f} ms, on 8 adapters {mixed:.1f} ms")
     if args.json:
         Path(args.json).write_text(json.dumps(figures))
     return 0

@@ -132,8 +132,10 @@ def _decode_attention(
 
 
 # Decode attention opens a parallel region from this many multiply-adds of scores (16 sequences
-# of about 110 tokens at 9 x 64 query features). On the embedded base's decode step at batch 16
-# with 50-token contexts, serial and parallel were within this machine's drift of each other.
+# of about 110 tokens at 9 x 64 query features). A guess, not a measurement: the one comparison
+# (the embedded base at batch 16, 50-token contexts, within the drift either way) ran before the
+# single-threaded copies were cached apart from the parallel ones (``cpu.serial``), so it may
+# have timed the parallel loop twice.
 PARALLEL_MIN_WORK = 1 << 20
 
 _rms_norm_serial = serial(_rms_norm)

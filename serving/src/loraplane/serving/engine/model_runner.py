@@ -101,7 +101,7 @@ class ModelRunner:
         One function: every host list crosses to the device in one transfer, and both backends'
         contexts are cut from those same tensors."""
         r = self._rows(items)
-        bs, num_rows = self.block_size, r.query_starts[-1]
+        num_rows = r.query_starts[-1]
         plan = lora_batch.plan(r.runs, self.backend, self.activation_dtype)
         starts, seg_slots = (plan.seg_starts, plan.seg_slots) if plan else ([0], [])
         width = max(len(t) for t in r.tables)
@@ -150,19 +150,11 @@ class ModelRunner:
         )
         ctx = StepContext(positions=positions, slot_blocks=blocks, slot_offsets=offsets, prefills=prefills, lora=lora)
         if decode:
-            # Each decode row's table and length: float32 reads the cache through them in place;
-            # other dtypes make one padded gather as wide as the longest decode row (not a
-            # prefill's context beside them), and the mask hides each row's padding.
+            # Each decode row's table, as wide as the longest decode row's (not a prefill's context
+            # beside them), and its length: float32 reads the cache through them in place, other
+            # dtypes gather those blocks into one padded batch.
             dw = max(len(r.tables[i]) for i in decode)
-            decode_lens = lens[decode]
-            mask = torch.arange(dw * bs, device=self.device).unsqueeze(0) < decode_lens.unsqueeze(1)
-            ctx = dataclasses.replace(
-                ctx,
-                decode_rows=drows,
-                decode_block_tables=tables[decode, :dw],
-                decode_mask=mask.view(len(decode), 1, 1, dw * bs),
-                decode_lens=decode_lens,
-            )
+            ctx = dataclasses.replace(ctx, decode_rows=drows, decode_block_tables=tables[decode, :dw], decode_lens=lens[decode])
         return ids, ctx, logit_rows, r.sampled
 
     def _decode_rows(self, items: list[tuple[Sequence, int]]) -> list[tuple[int, int, int, int, int, list[int]]] | None:

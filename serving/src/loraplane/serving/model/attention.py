@@ -87,15 +87,18 @@ def _prefill(
 
 
 def _decode(q: torch.Tensor, ctx: StepContext, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-    assert ctx.decode_rows is not None and ctx.decode_block_tables is not None and ctx.decode_mask is not None
+    """The decode rows through one padded gather of their blocks and SDPA, a mask hiding each
+    row's padding (dtypes the numba loop does not take)."""
+    assert ctx.decode_rows is not None and ctx.decode_block_tables is not None and ctx.decode_lens is not None
     tables = ctx.decode_block_tables
-    n = tables.shape[0]
+    n, width = tables.shape
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    length = ctx.decode_mask.shape[-1]
+    length = width * k_cache.shape[1]
+    mask = (torch.arange(length, device=q.device).unsqueeze(0) < ctx.decode_lens.unsqueeze(1)).view(n, 1, 1, length)
     ks = k_cache[tables].view(n, length, kv_heads, head_dim).transpose(1, 2)
     vs = v_cache[tables].view(n, length, kv_heads, head_dim).transpose(1, 2)
     qs = q[ctx.decode_rows].unsqueeze(2)  # [n, H, 1, D]
-    return _attend(qs, ks, vs, ctx.decode_mask, False).squeeze(2)
+    return _attend(qs, ks, vs, mask, False).squeeze(2)
 
 
 def paged_attention(
@@ -122,8 +125,8 @@ def paged_attention(
     for span in ctx.prefills:
         out[span.start : span.start + span.num_new] = _prefill(q, k, v, span, k_cache, v_cache)
     if ctx.decode_rows is not None and ctx.decode_rows.numel():
-        if in_place and ctx.decode_lens is not None:
-            assert ctx.decode_block_tables is not None
+        if in_place:
+            assert ctx.decode_block_tables is not None and ctx.decode_lens is not None
             cpu_layer.decode_attention(q, k_cache, v_cache, ctx.decode_block_tables, ctx.decode_lens, ctx.decode_rows, out)
         else:
             out[ctx.decode_rows] = _decode(q, ctx, k_cache, v_cache)

@@ -43,7 +43,8 @@ class PagedBatch:
 class StepContext:
     """One forward pass's metadata. The attention kernel reads ``paged``; the CPU path reads
     ``prefills`` and the ``decode_*`` fields (in float32 the decode rows read the cache through
-    their block tables, :mod:`loraplane.kernels.cpu_layer`; otherwise one padded gather and a mask)."""
+    their block tables, :mod:`loraplane.kernels.cpu_layer`; otherwise one padded gather, a mask
+    built from ``decode_lens`` hiding its padding)."""
 
     positions: torch.Tensor
     slot_blocks: torch.Tensor  # KV block of each new token
@@ -51,8 +52,7 @@ class StepContext:
     prefills: tuple[PrefillSpan, ...] = ()
     decode_rows: torch.Tensor | None = None
     decode_block_tables: torch.Tensor | None = None
-    decode_mask: torch.Tensor | None = None  # [n, 1, 1, max_blocks * block_size], True where a key exists
-    decode_lens: torch.Tensor | None = None  # [n] each decode row's context length: float32 reads the tables in place
+    decode_lens: torch.Tensor | None = None  # [n] each decode row's context length
     lora: LoraBatch | None = None  # the step's rows as the adapter kernels read them
     paged: PagedBatch | None = None
     # The layers' norms, rotations, activation and KV writes as one Triton kernel each
