@@ -977,11 +977,12 @@ def part_serving(ctx: Ctx) -> dict[str, Any]:
     notes: list[str] = []
     caches: dict[int, Path] = {}  # engine id -> its adapter disk cache
 
-    def build(quantization: str | None, eager: bool, resident: bool = False) -> Any:
+    def build(quantization: str | None, eager: bool, resident: bool = False, overlapped: bool = False) -> Any:
         """An engine on the trace's adapters; ``resident``: a slot for every adapter the trace
         uses, each placed and pinned before the clock runs (the baseline the hot adapter's TTFT
         under 500 adapters on ``max_loras`` slots is held against)."""
         cache = work / f"cache-{quantization or 'dense'}-{'eager' if eager else 'graphs'}{'-resident' if resident else ''}"
+        cache = cache.with_name(cache.name + "-async") if overlapped else cache
         slots, max_rank = (len(used) + 1, max(used_ranks)) if resident else (w.max_loras, 64)
         settings: dict[str, Any] = dict(
             model=str(folder), load_format="dummy", device=ctx.device.type, dtype=ctx.dtype_name, kernel_backend=ctx.backend,
@@ -989,6 +990,8 @@ def part_serving(ctx: Ctx) -> dict[str, Any]:
             max_model_len=max_model_len, kv_cache_memory_mb=kv_mb, max_loads_in_flight=8, enable_prefix_caching=False,
             cache_dir=cache, enforce_eager=eager,
         )  # fmt: skip
+        if overlapped:
+            settings["async_scheduling"] = True
         began = time.perf_counter()
         engine = build_engine(EngineConfig(**settings))
         caches[id(engine)] = cache
@@ -1013,7 +1016,9 @@ def part_serving(ctx: Ctx) -> dict[str, Any]:
         warm = serve(engine, warm_trace, 4, a.serving_timeout)  # compiles the kernels' variants before the clock runs
         if warm["num_errors"]:
             raise RuntimeError(f"warm-up: {warm['errors'][0]}")
-        graphs = ", graphs off" if eager else ", graphs on (captured while building)"
+        graphs = (", graphs off" if eager else ", graphs on (captured while building)") + (
+            ", async scheduling" if overlapped else ""
+        )
         print(
             f"  built {quantization or ctx.dtype_name}{graphs} in {built:.1f} s; {len(used)} adapters into host memory "
             f"in {loaded:.1f} s; warm-up {time.perf_counter() - began:.1f} s",
@@ -1041,7 +1046,7 @@ def part_serving(ctx: Ctx) -> dict[str, Any]:
                 flag = " TIMED OUT (--serving-timeout)" if r["timed_out"] else ""
                 errs = f", {r['num_errors']} failed: {r['errors'][0]}" if r["num_errors"] else ""
                 print(
-                    f"  {name:<22} {r['output_tok_s']:>9.0f} generated tok/s {r['total_tok_s']:>9.0f} total tok/s "
+                    f"  {name:<36} {r['output_tok_s']:>9.0f} generated tok/s {r['total_tok_s']:>9.0f} total tok/s "
                     f"({r['generated_tokens']} tokens, {r['finished']}/{r['requests']} requests in {r['wall_s']:.1f} s, "
                     f"{r['steps']} steps){flag}{errs}",
                     flush=True,
@@ -1084,6 +1089,20 @@ def part_serving(ctx: Ctx) -> dict[str, Any]:
             close(eager)
             del eager
             release()
+        # Async scheduling (the host preparing step N+1 while the device runs step N) beside the same engine without.
+        if "async_scheduling" not in EngineConfig.model_fields:
+            notes.append("async scheduling: not in this version's EngineConfig")
+        elif time.perf_counter() + 3 * longest() > deadline:
+            notes.append("async scheduling: skipped (part 4's time budget, --serving-budget)")
+            print(f"  async scheduling: skipped, too little of the {a.serving_budget:.0f} s budget left (--serving-budget)")
+        else:
+            overlapped = build(None, False, overlapped=True)
+            live.append(overlapped)
+            timed_rounds({dense_name: dense, f"{ctx.dtype_name}, graphs on, async scheduling": overlapped})
+            live.remove(overlapped)
+            close(overlapped)
+            del overlapped
+            release()
         # Every adapter the trace uses resident, beside the engine that swaps them through max_loras slots.
         if time.perf_counter() + 3 * longest() > deadline:
             notes.append("all resident: skipped (part 4's time budget, --serving-budget)")
@@ -1106,7 +1125,7 @@ def part_serving(ctx: Ctx) -> dict[str, Any]:
         release()
 
     summary = {}
-    print(f"  {'engine':<22} {'median generated tok/s':>24} {'median total tok/s':>20} {'hot adapter TTFT p99':>22}")
+    print(f"  {'engine':<36} {'median generated tok/s':>24} {'median total tok/s':>20} {'hot adapter TTFT p99':>22}")
     for name, rs in runs.items():
         out_rate = statistics.median(r["output_tok_s"] for r in rs)
         total_rate = statistics.median(r["total_tok_s"] for r in rs)
@@ -1114,7 +1133,7 @@ def part_serving(ctx: Ctx) -> dict[str, Any]:
         hot_ttft = statistics.median(ttfts) if ttfts else None
         summary[name] = {"output_tok_s": out_rate, "total_tok_s": total_rate, "hot_ttft_p99_s": hot_ttft, "runs": len(rs)}
         shown = f"{1e3 * hot_ttft:.0f} ms" if hot_ttft is not None else "-"
-        print(f"  {name:<22} {out_rate:>24.0f} {total_rate:>20.0f} {shown:>22}   ({len(rs)} runs)")
+        print(f"  {name:<36} {out_rate:>24.0f} {total_rate:>20.0f} {shown:>22}   ({len(rs)} runs)")
     if RESIDENT in summary and dense_name in summary and summary[RESIDENT]["hot_ttft_p99_s"]:
         ratio = (summary[dense_name]["hot_ttft_p99_s"] or 0.0) / summary[RESIDENT]["hot_ttft_p99_s"]
         info["hot_ttft_vs_resident"] = ratio

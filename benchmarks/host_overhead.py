@@ -71,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--adapters", type=int, default=32)
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (vLLM's flag)")
+    ap.add_argument(
+        "--async-scheduling", action="store_true",
+        help="vLLM's flag: a step launches before the previous one is read back (its read-back is that one's ids)",
+    )  # fmt: skip
     ap.add_argument("--only", help="run the scenarios whose name contains this")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--work-dir", help="where the shape and its adapters are written (kept between runs)")
@@ -96,10 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         block_size=16,
         enable_prefix_caching=False,
         enforce_eager=args.enforce_eager,
+        async_scheduling=args.async_scheduling,
         cache_dir=work / "cache",
     )
     print(cpu_line())
     layers, graphs = config["num_hidden_layers"], "eager" if args.enforce_eager else "decode and prompt graphs"
+    graphs += ", async scheduling" if args.async_scheduling else ""
     print(
         f"{args.shape} shape: hidden {config['hidden_size']}, {layers} layers, vocab {config['vocab_size']}; "
         f"{args.adapters} adapters pinned on {args.adapters + 1} slots; {graphs}; bf16"

@@ -169,3 +169,24 @@ def test_steps_above_the_capture_size_run_eagerly(tmp_path: Path) -> None:
         assert step.tally.graph_replays == 0 and step.tally.launches == PER_LAYER * LAYERS + AROUND
         prompt_graphs = built.runner.prompt_graphs
         assert prompt_graphs.sizes == [8] and built.runner.graphs.sizes == [1, 2, 4, 8]
+
+
+# Async scheduling feeds the tokens in flight into the next step's input ids on the device: the
+# feed's row indices cross in a second small copy, and it launches their two casts to int64, the
+# gather of the tokens, their clamp (a failed row's code is fed as id 0), their cast and the write.
+FEED = 6
+
+
+def test_an_async_decode_step_reads_back_the_step_before_after_launching_its_own(tmp_path: Path) -> None:
+    """Under async scheduling a decode step is still one graph replay; its one read-back is the
+    previous step's token ids, waited for after this step is launched, and the tokens it is fed
+    never cross to the host and back: one more copy in (the feed's rows), no more read-backs."""
+    for built, recorder, names in _engine(tmp_path, async_scheduling=True):
+        for batch in (1, 5, 16):
+            (step,) = run_scenario(built, recorder, Scenario("decode", decode=batch), names, repeats=1)
+            t = step.tally
+            assert (t.graph_replays, t.launches, t.read_backs, t.copies_in) == (1, DECODE + FEED, 1, 2), f"batch {batch}: {t}"
+            assert t.read_back_bytes == 8 * batch
+        (step,) = run_scenario(built, recorder, PROMPT_SCENARIOS[1], names, repeats=1)  # the mixed step
+        t = step.tally
+        assert (t.graph_replays, t.launches, t.read_backs, t.copies_in) == (1, PROMPT + FEED, 1, 2), t

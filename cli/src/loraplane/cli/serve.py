@@ -58,8 +58,8 @@ from loraplane.serving.api.openai.tools.parsers import TOOL_PARSERS
     "--admin-token gives them their own. For several tenants and their quotas, --tenants instead.",
 )  # fmt: skip
 @engine_flags(
-    "device", "gpu_memory_utilization", "enforce_eager", "max_cudagraph_capture_size", "max_loras", "max_lora_rank",
-    "max_cpu_loras", "max_num_seqs",
+    "device", "gpu_memory_utilization", "enforce_eager", "async_scheduling", "max_cudagraph_capture_size", "max_loras",
+    "max_lora_rank", "max_cpu_loras", "max_num_seqs",
     "max_num_batched_tokens", "max_model_len", "dtype", "quantization", "lora_memory", "eviction_policy",
     "require_adapter_digest", "fair_scheduling", "fair_prefill_chunk", "fair_interjection", "step_trace",
 )  # fmt: skip

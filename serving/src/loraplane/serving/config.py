@@ -60,6 +60,13 @@ class EngineConfig(EngineSizing):
         default=False,
         description="run every step eagerly; by default every step replays a CUDA graph (the Triton backend only)",
     )
+    async_scheduling: bool = Field(
+        default=False,
+        description="schedule and launch step N+1 before step N's tokens are read back (vLLM's flag), so the host's "
+        "work overlaps the GPU's; a request's stop is then seen one step late (its extra token is discarded), and steps "
+        "with rows whose sampling reads the host's history (penalties, structured output, logits processors, "
+        "logprobs) run synchronously; no gain on a CPU, where the host is the device",
+    )
     max_cudagraph_capture_size: int | None = Field(
         default=None,
         gt=0,
@@ -133,6 +140,10 @@ class EngineConfig(EngineSizing):
     def _node_cache_mounted(self) -> EngineConfig:
         if self.node_cache_url is not None and self.node_cache_dir is None:
             raise ValueError("node_cache_url needs node_cache_dir: where this pod mounts the node cache the agent writes")
+        if self.async_scheduling and self.fair_interjection:
+            raise ValueError(
+                "async_scheduling cannot run with fair_interjection: an interjected step needs the one in flight done"
+            )
         if self.merged_lora is not None and self.served_model_name is None:
             raise ValueError("merged_lora needs served_model_name: the merged model answers to the adapter's name")
         return self

@@ -130,8 +130,8 @@ def kv_blocks(
 def interjects(config: EngineConfig, backend: str) -> bool:
     """Whether a step takes a fair-share neighbour's prompt between its layers: only with fair
     scheduling; unset, on the CPU backend, where one step of a burster's decodes costs about a
-    whole prompt, and off with Triton (``EngineConfig.fair_interjection``)."""
-    if not config.fair_scheduling:
+    whole prompt, and off with Triton (``EngineConfig.fair_interjection``); never with async scheduling."""
+    if not config.fair_scheduling or config.async_scheduling:  # an interjection needs the step in flight done
         return False
     return backend == "cpu" if config.fair_interjection is None else config.fair_interjection
 

@@ -47,6 +47,16 @@ def on_device(seq: Sequence) -> bool:
     return not seq.params.logits_processors
 
 
+def deferrable(seq: Sequence) -> bool:
+    """Whether this row's token may stay on the device until after the next step is launched
+    (async scheduling): sampled on the device from its logits alone. Not so for penalties, bad
+    words and ``min_tokens`` (they read the output so far, whose last token would still be in
+    flight), a grammar (its matcher must see each token before masking the next), log-probabilities
+    (read back with the token) or prompt log-probabilities (read back from the prompt's rows)."""
+    p = seq.params
+    return on_device(seq) and not p.penalised and p.guide is None and p.logprobs is None and p.prompt_logprobs is None
+
+
 @dataclass(frozen=True)
 class Drawn:
     """One row's result: its token, and its log-probabilities when it asked for them; ``token``
@@ -77,10 +87,9 @@ def seeded_noise(seed_lo: torch.Tensor, seed_hi: torch.Tensor, position: torch.T
     return (-torch.log(u)).float()
 
 
-def draw(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None = None) -> list[Drawn]:
-    """Sample every row of ``logits`` [len(seqs), vocab] (float32, on any device) for its
-    sequence, all of which satisfy :func:`on_device`. Unseeded rows draw from ``generator`` (a
-    generator on the logits' device; the device's default when None)."""
+def choose(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None = None) -> torch.Tensor:
+    """Each row's token id, on the device (``NOT_FINITE`` or ``NONE_ALLOWED`` where it has none):
+    :func:`draw` without the read-back, which async scheduling feeds to the next step first."""
     n, vocab = logits.shape
     params = [s.params for s in seqs]
     greedy = [p.greedy for p in params]
@@ -126,8 +135,16 @@ def draw(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator 
         token = torch.where(temperature > 0, (probs / noise).argmax(dim=-1), token)
     broken = ~(torch.isfinite(x) | (x == float("-inf"))).all(dim=-1)  # a NaN or +inf
     token = torch.where((x > float("-inf")).any(dim=-1), token, NONE_ALLOWED)
-    token = torch.where(broken, NOT_FINITE, token)
-    wanted = [p.logprobs for p in params]
+    return torch.where(broken, NOT_FINITE, token)
+
+
+def draw(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None = None) -> list[Drawn]:
+    """Sample every row of ``logits`` [len(seqs), vocab] (float32, on any device) for its
+    sequence, all of which satisfy :func:`on_device`. Unseeded rows draw from ``generator`` (a
+    generator on the logits' device; the device's default when None)."""
+    token = choose(logits, seqs, generator)
+    x = logits.float()
+    wanted = [s.params.logprobs for s in seqs]
     if all(k is None for k in wanted):
         back = transfers.to_host(token)
         with host_side():

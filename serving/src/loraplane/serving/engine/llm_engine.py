@@ -25,15 +25,17 @@ from loraplane.serving.engine import adapter_admission
 from loraplane.serving.engine.adapter_gate import AdapterGate
 from loraplane.serving.engine.block_manager import BlockManager
 from loraplane.serving.engine.detokenizer import Detokenizer
-from loraplane.serving.engine.model_runner import ModelRunner
+from loraplane.serving.engine.device_sampling import deferrable
+from loraplane.serving.engine.model_runner import Feed, ModelRunner
 from loraplane.serving.engine.outputs import RequestOutput, output_of
 from loraplane.serving.engine.sampler import SampleFailure, Sampler
 from loraplane.serving.engine.sampling_params import SamplingParams
 from loraplane.serving.engine.scheduler import Scheduler
-from loraplane.serving.engine.sequence import FinishReason, Sequence, TokenLogprob
+from loraplane.serving.engine.sequence import PENDING, FinishReason, Sequence, TokenLogprob
 from loraplane.serving.engine.step_trace import StepTrace
 from loraplane.serving.engine.structured import Grammars
 from loraplane.serving.engine.structured import advance as advance_grammar
+from loraplane.serving.engine.transfers import HostCopy
 from loraplane.serving.lora.entries import AdapterBusy, AdapterInfo, AdapterSpec
 from loraplane.serving.lora.manager import AdapterManager
 from loraplane.serving.lora.slot_table import SlotTable
@@ -79,6 +81,27 @@ class EngineParts:
     interjects: bool = False
 
 
+@dataclass
+class InFlight:
+    """A step launched under async scheduling and not read back yet: what it ran, which
+    sequences it sampled (each holding a ``PENDING`` token at ``places[seq_id]`` of its output),
+    and their token ids on their way to the host."""
+
+    items: list[tuple[Sequence, int]]
+    sampled: list[Sequence]
+    tokens: torch.Tensor | None  # on the device, in ``sampled``'s order; the next step's feed
+    copy: HostCopy | None
+    places: dict[int, int]
+    start: float
+    fresh: list[Sequence]  # for the step trace: the sequences it samples a first token for
+    prompts: list[int]
+
+    def feed(self) -> Feed | None:
+        if self.tokens is None:
+            return None
+        return Feed(self.tokens, {seq.seq_id: i for i, seq in enumerate(self.sampled)})
+
+
 class LLMEngine:
     def __init__(self, parts: EngineParts) -> None:
         """Built by ``engine.builder.build_engine``; the parts are public attributes."""
@@ -98,6 +121,8 @@ class LLMEngine:
         self.ran = False  # whether the last step ran a batch (an idle one lets its caller sleep)
         self._ids = itertools.count()
         self.trace = StepTrace(self.config.step_trace) if self.config.step_trace is not None else None
+        # Async scheduling (``EngineConfig.async_scheduling``): the step launched and not read back.
+        self.in_flight: InFlight | None = None
 
     # adapters (vLLM's add_lora / pin_lora / remove_lora family) ------------------------------
     def register_lora(self, spec: AdapterSpec) -> None:
@@ -211,6 +236,9 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        while seq.output_token_ids and seq.output_token_ids[-1] == PENDING:  # tokens in flight it will not get
+            seq.output_token_ids.pop()
+        seq.held = False
         seq.finish_reason = reason
         self.scheduler.finish(seq)
         self.sampler.forget(seq)
@@ -254,9 +282,13 @@ class LLMEngine:
         if self.scheduler.waiting:  # before the forward pass is issued, so the copies run beside it
             self.adapters.prefetch_device(s.adapter for s in self.scheduler.waiting if s.adapter is not None)
         if not batch.items:
+            if self.in_flight is not None:
+                return self._resolve(outputs)
             if self.adapters.loads_in_flight():
                 self.adapters.wait_for_loads(timeout=0.05)  # nothing to run until a load lands
             return outputs
+        if self.config.async_scheduling:
+            return self._run_async(batch.items, outputs)
         hook = self._between_layers if self.interjects and self.between_layers is not None else None
         return self._run(batch.items, outputs, hook)
 
@@ -327,6 +359,101 @@ class LLMEngine:
             firsts = [s.request_id for s in fresh if s.output_token_ids]
             trace.step(start, items, prompts, firsts, interjection=interjection)
         return self._forget_finished(outputs)
+
+    def _run_async(self, items: list[tuple[Sequence, int]], outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Async scheduling (vLLM V1's, SGLang's overlap scheduler): launch this step, then read
+        back the step before it, whose tokens this one was fed on the device. On a GPU the host's
+        work for a step (scheduling, its metadata, the previous step's stop checks and text) runs
+        while the device computes. A step with a row that needs the host to sample it
+        (``device_sampling.deferrable``) runs synchronously, after the one in flight is read back."""
+        if not all(deferrable(seq) for seq, _ in items):
+            self._resolve(outputs)
+            items = [(seq, n) for seq, n in items if not seq.is_finished]  # stopped by the tokens just read
+            return self._run(items, outputs, None) if items else self._forget_finished(outputs)
+        start, trace, previous = time.monotonic(), self.trace, self.in_flight
+        prompts = trace.prompt_chunks(items) if trace is not None else []
+        try:
+            sampled, tokens = self.runner.launch(items, previous.feed() if previous is not None else None)
+        except Exception as err:  # this step's sequences fail; the step before still delivers its tokens
+            log.exception("forward pass failed for %d sequences", len(items))
+            self._resolve(outputs)
+            if trace is not None:
+                trace.step(start, items, prompts, [], interjection=False, failed=True)
+            for seq, _ in items:
+                self._fail(seq, f"the forward pass failed: {type(err).__name__}: {err}", "engine_error")
+                outputs.append(output_of(seq))
+            return self._forget_finished(outputs)
+        places = {}
+        for seq, n in items:
+            seq.num_computed_tokens += n
+        for seq in sampled:
+            places[seq.seq_id] = len(seq.output_token_ids)
+            seq.output_token_ids.append(PENDING)
+            seq.held = self._at_length_limit(seq)
+        self.in_flight = InFlight(
+            items, sampled, tokens, HostCopy(tokens) if tokens is not None else None, places, start,
+            [s for s in sampled if s.output_token_ids == [PENDING]] if trace is not None else [], prompts,
+        )  # fmt: skip
+        if previous is not None:
+            self._deliver(previous, outputs)
+            if all(seq.is_finished for seq, _ in items):  # every one stopped at the step just read: nothing to wait for
+                self.in_flight = None
+        return self._forget_finished(outputs)
+
+    def _resolve(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Read back the step in flight, if any, and deliver what it advanced into ``outputs``."""
+        flight, self.in_flight = self.in_flight, None
+        if flight is not None:
+            self._deliver(flight, outputs)
+        return self._forget_finished(outputs)
+
+    def _deliver(self, flight: InFlight, outputs: list[RequestOutput]) -> None:
+        """``flight``'s tokens in place of their placeholders: stop checks, text, metrics, as a
+        synchronous step's. A sequence already sampled again by the step launched since (one
+        more ``PENDING`` behind this one) keeps that placeholder unless this token ends it; the
+        token it was sampling is then discarded. Finished sequences (aborted meanwhile) are skipped."""
+        try:
+            tokens = flight.copy.wait().tolist() if flight.copy is not None else []
+        except Exception as err:  # the device failed the step: its sequences fail, nothing else
+            log.exception("reading back a step of %d sequences failed", len(flight.items))
+            for seq, _ in flight.items:
+                self._fail(seq, f"the forward pass failed: {type(err).__name__}: {err}", "engine_error")
+                outputs.append(output_of(seq))
+            return
+        results = dict(zip((s.seq_id for s in flight.sampled), self.sampler.results(tokens), strict=True))
+        generated: Counter[tuple[str | None, str | None]] = Counter()
+        for seq, _ in flight.items:
+            if seq.is_finished:
+                continue
+            result = results.get(seq.seq_id)
+            if result is None:  # a prompt chunk short of its last token
+                self.blocks.register_full_blocks(seq)
+                outputs.append(output_of(seq))
+                continue
+            place = flight.places[seq.seq_id]
+            ahead = len(seq.output_token_ids) - place - 1  # 1 when the next step sampled it again
+            del seq.output_token_ids[place:]
+            held, seq.held = seq.held, False  # what the next step's launch found, restored with its placeholder
+            try:
+                self._advance(seq, result, generated)
+            except Exception as err:  # its stop check or text: this sequence alone
+                log.exception("request %s failed after sampling", seq.request_id)
+                self._fail(seq, f"{type(err).__name__}: {err}", "engine_error")
+            outputs.append(output_of(seq))
+            if not seq.is_finished:
+                self.blocks.register_full_blocks(seq)
+                if ahead:
+                    seq.output_token_ids.append(PENDING)
+                    seq.held = held
+        for (adapter, tenant), count in generated.items():
+            self.metrics.observe_tokens(adapter, tenant, count)
+        if self.trace is not None:
+            firsts = [s.request_id for s in flight.fresh if s.output_token_ids and s.output_token_ids[0] != PENDING]
+            self.trace.step(flight.start, flight.items, flight.prompts, firsts, interjection=False)
+
+    def _at_length_limit(self, seq: Sequence) -> bool:
+        """Whether the sequence's tokens so far (in flight included) reach its length limit."""
+        return len(seq.output_token_ids) >= seq.params.max_tokens or len(seq) >= self.max_model_len
 
     def _advance(
         self,

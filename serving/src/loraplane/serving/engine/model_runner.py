@@ -26,7 +26,7 @@ from loraplane.kernels import lora_batch
 from loraplane.kernels.lora_batch import LoraBatch
 from loraplane.serving.engine import prompt_logprobs, transfers
 from loraplane.serving.engine.sampler import SampleFailure, Sampler
-from loraplane.serving.engine.sequence import Sequence, TokenLogprob
+from loraplane.serving.engine.sequence import PENDING, Sequence, TokenLogprob
 from loraplane.serving.engine.step_graphs import DecodeGraphs, PromptGraphs
 from loraplane.serving.lora.slot_table import SlotTable
 from loraplane.serving.model.attention import KVCache
@@ -54,6 +54,15 @@ class _Rows:
     def row_slots(self) -> np.ndarray:
         """Each token's adapter slot, from the sequences' runs."""
         return np.repeat(np.array([slot for slot, _ in self.runs], dtype=np.int32), [n for _, n in self.runs])
+
+
+@dataclass(frozen=True)
+class Feed:
+    """The step in flight's sampled token ids, on the device, and each sequence's row in them:
+    what the next step's input ids take for tokens not read back yet (async scheduling)."""
+
+    tokens: torch.Tensor
+    rows: dict[int, int]  # seq id -> row of ``tokens``
 
 
 class ModelRunner:
@@ -178,34 +187,87 @@ class ModelRunner:
         """Next token (and log-probability) for every sequence that reached its last token, by seq
         id; a ``SampleFailure`` for one whose row could not be sampled. ``between_layers`` is the
         model's (an eager step only: a replayed graph has no Python between its layers)."""
+        logits, sampled = self._forward(items, between_layers, None)
+        if logits is None:
+            return {}
+        results = self.sampler.sample(logits, sampled)
+        return {seq.seq_id: r for seq, r in zip(sampled, results, strict=True)}
+
+    @torch.inference_mode()
+    def launch(self, items: list[tuple[Sequence, int]], feed: Feed | None) -> tuple[list[Sequence], torch.Tensor | None]:
+        """Async scheduling: the step issued, its sampled token ids left on the device, nothing
+        read back: (the sequences sampled, their token ids in that order; None when none samples).
+        A sequence whose last token is still in flight (``PENDING``) is fed it from ``feed``, the
+        step before's token ids, on the device. Every sequence must be ``device_sampling.deferrable``."""
+        logits, sampled = self._forward(items, None, self._feeder(items, feed))
+        if logits is None:
+            return [], None
+        return sampled, self.sampler.choose(logits, sampled)
+
+    def _feeder(self, items: list[tuple[Sequence, int]], feed: Feed | None) -> Callable[[torch.Tensor], None] | None:
+        """What writes the in-flight tokens into a step's input ids once those are on the device
+        (one small copy of row indices, one indexed write); None when no row needs one."""
+        dst: list[int] = []
+        src: list[int] = []
+        end = 0
+        for seq, n in items:
+            end += n
+            if not seq.output_token_ids or seq.output_token_ids[-1] != PENDING:
+                continue
+            # Only a sequence's last token can be in flight, and only the step after the one that
+            # sampled it reads it: a scheduler that broke this would feed a placeholder as a token.
+            if feed is None or seq.seq_id not in feed.rows or seq.num_computed_tokens + n != len(seq):
+                raise RuntimeError(f"request {seq.request_id}: a token still in flight was scheduled out of turn")
+            dst.append(end - 1)
+            src.append(feed.rows[seq.seq_id])
+        if not dst:
+            return None
+        assert feed is not None
+        tokens = feed.tokens
+
+        def patch(ids: torch.Tensor) -> None:
+            rows, index = transfers.to_device([(dst, (len(dst),)), (src, (len(src),))], ids.device)
+            # A row that failed to sample carries a negative code: fed as id 0, its result is discarded.
+            ids.index_put_((rows.long(),), tokens.index_select(0, index.long()).clamp(min=0).to(ids.dtype))
+
+        return patch
+
+    def _forward(
+        self,
+        items: list[tuple[Sequence, int]],
+        between_layers: Callable[[], None] | None,
+        patch: Callable[[torch.Tensor], None] | None,
+    ) -> tuple[torch.Tensor | None, list[Sequence]]:
+        """(the logits of the sequences sampled, those sequences), or (None, []) when none
+        reached its last token; ``patch`` rewrites the input ids on the device before they are read."""
         rows = self._decode_rows(items)
         if rows is not None:
             assert self.graphs is not None
             self.slots.wait_for_writes({r[3] for r in rows} - {-1})
-            sampled = [seq for seq, _ in items]
-            logits = self.graphs.run(rows)
+            return self.graphs.run(rows, patch), [seq for seq, _ in items]
+        replayed = self._replay_prompt_graph(items, patch) if between_layers is None else None
+        if replayed is not None:
+            hidden, sampled_hidden, sampled = replayed
         else:
-            replayed = self._replay_prompt_graph(items) if between_layers is None else None
-            if replayed is not None:
-                hidden, sampled_hidden, sampled = replayed
+            input_ids, ctx, logit_rows, sampled = self.build(items)
+            if patch is not None:
+                patch(input_ids)
+            # The hook only when there is one: the forward's three-argument call stays what it
+            # was for every step that has none (every step on a GPU).
+            if between_layers is None:
+                hidden = self.model(input_ids, ctx, self.cache)
             else:
-                input_ids, ctx, logit_rows, sampled = self.build(items)
-                # The hook only when there is one: the forward's three-argument call stays what it
-                # was for every step that has none (every step on a GPU).
-                if between_layers is None:
-                    hidden = self.model(input_ids, ctx, self.cache)
-                else:
-                    hidden = self.model(input_ids, ctx, self.cache, between_layers=between_layers)
-                sampled_hidden = hidden[logit_rows]
-            if any(seq.params.prompt_logprobs is not None for seq, _ in items):
-                prompt_logprobs.record(items, hidden, self.model.logits)
-            if not sampled:
-                return {}
-            logits = self.model.logits(sampled_hidden)
-        results = self.sampler.sample(logits, sampled)
-        return {seq.seq_id: r for seq, r in zip(sampled, results, strict=True)}
+                hidden = self.model(input_ids, ctx, self.cache, between_layers=between_layers)
+            sampled_hidden = hidden[logit_rows]
+        if any(seq.params.prompt_logprobs is not None for seq, _ in items):
+            prompt_logprobs.record(items, hidden, self.model.logits)
+        if not sampled:
+            return None, []
+        return self.model.logits(sampled_hidden), sampled
 
-    def _replay_prompt_graph(self, items: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, torch.Tensor, list[Sequence]] | None:
+    def _replay_prompt_graph(
+        self, items: list[tuple[Sequence, int]], patch: Callable[[torch.Tensor], None] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, list[Sequence]] | None:
         """(the rows' hidden states, the sampled rows', the sequences sampled) of a step with
         prompts replayed from its token bucket's graph, or None when no bucket holds it (or there
         are no prompt graphs: the step then runs eagerly)."""
@@ -220,5 +282,5 @@ class ModelRunner:
         if plan is not None:
             self.slots.wait_for_writes(plan.used)
         token_arrays = [np.concatenate(a) for a in (r.ids, r.positions, r.blocks, r.offsets)] + [r.row_slots()]
-        hidden, sampled_hidden = graphs.run(size, token_arrays, plan, r.query_starts, r.seq_lens, r.tables, r.logit_rows)
+        hidden, sampled_hidden = graphs.run(size, token_arrays, plan, r.query_starts, r.seq_lens, r.tables, r.logit_rows, patch)
         return hidden, sampled_hidden, r.sampled

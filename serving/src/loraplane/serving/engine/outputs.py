@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loraplane.serving.engine.sequence import FinishReason, Sequence, TokenLogprob
+from loraplane.serving.engine.sequence import PENDING, FinishReason, Sequence, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -28,13 +28,18 @@ class RequestOutput:
 
 def output_of(seq: Sequence) -> RequestOutput:
     """What a request's caller sees so far: while it runs, its text without a tail that might yet
-    turn out to be a stop string."""
+    turn out to be a stop string; without the placeholders of tokens still in flight (async
+    scheduling), which the caller gets once they are read back."""
+    tokens = seq.output_token_ids
+    end = len(tokens)
+    while end and tokens[end - 1] == PENDING:
+        end -= 1
     text = seq.output_text if seq.is_finished or seq.detokenizer is None else seq.detokenizer.visible
     return RequestOutput(
         request_id=seq.request_id,
         adapter=seq.adapter,
         prompt_token_ids=seq.prompt_token_ids,
-        token_ids=list(seq.output_token_ids),
+        token_ids=tokens[:end],
         text=text,
         finished=seq.is_finished,
         finish_reason=seq.finish_reason,

@@ -90,6 +90,18 @@ class Sampler:
                 out.append(SampleFailure(f"sampling failed: {type(err).__name__}: {err}"))
         return out
 
+    def choose(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """Async scheduling: every row's token id, left where the logits are (each sequence
+        ``device_sampling.deferrable``); :meth:`results` reads them once they are back."""
+        if all(_plain_greedy(s) for s in seqs):
+            return logits.argmax(dim=-1)
+        return device_sampling.choose(logits, seqs, self._device_generator(logits.device))
+
+    @staticmethod
+    def results(tokens: list[int]) -> list[tuple[int, TokenLogprob | None] | SampleFailure]:
+        """What :meth:`choose`'s token ids, read back, give each row: its token or its failure."""
+        return [(t, None) if t >= 0 else _result(device_sampling.Drawn(t, None)) for t in tokens]
+
     def _adjust(self, logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, SampleFailure]:
         """Penalties, biases, token masks and grammars applied to ``logits`` in place, wherever
         it is; the rows (by seq id) that could not be adjusted, which fail alone."""

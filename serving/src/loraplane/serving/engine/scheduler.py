@@ -315,6 +315,8 @@ class Scheduler:
         A tenant below its share counts even while its request cannot run yet (its adapter still
         loading): the chunk then costs the burster some prefill speed for a neighbour that
         arrives within steps."""
+        if seq.held:  # its token in flight is its last (async scheduling): nothing to compute
+            return 0
         n = min(seq.num_uncomputed, budget)
         prefill = n > 1 or not seq.output_token_ids  # a prompt's last token is prefill too
         if prefill and seq.tenant in over:

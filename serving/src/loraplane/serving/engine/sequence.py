@@ -17,6 +17,11 @@ from loraplane.serving.engine.sampling_params import SamplingParams
 
 _ids = itertools.count()
 
+# An output token sampled on the device and not read back yet (async scheduling): it holds the
+# token's place, so lengths, KV slots and the scheduler's arithmetic are already right, and the
+# step that feeds it to the model takes its value from the device (``ModelRunner``'s feed).
+PENDING = -1
+
 
 class Status(enum.Enum):
     WAITING = "waiting"
@@ -75,6 +80,9 @@ class Sequence:
     matcher: Any = None  # the structured-output grammar state (an llguidance matcher), when guided
     error: str | None = None
     error_code: str | None = None  # adapter_load_failed, sampling_failed or engine_error
+    # Async scheduling: the token in flight reaches the request's length limit, so the sequence
+    # finishes when it is read back and the scheduler must not give it another step meanwhile.
+    held: bool = False
 
     @property
     def token_ids(self) -> list[int]:

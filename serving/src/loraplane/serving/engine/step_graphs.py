@@ -269,13 +269,18 @@ class DecodeGraphs(StepGraphs):
             h[name][n:size] = value
         h["tables"][n:size, 0] = self.scratch_block
 
-    def run(self, rows: list[tuple[int, int, int, int, int, list[int]]]) -> torch.Tensor:
-        """Logits [len(rows), vocab] of one decode step, replayed from its bucket's graph."""
+    def run(
+        self, rows: list[tuple[int, int, int, int, int, list[int]]], patch: Callable[[torch.Tensor], None] | None = None
+    ) -> torch.Tensor:
+        """Logits [len(rows), vocab] of one decode step, replayed from its bucket's graph;
+        ``patch`` rewrites the input ids on the device first (tokens still in flight)."""
         size = self.bucket(len(rows))
         assert size is not None, "the runner checks the bucket first"
         with host_side():
             self.fill(rows, size)
         self._send(self.static.buffer)
+        if patch is not None:
+            patch(self.static.ids)
         return self.model.logits(self.replay(size)[: len(rows)])
 
 
@@ -390,14 +395,18 @@ class PromptGraphs(StepGraphs):
         seq_lens: list[int],
         tables: list[list[int]],
         logit_rows: list[int],
+        patch: Callable[[torch.Tensor], None] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(hidden states of the step's rows [tokens, hidden], the sampled rows' [len(logit_rows),
         hidden]) from the bucket's graph. ``token_arrays``: ids, positions, KV blocks, offsets, slots
-        per token (the runner's); the rest per sequence, as the eager step takes them."""
+        per token (the runner's); the rest per sequence, as the eager step takes them. ``patch``
+        rewrites the input ids on the device first (tokens still in flight)."""
         n = query_starts[-1]
         with host_side():
             self.fill(size, token_arrays, plan, query_starts, seq_lens, tables, logit_rows)
         self._send(self.device_buffer, self.tables_at + len(seq_lens) * self.width)
+        if patch is not None:
+            patch(self.static["ids"])
         hidden = self.replay(size)
         return hidden[:n], hidden[self.static["logit_rows"][: len(logit_rows)]]
 

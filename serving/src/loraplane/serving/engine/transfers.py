@@ -6,10 +6,12 @@ host-to-device copy of one int32 buffer (page-locked when CUDA is present, so th
 asynchronous), then hands out views of it. Every layer reads those views; nothing per layer
 crosses the bus.
 
-Out: :func:`to_host` is the only place the engine waits for the device during a step: the
-sampled token ids (and the logits rows of requests whose sampling runs on the host) come back
-through it. A test steps the engine on fake CUDA tensors, where any other read-back
-(``.item()``, ``.tolist()``, ``int()`` of a device tensor) raises, and counts the calls here.
+Out: :func:`to_host` is where a step waits for the device: the sampled token ids (and the
+logits rows of requests whose sampling runs on the host) come back through it. Under async
+scheduling a step's token ids come back through :class:`HostCopy` instead: the copy is issued
+with the step and waited for after the next step is launched. A test steps the engine on fake
+CUDA tensors, where any other read-back (``.item()``, ``.tolist()``, ``int()`` of a device
+tensor) raises, and counts the calls here.
 """
 
 from __future__ import annotations
@@ -51,3 +53,25 @@ def float_bits(values: Sequence[float]) -> np.ndarray:
 def to_host(t: torch.Tensor) -> torch.Tensor:
     """``t`` on the host: the step's declared synchronisation with the device."""
     return t.cpu()
+
+
+class HostCopy:
+    """A device tensor's copy to the host, issued now and waited for later (async scheduling).
+
+    On a GPU the copy goes into page-locked memory behind an event recorded on the compute
+    stream, so :meth:`wait` waits for this step's kernels only, not for the step launched after
+    it. Elsewhere (a CPU tensor, a fake-tensor trace) :meth:`wait` is :func:`to_host`."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self._tensor, self._event = t, None
+        if cuda_runtime.available(t.device):
+            self._tensor = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self._tensor.copy_(t, non_blocking=True)
+            self._event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self._event.record()
+
+    def wait(self) -> torch.Tensor:
+        if self._event is None:
+            return to_host(self._tensor)
+        self._event.synchronize()
+        return self._tensor
