@@ -17,7 +17,9 @@ Greedy decoding with EOS ignored on both sides, so every request produces exactl
 from __future__ import annotations
 
 import argparse
+import atexit
 import random
+import shutil
 import statistics
 import tempfile
 import time
@@ -131,6 +133,7 @@ def main() -> None:
     args.dtype = str(dtype).removeprefix("torch.")
 
     work = Path(tempfile.mkdtemp(prefix="engine-bench-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)  # the run's adapters and caches go at exit
     engine = build_engine(EngineConfig(dtype=args.dtype, max_loras=64, max_lora_rank=16, max_num_seqs=64))
     base = engine.base.shape
     # Half the adapters on all seven projections at rank 8, half on attention only at rank 16.

@@ -14,7 +14,8 @@ Run:
 from __future__ import annotations
 
 import argparse
-import json
+import atexit
+import shutil
 import statistics
 import sys
 import tempfile
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from loraplane.serving.bench.shapes import LLAMA3_8B_CONFIG, TOY_CONFIG, write_shape
     from loraplane.serving.config import EngineConfig
     from loraplane.serving.engine.builder import build_engine
     from loraplane.serving.engine.sampling_params import SamplingParams
@@ -44,13 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     if cuda and not torch.cuda.is_available():
         print("gpu_step_profile: no CUDA device (use --device cpu to check the script)", file=sys.stderr)
         return 2
-    raw = g.LLAMA3_8B_CONFIG if cuda else g.TOY_CONFIG
+    raw = LLAMA3_8B_CONFIG if cuda else TOY_CONFIG
     w = g.Workload(32, args.requests, 256, 64, 32) if cuda else g.Workload(8, 8, 16, 4, 4)
     work = Path(tempfile.mkdtemp(prefix="step-profile-"))
-    folder = work / "model"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(raw))
-    g.helpers("tiny_models").save_tokenizer(folder)
+    atexit.register(shutil.rmtree, work, ignore_errors=True)  # the run's adapters and caches go at exit
+    folder = write_shape(work / "model", raw)  # config.json and a small tokenizer: prompts are token ids
     shape = resolve_base(str(folder), work / "shape-cache", weights=False).shape
     trace = g.zipf_trace(w, raw["vocab_size"])
     used = sorted({adapter for _, adapter in trace})

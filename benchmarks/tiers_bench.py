@@ -21,7 +21,9 @@ arrival rate. Printed side by side:
 from __future__ import annotations
 
 import argparse
+import atexit
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -213,6 +215,7 @@ def main() -> None:
 
     os.environ.update(AWS_ACCESS_KEY_ID=ACCESS, AWS_SECRET_ACCESS_KEY=SECRET, AWS_REGION="us-east-1")
     work = Path(tempfile.mkdtemp(prefix="tiers-bench-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)  # the run's adapters and caches go at exit
     probe = make_engine(work / "probe", 1, 1)
     base_shape = probe.base.shape
     print(f"embedded {base_shape.name}, dtype {probe.dtype}, torch threads {torch.get_num_threads()}")

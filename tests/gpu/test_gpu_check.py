@@ -64,3 +64,33 @@ def test_the_dry_run_fails_on_a_failing_or_missing_proof(tmp_path: Path, capsys:
     passing.write_text("def test_holds():\n    assert True\n")
     assert gpu_check.dry_run({"demo proof": passing})
     assert capsys.readouterr().out.strip().splitlines()[-1] == "gpu_check dry-run: demo proof 1/1 passed; OK"
+
+
+@pytest.mark.slow
+def test_the_serving_part_runs_every_engine_on_the_cpu(tmp_path: Path) -> None:
+    """Part 4 at toy sizes on the CPU kernels: every engine it sets side by side on a GPU is built
+    and serves the trace (bf16 and FP8, graphs off, async scheduling, all resident), so a lent
+    GPU's few minutes are not lost to a script that breaks after the first engine."""
+    args = ["--device", "cpu", "--quick", "--only", "serving", "--requests", "16", "--output-len", "8", "--adapters", "20"]
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), *args, "--work-dir", str(tmp_path)], cwd=SCRIPT.parents[1], capture_output=True,
+        text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = proc.stdout.split("median generated tok/s", 1)[1].split("ceilings:", 1)[0]
+    for engine in ("graphs on ", "fp8, graphs on", "graphs off", "graphs on, async scheduling", "all adapters resident"):
+        assert engine in table, f"{engine!r} missing from part 4's table:\n{table}"
+    assert "FAILED" not in proc.stdout and "parts failed: none" in proc.stdout
+    assert proc.stdout.splitlines()[-1].startswith("gpu_check: OK")
+
+
+def test_the_step_profile_runs_on_the_cpu() -> None:
+    """``benchmarks/gpu_step_profile.py``, the GPU recipe's look at where a serving step's time
+    goes, checked on the CPU (its ``--device cpu`` mode), where it had broken unnoticed."""
+    script = SCRIPT.with_name("gpu_step_profile.py")
+    proc = subprocess.run(
+        [sys.executable, str(script), "--device", "cpu"], cwd=SCRIPT.parents[1], capture_output=True, text=True, timeout=300,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "decode-only steps:" in proc.stdout and "Self CPU time total" in proc.stdout
