@@ -99,6 +99,8 @@ def test_single_threaded_copies_are_cached_apart_from_the_parallel_loops() -> No
     ] for name in names]  # fmt: skip
     for parallel, single in pairs:
         assert parallel.targetoptions.get("parallel") and not single.targetoptions.get("parallel")
+        # Both release the GIL, as torch's ops do: the server's threads run while a step is in one.
+        assert parallel.targetoptions.get("nogil") and single.targetoptions.get("nogil")
         assert parallel._cache._cache_file._index_name != single._cache._cache_file._index_name
 
 

@@ -4,7 +4,8 @@ Why numba rather than torch ops: the adapter part is ~2r/d of the base FLOPs, bu
 ``A[ids]`` copies a full [rows, rank, in] tensor (about 90% of the base matmul's time at batch 64,
 width 2048) and a Python loop over segments pays per-op overhead per adapter (about 35%). A
 compiled loop reads each row's A and B rows in place, vectorises the dot products and spreads
-rows over cores, with no per-adapter dispatch; it is compiled once and cached on disk.
+rows over cores, with no per-adapter dispatch; it is compiled once and cached on disk. Every loop
+releases the GIL (``nogil``), as torch's ops do, so the server's threads run beside a step.
 
 The row kernels compute in float32 (the engine keeps CPU slots in float32) and convert other
 inputs per call; a low-precision output is widened only in the columns a call owns and receives
@@ -23,7 +24,7 @@ import torch
 from numba import njit, prange
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _shrink_rows(x: np.ndarray, a: np.ndarray, row_slots: np.ndarray, ranks: np.ndarray, out: np.ndarray) -> None:
     num_rows, k_dim = x.shape
     for t in prange(num_rows):
@@ -37,7 +38,7 @@ def _shrink_rows(x: np.ndarray, a: np.ndarray, row_slots: np.ndarray, ranks: np.
             out[t, r] = acc
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _expand_rows(
     buf: np.ndarray, b: np.ndarray, row_slots: np.ndarray, ranks: np.ndarray, scalings: np.ndarray, y: np.ndarray, y_offset: int
 ) -> None:
@@ -56,7 +57,7 @@ def _expand_rows(
                 out[n] += c * row[n]
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _add_lora_rows(
     x: np.ndarray,
     a: np.ndarray,
@@ -90,7 +91,7 @@ def _add_lora_rows(
                 out[n] += c * brow[n]
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _add_lora_rows_paged(
     x: np.ndarray,
     pool: np.ndarray,
@@ -213,7 +214,7 @@ def serial(kernel: Any) -> Any:
     fn = kernel.py_func
     copy = types.FunctionType(fn.__code__, fn.__globals__, f"{fn.__name__}_serial", fn.__defaults__, fn.__closure__)
     copy.__qualname__ = f"{fn.__qualname__}_serial"
-    return njit(fastmath=True, cache=True)(copy)
+    return njit(fastmath=True, cache=True, nogil=True)(copy)
 
 
 _shrink_rows_serial = serial(_shrink_rows)

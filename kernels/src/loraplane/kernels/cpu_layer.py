@@ -30,7 +30,7 @@ from numba import njit, prange
 from loraplane.kernels.cpu import PARALLEL_MIN_ROWS, serial
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
     rows, n = x.shape
     for t in prange(rows):
@@ -42,7 +42,7 @@ def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) ->
             out[t, j] = weight[j] * (x[t, j] * inv)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
     """x [T, heads, D] in place by its rows' cos and sin [T, D], the rotate-half layout:
     (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)."""
@@ -56,7 +56,7 @@ def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
                 x[t, h, half + j] = b * cos[t, half + j] + a * sin[t, half + j]
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _kv_write(
     k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, blocks: np.ndarray, offsets: np.ndarray
 ) -> None:
@@ -69,7 +69,7 @@ def _kv_write(
                 v_cache[b, o, h, d] = v[t, h, d]
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _decode_attention(
     q: np.ndarray,
     k_cache: np.ndarray,

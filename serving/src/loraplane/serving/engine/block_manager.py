@@ -148,12 +148,15 @@ class BlockManager:
             self.free_blocks[block_id] = None
         self.adapter_pages -= len(pages)
 
-    def register_full_blocks(self, seq: Sequence) -> None:
-        """Give every newly completed block of computed tokens its key, so later sequences can share it."""
+    def register_full_blocks(self, seq: Sequence, upto: int | None = None) -> None:
+        """Give every newly completed block of computed tokens its key, so later sequences can
+        share it; only blocks before token ``upto`` when given (async scheduling: a token still
+        in flight has no value to key a block by yet)."""
         if not self.enable_prefix_caching:
             return
         hashes = self.hashes.setdefault(seq.seq_id, [])
-        full = seq.num_computed_tokens // self.block_size
+        computed = seq.num_computed_tokens if upto is None else min(upto, seq.num_computed_tokens)
+        full = computed // self.block_size
         for index in range(len(hashes), full):
             key = self._key(hashes[-1] if hashes else 0, seq, index)
             block = self.blocks[seq.block_table[index]]

@@ -236,7 +236,7 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
-        while seq.output_token_ids and seq.output_token_ids[-1] == PENDING:  # tokens in flight it will not get
+        while seq.awaits_token:  # tokens in flight it will not get
             seq.output_token_ids.pop()
         seq.held = False
         seq.finish_reason = reason
@@ -380,12 +380,17 @@ class LLMEngine:
             if trace is not None:
                 trace.step(start, items, prompts, [], interjection=False, failed=True)
             for seq, _ in items:
-                self._fail(seq, f"the forward pass failed: {type(err).__name__}: {err}", "engine_error")
-                outputs.append(output_of(seq))
+                if not seq.is_finished:  # one that stopped at the step just read has had its last output
+                    self._fail(seq, f"the forward pass failed: {type(err).__name__}: {err}", "engine_error")
+                    outputs.append(output_of(seq))
             return self._forget_finished(outputs)
         places = {}
         for seq, n in items:
             seq.num_computed_tokens += n
+            # Its prompt blocks keyed now, not when this step is read back: a sibling sample
+            # (``after``) is admitted at the next schedule and shares them; a block that holds
+            # the token in flight waits for its value.
+            self.blocks.register_full_blocks(seq, upto=len(seq) - 1 if seq.awaits_token else len(seq))
         for seq in sampled:
             places[seq.seq_id] = len(seq.output_token_ids)
             seq.output_token_ids.append(PENDING)
@@ -417,8 +422,9 @@ class LLMEngine:
         except Exception as err:  # the device failed the step: its sequences fail, nothing else
             log.exception("reading back a step of %d sequences failed", len(flight.items))
             for seq, _ in flight.items:
-                self._fail(seq, f"the forward pass failed: {type(err).__name__}: {err}", "engine_error")
-                outputs.append(output_of(seq))
+                if not seq.is_finished:  # aborted meanwhile: its last output is out already
+                    self._fail(seq, f"the forward pass failed: {type(err).__name__}: {err}", "engine_error")
+                    outputs.append(output_of(seq))
             return
         results = dict(zip((s.seq_id for s in flight.sampled), self.sampler.results(tokens), strict=True))
         generated: Counter[tuple[str | None, str | None]] = Counter()

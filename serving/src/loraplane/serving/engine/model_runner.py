@@ -26,7 +26,7 @@ from loraplane.kernels import lora_batch
 from loraplane.kernels.lora_batch import LoraBatch
 from loraplane.serving.engine import prompt_logprobs, transfers
 from loraplane.serving.engine.sampler import SampleFailure, Sampler
-from loraplane.serving.engine.sequence import PENDING, Sequence, TokenLogprob
+from loraplane.serving.engine.sequence import Sequence, TokenLogprob
 from loraplane.serving.engine.step_graphs import DecodeGraphs, PromptGraphs
 from loraplane.serving.lora.slot_table import SlotTable
 from loraplane.serving.model.attention import KVCache
@@ -212,7 +212,7 @@ class ModelRunner:
         end = 0
         for seq, n in items:
             end += n
-            if not seq.output_token_ids or seq.output_token_ids[-1] != PENDING:
+            if not seq.awaits_token:
                 continue
             # Only a sequence's last token can be in flight, and only the step after the one that
             # sampled it reads it: a scheduler that broke this would feed a placeholder as a token.

@@ -95,6 +95,8 @@ class Sampler:
         ``device_sampling.deferrable``); :meth:`results` reads them once they are back."""
         if all(_plain_greedy(s) for s in seqs):
             return logits.argmax(dim=-1)
+        if logits.device.type == "cpu":  # the host path's draws, so a seed gives the same tokens with the flag on or off
+            return torch.tensor([_code(r) for r in self.sample(logits, seqs)], dtype=torch.long)
         return device_sampling.choose(logits, seqs, self._device_generator(logits.device))
 
     @staticmethod
@@ -196,6 +198,14 @@ def _result(d: device_sampling.Drawn) -> tuple[int, TokenLogprob | None] | Sampl
     if d.token == device_sampling.NONE_ALLOWED:
         return SampleFailure(NONE_ALLOWED, code="no_token_allowed")
     return d.token, d.logprob
+
+
+def _code(result: tuple[int, TokenLogprob | None] | SampleFailure) -> int:
+    """A host-sampled row's result as :meth:`Sampler.choose` gives it: its token id, or the code
+    of its failure (a row that async scheduling defers has no processors, so no other failure)."""
+    if not isinstance(result, SampleFailure):
+        return result[0]
+    return device_sampling.NONE_ALLOWED if result.code == "no_token_allowed" else device_sampling.NOT_FINITE
 
 
 def _plain_greedy(seq: Sequence) -> bool:

@@ -216,6 +216,9 @@ class Scheduler:
             if not self.ready(seq):
                 skipped.add(id(seq))  # its adapter is on its way; later requests may go ahead
                 continue
+            if seq.awaits_token:  # preempted with its last token in flight: back once that is read
+                skipped.add(id(seq))
+                continue
             if self._over_prefill == 0 and seq.tenant in self._over_share(admitting=seq):
                 spent.add(seq.tenant)  # none of its requests starts this step; other tenants' may
                 continue
@@ -292,7 +295,7 @@ class Scheduler:
         if not over or (len(self.running) >= self.max_num_seqs and not beyond_cap):
             return None
         seq = self._next_waiting(set())
-        if seq is None or seq.tenant in over:
+        if seq is None or seq.tenant in over or seq.awaits_token:
             return None
         running, _, share = self._shares()
         if running[seq.tenant] + 1 > share or not self.ready(seq):

@@ -101,6 +101,12 @@ class Sequence:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
+    def awaits_token(self) -> bool:
+        """Whether its last token is still in flight (async scheduling): it is fed to the model
+        from the device, so no step may recompute it from the host's tokens until it is read back."""
+        return bool(self.output_token_ids) and self.output_token_ids[-1] == PENDING
+
+    @property
     def num_uncomputed(self) -> int:
         return len(self) - self.num_computed_tokens
 
