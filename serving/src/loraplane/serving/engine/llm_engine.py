@@ -384,17 +384,21 @@ class LLMEngine:
                     self._fail(seq, f"the forward pass failed: {type(err).__name__}: {err}", "engine_error")
                     outputs.append(output_of(seq))
             return self._forget_finished(outputs)
-        places = {}
+        caching = self.blocks.enable_prefix_caching
         for seq, n in items:
             seq.num_computed_tokens += n
-            # Its prompt blocks keyed now, not when this step is read back: a sibling sample
-            # (``after``) is admitted at the next schedule and shares them; a block that holds
-            # the token in flight waits for its value.
-            self.blocks.register_full_blocks(seq, upto=len(seq) - 1 if seq.awaits_token else len(seq))
-        for seq in sampled:
-            places[seq.seq_id] = len(seq.output_token_ids)
-            seq.output_token_ids.append(PENDING)
-            seq.held = self._at_length_limit(seq)
+            if caching:
+                # Its prompt blocks keyed now, not when this step is read back: a sibling sample
+                # (``after``) is admitted at the next schedule and shares them; a block that
+                # holds the token in flight waits for its value.
+                self.blocks.register_full_blocks(seq, upto=len(seq) - 1 if seq.awaits_token else len(seq))
+        places = {}
+        for seq in sampled:  # a loop per row of the step: kept to plain list and attribute work
+            out = seq.output_token_ids
+            places[seq.seq_id] = len(out)
+            out.append(PENDING)
+            # Held when the token in flight reaches its length limit: no further step until it is read.
+            seq.held = len(out) >= seq.params.max_tokens or len(seq.prompt_token_ids) + len(out) >= self.max_model_len
         self.in_flight = InFlight(
             items, sampled, tokens, HostCopy(tokens) if tokens is not None else None, places, start,
             [s for s in sampled if s.output_token_ids == [PENDING]] if trace is not None else [], prompts,
@@ -456,10 +460,6 @@ class LLMEngine:
         if self.trace is not None:
             firsts = [s.request_id for s in flight.fresh if s.output_token_ids and s.output_token_ids[0] != PENDING]
             self.trace.step(flight.start, flight.items, flight.prompts, firsts, interjection=False)
-
-    def _at_length_limit(self, seq: Sequence) -> bool:
-        """Whether the sequence's tokens so far (in flight included) reach its length limit."""
-        return len(seq.output_token_ids) >= seq.params.max_tokens or len(seq) >= self.max_model_len
 
     def _advance(
         self,
