@@ -159,6 +159,58 @@ def test_a_sibling_sample_shares_the_prompt_in_flight(tiny_llama, tmp_path) -> N
     assert hits[1] == hits[0] and hits[0][0] > 0
 
 
+def test_a_sequence_preempted_with_its_token_in_flight_waits_for_it(tiny_llama, tmp_path) -> None:
+    """Preempted (as fair-share preemption does) while its last token is in flight, a sequence
+    is recomputed only once that token is read back: its recompute, chunked, would otherwise
+    stop short of the token in flight and fail the whole step. Its answer is unchanged."""
+    prompts = [list(range(10, 30)), list(range(40, 45))]
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    settings = {"max_num_batched_tokens": 7, "enable_prefix_caching": False}  # the recompute is chunked, not cached
+    want = tiny_engine(tiny_llama, tmp_path / "sync", **settings).generate(prompts, params)
+    engine = tiny_engine(tiny_llama, tmp_path / "async", async_scheduling=True, **settings)
+    ids = [engine.add_request(p, params) for p in prompts]
+    final: dict[str, RequestOutput] = {}
+    preempted = False
+    while engine.has_unfinished():
+        final |= {o.request_id: o for o in engine.step() if o.finished}
+        seq = engine.requests.get(ids[0])
+        if not preempted and seq is not None and seq.awaits_token and len(seq.output_token_ids) >= 3:
+            engine.scheduler.running.remove(seq)
+            engine.scheduler._preempt(seq)
+            preempted = True
+    assert preempted
+    assert [final[i].error for i in ids] == [None, None]
+    assert [final[i].token_ids for i in ids] == [o.token_ids for o in want]
+
+
+def test_a_failed_launch_fails_its_step_alone(tiny_llama, tmp_path) -> None:
+    """A launch that raises fails the sequences of its step, after the step before is read back:
+    one that stopped there ends with its stop, and every request gets one final output."""
+    engine = tiny_engine(tiny_llama, tmp_path, async_scheduling=True)
+    greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    (ref,) = engine.generate([[40, 41, 42]], greedy)
+    end = ref.token_ids.index(ref.token_ids[2])  # the stop is met at this output position
+    stopping = engine.add_request([40, 41, 42], SamplingParams(**{**greedy.__dict__, "stop_token_ids": [ref.token_ids[2]]}))
+    running = engine.add_request([7, 8, 9, 10], greedy)
+    launch, calls = engine.runner.launch, []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == end + 2:  # the step launched while the stop token is in flight
+            raise RuntimeError("injected")
+        return launch(*args, **kwargs)
+
+    engine.runner.launch = failing  # type: ignore[method-assign]
+    finals: list[RequestOutput] = []
+    while engine.has_unfinished():
+        finals += [o for o in engine.step() if o.finished]
+    assert sorted(o.request_id for o in finals) == sorted([stopping, running])
+    by_id = {o.request_id: o for o in finals}
+    assert by_id[stopping].finish_reason is FinishReason.STOP and by_id[stopping].error is None
+    assert by_id[stopping].token_ids == ref.token_ids[: end + 1]
+    assert by_id[running].error_code == "engine_error" and "injected" in by_id[running].error
+
+
 def test_async_refuses_interjection(tiny_llama, tmp_path) -> None:
     with pytest.raises(ValueError, match="fair_interjection"):
         tiny_engine(tiny_llama, tmp_path, async_scheduling=True, fair_scheduling=True, fair_interjection=True)

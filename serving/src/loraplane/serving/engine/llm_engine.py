@@ -424,13 +424,15 @@ class LLMEngine:
         try:
             tokens = flight.copy.wait().tolist() if flight.copy is not None else []
         except Exception as err:  # the device failed the step: its sequences fail, nothing else
+            # Their prompt blocks keyed at launch stay keyed, though the step may not have written
+            # them: on a GPU a failed step's error is sticky, and the engine does not outlive it.
             log.exception("reading back a step of %d sequences failed", len(flight.items))
             for seq, _ in flight.items:
                 if not seq.is_finished:  # aborted meanwhile: its last output is out already
                     self._fail(seq, f"the forward pass failed: {type(err).__name__}: {err}", "engine_error")
                     outputs.append(output_of(seq))
             return
-        results = dict(zip((s.seq_id for s in flight.sampled), self.sampler.results(tokens), strict=True))
+        results = dict(zip((s.seq_id for s in flight.sampled), self.sampler.results(tokens, flight.sampled), strict=True))
         generated: Counter[tuple[str | None, str | None]] = Counter()
         for seq, _ in flight.items:
             if seq.is_finished:

@@ -43,6 +43,8 @@ class Sampler:
         self._device_default: dict[torch.device, torch.Generator | None] = {}
         self.generators: dict[int, torch.Generator] = {}
         self.eos_ids = eos_ids  # what min_tokens holds back
+        # Async scheduling on a CPU: failures of rows drawn on the host, until their step is read.
+        self.deferred_failures: dict[int, SampleFailure] = {}
 
     def _generator(self, seq: Sequence) -> torch.Generator:
         if seq.params.seed is None:
@@ -67,6 +69,7 @@ class Sampler:
 
     def forget(self, seq: Sequence) -> None:
         self.generators.pop(seq.seq_id, None)
+        self.deferred_failures.pop(seq.seq_id, None)
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[tuple[int, TokenLogprob | None] | SampleFailure]:
         """logits [len(seqs), vocab] float32, one row per sequence. A row that cannot be sampled
@@ -96,13 +99,23 @@ class Sampler:
         if all(_plain_greedy(s) for s in seqs):
             return logits.argmax(dim=-1)
         if logits.device.type == "cpu":  # the host path's draws, so a seed gives the same tokens with the flag on or off
-            return torch.tensor([_code(r) for r in self.sample(logits, seqs)], dtype=torch.long)
+            codes = []
+            for seq, result in zip(seqs, self.sample(logits, seqs), strict=True):
+                if isinstance(result, SampleFailure):  # kept whole for ``results``, its message included
+                    self.deferred_failures[seq.seq_id] = result
+                    codes.append(device_sampling.NOT_FINITE)
+                else:
+                    codes.append(result[0])
+            return torch.tensor(codes, dtype=torch.long)
         return device_sampling.choose(logits, seqs, self._device_generator(logits.device))
 
-    @staticmethod
-    def results(tokens: list[int]) -> list[tuple[int, TokenLogprob | None] | SampleFailure]:
-        """What :meth:`choose`'s token ids, read back, give each row: its token or its failure."""
-        return [(t, None) if t >= 0 else _result(device_sampling.Drawn(t, None)) for t in tokens]
+    def results(self, tokens: list[int], seqs: list[Sequence]) -> list[tuple[int, TokenLogprob | None] | SampleFailure]:
+        """What :meth:`choose`'s token ids, read back, give each of ``seqs``: its token or its failure."""
+        out: list[tuple[int, TokenLogprob | None] | SampleFailure] = []
+        for t, seq in zip(tokens, seqs, strict=True):
+            failure = self.deferred_failures.pop(seq.seq_id, None) if t < 0 else None
+            out.append((t, None) if t >= 0 else failure or _result(device_sampling.Drawn(t, None)))
+        return out
 
     def _adjust(self, logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, SampleFailure]:
         """Penalties, biases, token masks and grammars applied to ``logits`` in place, wherever
@@ -198,14 +211,6 @@ def _result(d: device_sampling.Drawn) -> tuple[int, TokenLogprob | None] | Sampl
     if d.token == device_sampling.NONE_ALLOWED:
         return SampleFailure(NONE_ALLOWED, code="no_token_allowed")
     return d.token, d.logprob
-
-
-def _code(result: tuple[int, TokenLogprob | None] | SampleFailure) -> int:
-    """A host-sampled row's result as :meth:`Sampler.choose` gives it: its token id, or the code
-    of its failure (a row that async scheduling defers has no processors, so no other failure)."""
-    if not isinstance(result, SampleFailure):
-        return result[0]
-    return device_sampling.NONE_ALLOWED if result.code == "no_token_allowed" else device_sampling.NOT_FINITE
 
 
 def _plain_greedy(seq: Sequence) -> bool:
