@@ -1052,6 +1052,17 @@ def part_serving(ctx: Ctx) -> dict[str, Any]:
                     flush=True,
                 )
 
+    def beside(name: str, make: Callable[[], Any]) -> None:
+        """An engine ``make`` builds, timed against the dense engine, then closed and its memory
+        released before the next one is built (built here, so the only reference is this call's)."""
+        engine = make()
+        live.append(engine)
+        timed_rounds({dense_name: dense, name: engine})
+        live.remove(engine)
+        close(engine)
+        del engine
+        release()
+
     dense_name = f"{ctx.dtype_name}, graphs on"
     fp8_name = "fp8, graphs on"
     info: dict[str, Any] = {}
@@ -1082,13 +1093,7 @@ def part_serving(ctx: Ctx) -> dict[str, Any]:
             notes.append("graphs off: skipped (part 4's time budget, --serving-budget)")
             print(f"  graphs off: skipped, too little of the {a.serving_budget:.0f} s budget left (--serving-budget)")
         else:
-            eager = build(None, True)
-            live.append(eager)
-            timed_rounds({dense_name: dense, f"{ctx.dtype_name}, graphs off": eager})
-            live.remove(eager)
-            close(eager)
-            del eager
-            release()
+            beside(f"{ctx.dtype_name}, graphs off", lambda: build(None, True))
         # Async scheduling (the host preparing step N+1 while the device runs step N) beside the same engine without.
         if "async_scheduling" not in EngineConfig.model_fields:
             notes.append("async scheduling: not in this version's EngineConfig")
@@ -1096,13 +1101,7 @@ def part_serving(ctx: Ctx) -> dict[str, Any]:
             notes.append("async scheduling: skipped (part 4's time budget, --serving-budget)")
             print(f"  async scheduling: skipped, too little of the {a.serving_budget:.0f} s budget left (--serving-budget)")
         else:
-            overlapped = build(None, False, overlapped=True)
-            live.append(overlapped)
-            timed_rounds({dense_name: dense, f"{ctx.dtype_name}, graphs on, async scheduling": overlapped})
-            live.remove(overlapped)
-            close(overlapped)
-            del overlapped
-            release()
+            beside(f"{ctx.dtype_name}, graphs on, async scheduling", lambda: build(None, False, overlapped=True))
         # Every adapter the trace uses resident, beside the engine that swaps them through max_loras slots.
         if time.perf_counter() + 3 * longest() > deadline:
             notes.append("all resident: skipped (part 4's time budget, --serving-budget)")

@@ -336,9 +336,7 @@ class LLMEngine:
             log.exception("forward pass failed for %d sequences", len(items))
             if trace is not None:
                 trace.step(start, items, prompts, [], interjection=interjection, failed=True)
-            for seq, _ in items:
-                self._fail(seq, f"the forward pass failed: {type(err).__name__}: {err}", "engine_error")
-                outputs.append(output_of(seq))
+            self._fail_pass(items, err, outputs)
             return self._forget_finished(outputs)
         generated: Counter[tuple[str | None, str | None]] = Counter()  # tokens per (adapter, tenant), counted once a step
         for seq, n in items:
@@ -347,11 +345,7 @@ class LLMEngine:
             result = results.get(seq.seq_id)
             if result is None:
                 continue
-            try:
-                self._advance(seq, result, generated)
-            except Exception as err:  # its stop check or text: this sequence alone
-                log.exception("request %s failed after sampling", seq.request_id)
-                self._fail(seq, f"{type(err).__name__}: {err}", "engine_error")
+            self._advance_alone(seq, result, generated)
             outputs.append(output_of(seq))
         for (adapter, tenant), count in generated.items():
             self.metrics.observe_tokens(adapter, tenant, count)
@@ -379,10 +373,7 @@ class LLMEngine:
             self._resolve(outputs)
             if trace is not None:
                 trace.step(start, items, prompts, [], interjection=False, failed=True)
-            for seq, _ in items:
-                if not seq.is_finished:  # one that stopped at the step just read has had its last output
-                    self._fail(seq, f"the forward pass failed: {type(err).__name__}: {err}", "engine_error")
-                    outputs.append(output_of(seq))
+            self._fail_pass(items, err, outputs)
             return self._forget_finished(outputs)
         caching = self.blocks.enable_prefix_caching
         for seq, n in items:
@@ -427,10 +418,7 @@ class LLMEngine:
             # Their prompt blocks keyed at launch stay keyed, though the step may not have written
             # them: on a GPU a failed step's error is sticky, and the engine does not outlive it.
             log.exception("reading back a step of %d sequences failed", len(flight.items))
-            for seq, _ in flight.items:
-                if not seq.is_finished:  # aborted meanwhile: its last output is out already
-                    self._fail(seq, f"the forward pass failed: {type(err).__name__}: {err}", "engine_error")
-                    outputs.append(output_of(seq))
+            self._fail_pass(flight.items, err, outputs)
             return
         results = dict(zip((s.seq_id for s in flight.sampled), self.sampler.results(tokens, flight.sampled), strict=True))
         generated: Counter[tuple[str | None, str | None]] = Counter()
@@ -446,11 +434,7 @@ class LLMEngine:
             ahead = len(seq.output_token_ids) - place - 1  # 1 when the next step sampled it again
             del seq.output_token_ids[place:]
             held, seq.held = seq.held, False  # what the next step's launch found, restored with its placeholder
-            try:
-                self._advance(seq, result, generated)
-            except Exception as err:  # its stop check or text: this sequence alone
-                log.exception("request %s failed after sampling", seq.request_id)
-                self._fail(seq, f"{type(err).__name__}: {err}", "engine_error")
+            self._advance_alone(seq, result, generated)
             outputs.append(output_of(seq))
             if not seq.is_finished:
                 self.blocks.register_full_blocks(seq)
@@ -462,6 +446,27 @@ class LLMEngine:
         if self.trace is not None:
             firsts = [s.request_id for s in flight.fresh if s.output_token_ids and s.output_token_ids[0] != PENDING]
             self.trace.step(flight.start, flight.items, flight.prompts, firsts, interjection=False)
+
+    def _fail_pass(self, items: list[tuple[Sequence, int]], err: Exception, outputs: list[RequestOutput]) -> None:
+        """A forward pass that failed fails the sequences it ran, each with one final output; not
+        one that finished before (stopped by the step read just before, or aborted)."""
+        for seq, _ in items:
+            if not seq.is_finished:
+                self._fail(seq, f"the forward pass failed: {type(err).__name__}: {err}", "engine_error")
+                outputs.append(output_of(seq))
+
+    def _advance_alone(
+        self,
+        seq: Sequence,
+        result: tuple[int, TokenLogprob | None] | SampleFailure,
+        generated: Counter[tuple[str | None, str | None]],
+    ) -> None:
+        """``_advance``, where an error (its stop check, its text) fails this sequence alone."""
+        try:
+            self._advance(seq, result, generated)
+        except Exception as err:
+            log.exception("request %s failed after sampling", seq.request_id)
+            self._fail(seq, f"{type(err).__name__}: {err}", "engine_error")
 
     def _advance(
         self,
