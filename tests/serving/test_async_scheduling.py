@@ -131,6 +131,13 @@ def test_length_limit_and_abort_in_flight(tiny_llama, tmp_path) -> None:
     assert aborted is None  # forgotten once finished
     assert all(t >= 0 for t in outputs[cut].token_ids)
     assert engine.blocks.num_free == engine.blocks.num_blocks
+    # A request held at its length limit gets no step past it: 12 tokens, 12 launches (the prompt's
+    # and 11 decodes), none at position ``max_model_len``.
+    launch, launches = engine.runner.launch, []
+    engine.runner.launch = lambda *a, **k: (launches.append(1), launch(*a, **k))[1]  # type: ignore[method-assign]
+    (alone,) = engine.generate([list(range(5, 25))], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    assert len(alone.token_ids) == 12 and len(launches) == 12
+    engine.runner.launch = launch  # type: ignore[method-assign]
     # A lone request that stops on a token: the step launched past its stop is dropped, not left in flight.
     (first,) = engine.generate([[40, 41, 42]], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
     stop = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, stop_token_ids=[first.token_ids[2]])

@@ -238,7 +238,6 @@ class LLMEngine:
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         while seq.awaits_token:  # tokens in flight it will not get
             seq.output_token_ids.pop()
-        seq.held = False
         seq.finish_reason = reason
         self.scheduler.finish(seq)
         self.sampler.forget(seq)
@@ -384,12 +383,9 @@ class LLMEngine:
                 # holds the token in flight waits for its value.
                 self.blocks.register_full_blocks(seq, upto=len(seq) - 1 if seq.awaits_token else len(seq))
         places = {}
-        for seq in sampled:  # a loop per row of the step: kept to plain list and attribute work
-            out = seq.output_token_ids
-            places[seq.seq_id] = len(out)
-            out.append(PENDING)
-            # Held when the token in flight reaches its length limit: no further step until it is read.
-            seq.held = len(out) >= seq.params.max_tokens or len(seq.prompt_token_ids) + len(out) >= self.max_model_len
+        for seq in sampled:
+            places[seq.seq_id] = len(seq.output_token_ids)
+            seq.output_token_ids.append(PENDING)
         self.in_flight = InFlight(
             items, sampled, tokens, HostCopy(tokens) if tokens is not None else None, places, start,
             [s for s in sampled if s.output_token_ids == [PENDING]] if trace is not None else [], prompts,
@@ -426,21 +422,18 @@ class LLMEngine:
             if seq.is_finished:
                 continue
             result = results.get(seq.seq_id)
-            if result is None:  # a prompt chunk short of its last token
-                self.blocks.register_full_blocks(seq)
+            if result is None:  # a prompt chunk short of its last token: its blocks were keyed at launch
                 outputs.append(output_of(seq))
                 continue
             place = flight.places[seq.seq_id]
             ahead = len(seq.output_token_ids) - place - 1  # 1 when the next step sampled it again
             del seq.output_token_ids[place:]
-            held, seq.held = seq.held, False  # what the next step's launch found, restored with its placeholder
             self._advance_alone(seq, result, generated)
             outputs.append(output_of(seq))
             if not seq.is_finished:
                 self.blocks.register_full_blocks(seq)
                 if ahead:
                     seq.output_token_ids.append(PENDING)
-                    seq.held = held
         for (adapter, tenant), count in generated.items():
             self.metrics.observe_tokens(adapter, tenant, count)
         if self.trace is not None:

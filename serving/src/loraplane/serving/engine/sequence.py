@@ -80,9 +80,6 @@ class Sequence:
     matcher: Any = None  # the structured-output grammar state (an llguidance matcher), when guided
     error: str | None = None
     error_code: str | None = None  # adapter_load_failed, sampling_failed or engine_error
-    # Async scheduling: the token in flight reaches the request's length limit, so the sequence
-    # finishes when it is read back and the scheduler must not give it another step meanwhile.
-    held: bool = False
 
     @property
     def token_ids(self) -> list[int]:
@@ -105,6 +102,14 @@ class Sequence:
         """Whether its last token is still in flight (async scheduling): it is fed to the model
         from the device, so no step may recompute it from the host's tokens until it is read back."""
         return bool(self.output_token_ids) and self.output_token_ids[-1] == PENDING
+
+    @property
+    def held(self) -> bool:
+        """Whether its token in flight is its last (async scheduling): it reaches ``max_tokens``,
+        so the sequence finishes when that token is read back and gets no step meanwhile. The
+        engine refuses a prompt whose ``max_tokens`` would pass ``max_model_len``, so this
+        covers the context length too."""
+        return self.awaits_token and len(self.output_token_ids) >= self.params.max_tokens
 
     @property
     def num_uncomputed(self) -> int:
