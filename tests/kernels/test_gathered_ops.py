@@ -349,3 +349,67 @@ def test_a_shrink_split_over_k_adds_into_a_cleared_buffer(op: str) -> None:
             expected[t, :r] = x[t].double() @ slots.lora_a[s, :r].double().T
     assert torch.isfinite(out[rows >= 0]).all()
     torch.testing.assert_close(out[rows >= 0].double(), expected[rows >= 0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_cpu_decode_batch_adds_a_projections_slices_in_one_call(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode step's CPU path (``LoraBatch.add`` by rows): q/k/v of different widths, each with
+    its own ranks (rows past them NaN), rows without an adapter, a float32 or bfloat16 output;
+    one row-kernel call for the three slices, and an adapter written into a slot after the
+    kernel's views of the tables were made is the one the next call reads."""
+    from loraplane.kernels.lora_batch import LoraBatch, cpu_row_slices
+
+    k, widths = 64, (64, 16, 24)
+    tables = [make_slots([8, 16, 0], k, n, seed=i) for i, n in enumerate(widths)]
+    offsets = [0, widths[0], widths[0] + widths[1]]
+    x, y = inputs(7, k, sum(widths), dtype)
+    rows = torch.tensor([0, 1, -1, 2, 1, 0, 2], dtype=torch.int32)
+    batch = LoraBatch(rows, None, None, frozenset({"q_proj"}), backend="cpu")
+    calls = []
+    kernel = cpu._add_lora_slices_rows_serial
+    monkeypatch.setattr(cpu, "_add_lora_slices_rows_serial", lambda *a: calls.append(1) or kernel(*a))
+
+    def expected() -> torch.Tensor:
+        ref = y.to(torch.float64)
+        for offset, slots in zip(offsets, tables, strict=True):
+            ref = reference_add_lora(ref, x.float(), slots, rows, y_offset=offset)
+        return ref
+
+    slices = list(zip(offsets, tables, strict=True))
+    prepared = cpu_row_slices(slices)
+    out = y.clone()
+    batch.add(out, x, slices, prepared=prepared)
+    check(out, expected(), dtype)
+    assert len(calls) == 1
+    g = torch.Generator().manual_seed(9)
+    for slots, n in zip(tables, widths, strict=True):  # slot 2 was empty: rows 3 and 6 now get its adapter
+        slots.write(2, torch.randn(4, k, generator=g) / k**0.5, torch.randn(n, 4, generator=g) / 2, 4.0)
+    out = y.clone()
+    batch.add(out, x, slices, prepared=prepared)
+    check(out, expected(), dtype)
+    assert not torch.equal(out[3], y[3])
+
+
+def test_the_cpu_slices_call_refuses_shapes_that_do_not_fit() -> None:
+    """numba checks no bounds: slot tables that disagree are refused when prepared, and an x of
+    another width, a y too narrow for the slices or rows of another count when called, before
+    the kernel runs, leaving y as it was."""
+    slots = make_slots([8], 64, 32)
+    assert slots.host is not None
+    other = make_slots([8], 48, 32)
+    assert other.host is not None
+    with pytest.raises(ValueError, match="do not agree"):
+        cpu.RowSlices([(0, slots.host), (32, other.host)])
+    prepared = cpu.RowSlices([(16, slots.host)])
+    x, y = inputs(3, 64, 48, torch.float32)
+    rows = torch.zeros(3, dtype=torch.int32).numpy()
+    before = y.clone()
+    with pytest.raises(ValueError, match="64 input features"):
+        cpu.add_lora_slices(y, x[:, :32], prepared, rows)
+    with pytest.raises(ValueError, match=">= 48"):
+        cpu.add_lora_slices(y[:, :40].contiguous(), x, prepared, rows)
+    with pytest.raises(ValueError, match="row slots"):
+        cpu.add_lora_slices(y, x, prepared, rows[:2])
+    assert torch.equal(y, before)
+    cpu.add_lora_slices(y, x, prepared, rows)
+    assert torch.equal(y[:, :16], before[:, :16]) and not torch.equal(y[:, 16:], before[:, 16:])

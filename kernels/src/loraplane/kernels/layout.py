@@ -21,8 +21,10 @@ and setting ``ranks[s]`` and ``scalings[s]``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -62,6 +64,18 @@ class LoraSlots:
     @property
     def dtype(self) -> torch.dtype:
         return self.lora_a.dtype
+
+    @functools.cached_property
+    def host(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """numpy views of A, B, ranks and scalings (the CPU row kernels' arguments), made once: a
+        slot write copies into these tensors in place, so the views stay current. None unless
+        all four sit on the CPU, contiguous, in float32 and int32, where a view is the tensor."""
+        tensors = (self.lora_a, self.lora_b, self.ranks, self.scalings)
+        dtypes = (torch.float32, torch.float32, torch.int32, torch.float32)
+        if not all(t.is_cpu and t.is_contiguous() and t.dtype == d for t, d in zip(tensors, dtypes, strict=True)):
+            return None
+        a, b, ranks, scalings = (t.detach().numpy() for t in tensors)
+        return a, b, ranks, scalings
 
     @property
     def max_rank(self) -> int:

@@ -17,6 +17,7 @@ Semantics (per projection, for each of its slices ``(offset, slots)``)::
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -73,6 +74,19 @@ def plan(runs: Sequence[tuple[int, int]], backend: str, activation_dtype: torch.
     return LoraPlan(starts, slots, longest, by_segments, used)
 
 
+def cpu_row_slices(slices: Slices) -> cpu.RowSlices | None:
+    """``slices`` prepared for the CPU's one-call row kernel (:meth:`LoraBatch.add`'s
+    ``prepared``), or None where a slice cannot be viewed in place: a paged table, slots off the
+    CPU or not float32. Made once per projection and set of active modules, not per step."""
+    views = []
+    for offset, slots in slices:
+        host = slots.host if isinstance(slots, LoraSlots) else None
+        if host is None:
+            return None
+        views.append((offset, host))
+    return cpu.RowSlices(views) if views else None
+
+
 def segment_tile_capacity(tokens: int, segments: int) -> int:
     """Entries of both SGMV work lists for up to ``segments`` segments over ``tokens`` rows (the
     expand's row blocks are the shorter, so its list is the longer)."""
@@ -107,7 +121,14 @@ class LoraBatch:
     # fixed grid, for the Triton backend's steps with prompts replayed from a graph.
     seg_tiles: torch.Tensor | None = None
 
-    def add(self, y: torch.Tensor, x: torch.Tensor, slices: Slices, stacked: StackedLoraSlots | None = None) -> None:
+    def add(
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        slices: Slices,
+        stacked: StackedLoraSlots | None = None,
+        prepared: cpu.RowSlices | None = None,
+    ) -> None:
         """Add every slice's adapter products of one projection into its output ``y`` [T, out]
         (in place), for input ``x`` [T, in]. With the projection's ``stacked`` table (a fused
         projection on the Triton backend), all its slices go in one launch each way; a slice no
@@ -118,7 +139,9 @@ class LoraBatch:
         long segment's block straight into y (activation-sized float32 copies of x and y per call
         cost a bfloat16 prefill more than its adapter products). Other steps, short prompts among
         decodes included, run in the slots' precision (float32 on the CPU), with x converted and y
-        widened once for all slices, so each element of a low-precision y is rounded once."""
+        widened once for all slices, so each element of a low-precision y is rounded once; with
+        the projection's ``prepared`` slices (:func:`cpu_row_slices` of the same ``slices``), all
+        of them go in one call of the CPU row kernel."""
         if not slices:
             return
         if stacked is not None and self.backend != "cpu":
@@ -135,10 +158,18 @@ class LoraBatch:
         cpu_prefill = self.backend == "cpu" and self.seg_starts is not None
         xs = x if x.dtype == slot_dtype or cpu_prefill else x.to(slot_dtype)
         acc = y if y.dtype == slot_dtype or cpu_prefill else y.to(slot_dtype)
-        for offset, slots in slices:
-            self._add_slice(acc, xs, slots, offset)
+        if prepared is not None and self.backend == "cpu" and self.seg_starts is None and acc.is_contiguous():
+            cpu.add_lora_slices(acc, xs, prepared, self._host_row_slots)
+        else:
+            for offset, slots in slices:
+                self._add_slice(acc, xs, slots, offset)
         if acc is not y:
             y.copy_(acc)
+
+    @functools.cached_property
+    def _host_row_slots(self) -> np.ndarray:
+        """``row_slots`` as numpy int32, made once a step for its some 120 projections."""
+        return cpu._i32(self.row_slots)
 
     def _add_slice(self, y: torch.Tensor, x: torch.Tensor, slots: LoraSlots | PagedLoraSlots, y_offset: int) -> None:
         """One slice through the op for its slot layout (the paged one always runs by rows: it has

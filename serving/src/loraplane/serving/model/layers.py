@@ -13,8 +13,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from loraplane.kernels import LoraSlots, PagedLoraSlots, StackedLoraSlots, cpu_layer, ops  # noqa: F401  (ops registers torch.ops.loraplane.*)
-from loraplane.kernels.lora_batch import LoraBatch
+from loraplane.kernels import LoraSlots, PagedLoraSlots, StackedLoraSlots, cpu, cpu_layer, ops  # noqa: F401  (ops registers torch.ops.loraplane.*)
+from loraplane.kernels.lora_batch import LoraBatch, Slices, cpu_row_slices
 from loraplane.serving.model import cpu_gemm
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn value
@@ -124,6 +124,7 @@ class LoraLinear(nn.Module):
         # The slices' slots in one table (views of it in ``lora``), where the kernels take a fused
         # projection in one launch: set by the slot table on the Triton backend.
         self.stacked: StackedLoraSlots | None = None
+        self._slices: dict[tuple[object, ...], tuple[Slices, cpu.RowSlices | None]] = {}  # _active_slices
 
     def to_fp8(self, native: bool = False) -> None:
         """Quantise the weight to float8_e4m3fn per output channel; ``native`` runs it as an FP8
@@ -148,12 +149,27 @@ class LoraLinear(nn.Module):
             y = F.linear(x, self.base_weight(x.dtype), self.bias)
         if lora is None:
             return y
-        lora.add(y, x, [
-            (offset, slots)
-            for name, offset, slots in zip(self.slice_names, self.slice_offsets, self.lora, strict=True)
-            if slots is not None and name in lora.active_modules
-        ], self.stacked)  # fmt: skip
+        slices, prepared = self._active_slices(lora.active_modules)
+        lora.add(y, x, slices, self.stacked, prepared)
         return y
+
+    def _active_slices(self, active: frozenset[str]) -> tuple[Slices, cpu.RowSlices | None]:
+        """The slices an adapter of this step targets, with their CPU row-kernel arguments
+        (``cpu_row_slices``), made once per set of active modules and kept: a decode step asks
+        for them in each of its some 120 projections. Keyed by the slot tables too, so tables put
+        in place later are picked up."""
+        key = (active, *map(id, self.lora))
+        hit = self._slices.get(key)
+        if hit is None:
+            slices = [
+                (offset, slots)
+                for name, offset, slots in zip(self.slice_names, self.slice_offsets, self.lora, strict=True)
+                if slots is not None and name in active
+            ]  # fmt: skip
+            if len(self._slices) >= 256:  # a bound: subsets of seven targets, and replaced tables kept alive
+                self._slices.clear()
+            hit = self._slices[key] = (slices, cpu_row_slices(slices) if slices else None)
+        return hit
 
 
 def fp8_gemm_supported(device: torch.device, dtype: torch.dtype) -> bool:
