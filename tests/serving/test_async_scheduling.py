@@ -92,6 +92,40 @@ def test_async_answers_equal_sync(tiny_llama, tiny_adapters, settings, tmp_path)
         assert engine.scheduler.num_preemptions > 0
 
 
+def test_biases_and_allowed_lists_launch_ahead(tiny_llama, tmp_path) -> None:
+    """A ``logit_bias`` or an ``allowed_token_ids`` list reads no output, so its rows are launched
+    ahead like plain ones (no step waits for a read-back), with the synchronous engine's tokens;
+    a penalty beside them still runs its steps synchronously."""
+    requests = [(list(range(40, 52)), None), ([7, 8, 9], None), (list(range(100, 108)), None)]
+    plain = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    reference, _ = _run(tiny_engine(tiny_llama, tmp_path / "plain"), requests, [plain] * 3)
+    first = reference[0].token_ids[0]
+    params = [
+        SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logit_bias=((first, -100.0), (5, 30.0))),
+        SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, allowed_token_ids=(11, 12, 13)),
+        SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logit_bias=((9, 2.0),)),
+    ]
+    for penalised in (False, True):
+        if penalised:
+            params[2] = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, frequency_penalty=0.5)
+        want, _ = _run(tiny_engine(tiny_llama, tmp_path / f"sync{penalised}"), requests, params)
+        engine = tiny_engine(tiny_llama, tmp_path / f"async{penalised}", async_scheduling=True)
+        calls = {"run": 0, "launch": 0}
+        for name in calls:
+            original = getattr(engine.runner, name)
+
+            def counted(*args, _name=name, _original=original, _calls=calls, **kwargs):
+                _calls[_name] += 1
+                return _original(*args, **kwargs)
+
+            setattr(engine.runner, name, counted)
+        got, _ = _run(engine, requests, params)
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+        assert got[0].token_ids[0] != first and set(got[1].token_ids) <= {11, 12, 13}
+        assert calls["launch"] > 0
+        assert (calls["run"] > 0) == penalised, calls
+
+
 def test_async_on_the_graphs_path(tiny_llama, tiny_adapters, tmp_path) -> None:
     """The CUDA code path through Triton's interpreter: decode graphs and prompt graphs (replayed
     on the CPU), whose static input ids the tokens in flight are written into after their copy."""

@@ -146,3 +146,47 @@ def test_unseeded_rows_repeat_with_the_engines_seed() -> None:
 
     assert run(0) == run(0)
     assert run(0) != run(1)
+
+
+def test_async_scheduling_keeps_biases_and_allowed_lists_on_the_device() -> None:
+    """Under async scheduling (``Sampler.choose``, here on CPU tensors as a GPU runs it), a row
+    with a ``logit_bias`` or an ``allowed_token_ids`` list is deferrable: neither reads the
+    output, whose last token is still in flight. Its greedy token is the one the bias or the
+    list leaves on top, and a sampled row draws only allowed tokens; rows whose adjustments read
+    the output (penalties, ``min_tokens``, bad words) still wait for the read-back."""
+    top, second = (int(t) for t in torch.topk(LOGITS, 2).indices)
+    low = int(LOGITS.argmin())
+    seqs = [
+        seq(0, temperature=0.0, logit_bias=((top, -100.0),)),
+        seq(1, temperature=0.0, allowed_token_ids=(low, second)),
+        seq(2, temperature=0.0, logit_bias=((low, 100.0),)),
+        seq(3, temperature=1.0, allowed_token_ids=(low, 5)),
+        seq(4, temperature=0.0),
+    ]
+    assert all(device_sampling.deferrable(s) for s in seqs)
+    for held in ({"frequency_penalty": 0.5}, {"min_tokens": 2}, {"bad_words_token_ids": ((3,),)}, {"repetition_penalty": 1.2}):
+        assert not device_sampling.deferrable(seq(temperature=0.0, **held))
+    sampler = Sampler()
+    draws = [sampler._choose_on_device(LOGITS.repeat(5, 1), seqs).tolist() for _ in range(40)]
+    assert {tuple(d[:3]) for d in draws} == {(second, second, low)}
+    assert {d[3] for d in draws} <= {low, 5} and {d[4] for d in draws} == {top}
+    assert sampler.results(draws[0], seqs)[:3] == [(second, None), (second, None), (low, None)]
+
+
+def test_a_deferred_row_whose_adjustment_fails_gets_its_message_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure applying the biases fails only the rows that asked for them, through the token
+    in flight's failure code: :meth:`Sampler.results` gives those rows the message, the others
+    their tokens."""
+    from loraplane.serving.engine import sampler as sampler_module
+
+    def broken(*args: Any) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(sampler_module, "apply_penalties", broken)
+    seqs = [seq(0, temperature=0.0), seq(1, temperature=0.0, logit_bias=((3, 5.0),))]
+    sampler = Sampler()
+    tokens = sampler._choose_on_device(LOGITS.repeat(2, 1), seqs).tolist()
+    assert tokens[0] == int(LOGITS.argmax()) and tokens[1] == device_sampling.NOT_FINITE
+    good, failure = sampler.results(tokens, seqs)
+    assert good == (tokens[0], None)
+    assert not isinstance(failure, tuple) and "penalties failed: RuntimeError: boom" in failure.message

@@ -49,12 +49,13 @@ def on_device(seq: Sequence) -> bool:
 
 def deferrable(seq: Sequence) -> bool:
     """Whether this row's token may stay on the device until after the next step is launched
-    (async scheduling): sampled on the device from its logits alone. Not so for penalties, bad
-    words and ``min_tokens`` (they read the output so far, whose last token would still be in
-    flight), a grammar (its matcher must see each token before masking the next), log-probabilities
-    (read back with the token) or prompt log-probabilities (read back from the prompt's rows)."""
+    (async scheduling): sampled on the device from its logits, a ``logit_bias`` and an
+    ``allowed_token_ids`` list included. Not so for penalties, bad words and ``min_tokens`` (they
+    read the output so far, whose last token would still be in flight), a grammar (its matcher
+    must see each token before masking the next), log-probabilities (read back with the token) or
+    prompt log-probabilities (read back from the prompt's rows)."""
     p = seq.params
-    return on_device(seq) and not p.penalised and p.guide is None and p.logprobs is None and p.prompt_logprobs is None
+    return on_device(seq) and not p.reads_output and p.guide is None and p.logprobs is None and p.prompt_logprobs is None
 
 
 @dataclass(frozen=True)

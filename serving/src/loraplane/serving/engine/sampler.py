@@ -107,7 +107,22 @@ class Sampler:
                 else:
                     codes.append(result[0])
             return torch.tensor(codes, dtype=torch.long)
-        return device_sampling.choose(logits, seqs, self._device_generator(logits.device))
+        return self._choose_on_device(logits, seqs)
+
+    def _choose_on_device(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """:meth:`choose` where the logits are (a GPU's): biases and allowed lists applied there
+        first (``apply_penalties``: a deferrable row reads no output, so the token in flight is
+        not needed); a row they could not be applied to gets a failure code, its message kept
+        for :meth:`results`."""
+        broken = self._adjust(logits, seqs) if any(s.params.penalised for s in seqs) else {}
+        tokens = device_sampling.choose(logits, seqs, self._device_generator(logits.device))
+        failed = [i for i, s in enumerate(seqs) if s.seq_id in broken]
+        if failed:  # a bug's path, not a request's: one more small copy
+            for i in failed:
+                self.deferred_failures[seqs[i].seq_id] = broken[seqs[i].seq_id]
+            (index,) = transfers.to_device([(failed, (len(failed),))], tokens.device)
+            tokens[index.long()] = device_sampling.NOT_FINITE
+        return tokens
 
     def results(self, tokens: list[int], seqs: list[Sequence]) -> list[tuple[int, TokenLogprob | None] | SampleFailure]:
         """What :meth:`choose`'s token ids, read back, give each of ``seqs``: its token or its failure."""

@@ -125,5 +125,15 @@ class SamplingParams:
         )  # fmt: skip
 
     @property
+    def reads_output(self) -> bool:
+        """Whether adjusting this request's row reads the tokens generated so far (penalties,
+        ``min_tokens``, bad words): what async scheduling cannot do while the last one is still on
+        the device. A bias or an allowed list is the same for every step."""
+        return bool(
+            self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0 or self.min_tokens
+            or self.bad_words_token_ids
+        )  # fmt: skip
+
+    @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW or self.top_k == 1
