@@ -94,7 +94,7 @@ def test_single_threaded_copies_are_cached_apart_from_the_parallel_loops() -> No
     from loraplane.kernels import cpu
 
     pairs = [(getattr(m, name), getattr(m, f"{name}_serial")) for m, names in [
-        (cpu, ["_shrink_rows", "_expand_rows", "_add_lora_rows", "_add_lora_rows_paged"]),
+        (cpu, ["_shrink_rows", "_expand_rows", "_add_lora_slices_rows", "_add_lora_rows_paged"]),
         (cpu_layer, ["_rms_norm", "_rotate", "_kv_write", "_decode_attention"]),
     ] for name in names]  # fmt: skip
     for parallel, single in pairs:

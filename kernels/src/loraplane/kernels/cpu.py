@@ -58,40 +58,6 @@ def _expand_rows(
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def _add_lora_rows(
-    x: np.ndarray,
-    a: np.ndarray,
-    b: np.ndarray,
-    row_slots: np.ndarray,
-    ranks: np.ndarray,
-    scalings: np.ndarray,
-    y: np.ndarray,
-    y_offset: int,
-) -> None:
-    """Shrink and expand in one pass per row: one dispatch per layer instead of two, and the
-    rank-sized intermediate stays in a small per-row array instead of a shared buffer."""
-    num_rows, k_dim = x.shape
-    n_dim = b.shape[2]
-    for t in prange(num_rows):
-        slot = row_slots[t]
-        if slot < 0:
-            continue
-        rank = ranks[slot]
-        scale = scalings[slot]
-        xrow = x[t]
-        out = y[t, y_offset : y_offset + n_dim]
-        for r in range(rank):
-            arow = a[slot, r]
-            acc = np.float32(0.0)
-            for k in range(k_dim):
-                acc += xrow[k] * arow[k]
-            c = acc * scale
-            brow = b[slot, r]
-            for n in range(n_dim):
-                out[n] += c * brow[n]
-
-
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _add_lora_slices_rows(
     x: np.ndarray,
     a: tuple[np.ndarray, ...],
@@ -102,9 +68,10 @@ def _add_lora_slices_rows(
     row_slots: np.ndarray,
     y: np.ndarray,
 ) -> None:
-    """``_add_lora_rows`` for every slice of a projection in one call (q/k/v, gate/up: one tuple
-    entry a slice, ``offsets[j]`` slice j's first column of y), so a decode step pays one
-    dispatch a projection instead of one a slice."""
+    """Shrink and expand in one pass per row, for every slice of a projection in one call (q/k/v,
+    gate/up: one tuple entry a slice, ``offsets[j]`` slice j's first column of y; a single slice
+    is a one-entry tuple): one dispatch a projection instead of two a slice, and the rank-sized
+    intermediate stays in a scalar instead of a shared buffer."""
     num_rows, k_dim = x.shape
     for t in prange(num_rows):
         slot = row_slots[t]
@@ -140,7 +107,8 @@ def _add_lora_rows_paged(
     y_offset: int,
     n_dim: int,
 ) -> None:
-    """``_add_lora_rows`` reading each A row and B^T row at its offset in the shared page pool."""
+    """``_add_lora_slices_rows`` for one slice, reading each A row and B^T row at its offset in
+    the shared page pool."""
     num_rows, k_dim = x.shape
     for t in prange(num_rows):
         slot = row_slots[t]
@@ -255,7 +223,6 @@ def serial(kernel: Any) -> Any:
 
 _shrink_rows_serial = serial(_shrink_rows)
 _expand_rows_serial = serial(_expand_rows)
-_add_lora_rows_serial = serial(_add_lora_rows)
 _add_lora_rows_paged_serial = serial(_add_lora_rows_paged)
 _add_lora_slices_rows_serial = serial(_add_lora_slices_rows)
 
@@ -328,9 +295,14 @@ def add_lora(
     row_slots: torch.Tensor,
     y_offset: int,
 ) -> None:
-    args = (_f32(x), _f32(lora_a), _f32(lora_b), _i32(row_slots), _i32(ranks), _f32(scalings))
-    kernel = _add_lora_rows if y.shape[0] >= PARALLEL_MIN_ROWS else _add_lora_rows_serial
-    _add_into(y, kernel, args, y_offset, lora_b.shape[2])
+    xs, rows = _f32(x), _i32(row_slots)
+    table = ((_f32(lora_a),), (_f32(lora_b),), (_i32(ranks),), (_f32(scalings),))
+    kernel = _add_lora_slices_rows if y.shape[0] >= PARALLEL_MIN_ROWS else _add_lora_slices_rows_serial
+
+    def one_slice(y_np: np.ndarray, offset: int) -> None:
+        kernel(xs, *table, np.array([offset], dtype=np.int64), rows, y_np)
+
+    _add_into(y, one_slice, (), y_offset, lora_b.shape[2])
 
 
 def add_lora_paged(
