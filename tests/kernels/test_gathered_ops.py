@@ -398,8 +398,11 @@ def test_the_cpu_slices_call_refuses_shapes_that_do_not_fit() -> None:
     assert slots.host is not None
     other = make_slots([8], 48, 32)
     assert other.host is not None
-    with pytest.raises(ValueError, match="do not agree"):
-        cpu.RowSlices([(0, slots.host), (32, other.host)])
+    more = LoraSlots.empty(2, 64, 64, 32)
+    for mismatched in (other, more):  # another input width; another number of slots than the first table
+        assert mismatched.host is not None
+        with pytest.raises(ValueError, match="do not agree"):
+            cpu.RowSlices([(0, slots.host), (32, mismatched.host)])
     prepared = cpu.RowSlices([(16, slots.host)])
     x, y = inputs(3, 64, 48, torch.float32)
     rows = torch.zeros(3, dtype=torch.int32).numpy()

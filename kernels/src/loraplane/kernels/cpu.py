@@ -337,9 +337,9 @@ class RowSlices:
         if not views:
             raise ValueError("RowSlices: no slices")
         self.in_features = int(views[0][1][0].shape[2])
+        slots = views[0][1][0].shape[0]  # one row's slot indexes every slice's table
         for offset, (a, b, ranks, scalings) in views:
-            slots = a.shape[0]
-            if a.shape[2] != self.in_features or a.shape[:2] != b.shape[:2] or offset < 0:
+            if a.shape[2] != self.in_features or a.shape[0] != slots or a.shape[:2] != b.shape[:2] or offset < 0:
                 raise ValueError(f"RowSlices: A {list(a.shape)} and B {list(b.shape)} at {offset} do not agree")
             if ranks.shape != (slots,) or scalings.shape != (slots,):
                 raise ValueError(f"RowSlices: {slots} slots but {list(ranks.shape)} ranks, {list(scalings.shape)} scalings")
