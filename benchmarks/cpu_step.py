@@ -4,6 +4,7 @@ every row on an adapter (8 adapters of rank 8 on all seven projections, two rows
   python benchmarks/cpu_step.py                 # one figure each: the median step of --steps
   python benchmarks/cpu_step.py --json out.json
   python benchmarks/cpu_step.py --without-gemms # every packed GEMM a zero tensor: the rest of the step
+  python benchmarks/cpu_step.py --dtype float32  # a dtype other than auto's choice (older checkouts too)
 
 Compare two checkouts by running this script in each, alternately, several times, and quoting the
 medians (the machine's speed drifts by tens of percent within minutes); docs/benchmarks.md, "The
@@ -82,13 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--without-gemms", action="store_true", help="time the step with every packed GEMM a zero tensor")
+    ap.add_argument("--dtype", default="auto", help="the engine's dtype (auto: bfloat16 where the CPU has native bf16)")
     args = ap.parse_args(argv)
     if args.without_gemms:
         without_gemms()
     # The engine converts the embedded base into its cache here (about 670 MB): removed at the end.
     with tempfile.TemporaryDirectory(prefix="cpu-step-") as tmp:
         work = Path(tmp)
-        engine = build_engine(EngineConfig(model="embedded", max_model_len=512, max_loras=8, max_lora_rank=8, cache_dir=work))
+        config = EngineConfig(model="embedded", max_model_len=512, max_loras=8, max_lora_rank=8, cache_dir=work, dtype=args.dtype)
+        engine = build_engine(config)
         names = [f"s{i}" for i in range(8)]
         for i, name in enumerate(names):
             folder = write_adapter(work / "adapters" / name, engine.base.shape, 8, tuple(LLAMA_TARGETS), seed=i)

@@ -35,6 +35,7 @@ from loraplane.serving.lora.merge import merged_at_start
 from loraplane.serving.lora.slot_table import PagedSlotTable, SlotTable
 from loraplane.serving.lora.state_metrics import AdapterStateCollector
 from loraplane.serving.metrics import EngineMetrics
+from loraplane.serving.model import cpu_gemm
 from loraplane.serving.model.attention import KVCache
 from loraplane.serving.model.layers import fp8_gemm_supported
 from loraplane.serving.model.llama import LlamaModel
@@ -49,11 +50,12 @@ CPU_KV_CACHE_MB = 512  # the KV cache on a CPU when kv_cache_memory_mb is unset
 
 def resolve_dtype(name: str, device: torch.device | None = None) -> torch.dtype:
     """``auto`` picks bfloat16 on CUDA and on CPUs with native bf16 (AVX512-BF16 or AMX), where it
-    halves the weight bytes each step streams; elsewhere bf16 matmuls are emulated and slower."""
+    halves the weight bytes each step streams; elsewhere (AVX2, plain AVX-512) bf16 matmuls are
+    converted to float32 operand by operand and slower than float32 itself."""
     if name != "auto":
         return DTYPES[name]
     device = device or resolve_device("auto")
-    if device.type == "cuda" or torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if device.type == "cuda" or cpu_gemm.native_bf16():
         return torch.bfloat16
     return torch.float32
 

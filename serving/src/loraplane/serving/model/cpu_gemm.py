@@ -15,9 +15,21 @@ from __future__ import annotations
 import torch
 
 
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX-512 BF16 or AMX).
+
+    oneDNN's own check (``torch.ops.mkldnn._is_mkldnn_bf16_supported``) also says yes on plain
+    AVX-512, where it converts every bf16 operand to float32 first: there the embedded base's
+    decode step at batch 16 took 140 ms in bfloat16 against 66 ms in float32 (an Intel Xeon with
+    AVX-512 and no BF16, ``benchmarks/cpu_step.py --dtype``), so ``dtype: auto`` asks this instead."""
+    cpu = torch.cpu
+    return bool(cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported())
+
+
 def available(dtype: torch.dtype) -> bool:
-    """oneDNN's linear for ``dtype`` on this CPU: float32 anywhere oneDNN runs; bfloat16 only where
-    the CPU computes it natively (AVX-512 BF16, AMX), as ``resolve_dtype`` picks it."""
+    """oneDNN's linear for ``dtype`` on this CPU: float32 anywhere oneDNN runs; bfloat16 where
+    oneDNN takes it (natively on AVX-512 BF16 and AMX, which is when ``resolve_dtype`` picks it;
+    converted on plain AVX-512, when asked for)."""
     if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
         return False
     return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
