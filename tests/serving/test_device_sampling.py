@@ -190,3 +190,26 @@ def test_a_deferred_row_whose_adjustment_fails_gets_its_message_back(monkeypatch
     good, failure = sampler.results(tokens, seqs)
     assert good == (tokens[0], None)
     assert not isinstance(failure, tuple) and "penalties failed: RuntimeError: boom" in failure.message
+
+
+def test_two_steps_in_flight_give_each_failure_back_in_launch_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With async scheduling a sequence's next step launches before its last is read back, so
+    one sequence can have a failure kept for each: each read-back gets its own step's message,
+    oldest first, and nothing is left behind."""
+    from loraplane.serving.engine import sampler as sampler_module
+
+    messages = iter(["first", "second"])
+
+    def broken(*args: Any) -> None:
+        raise RuntimeError(next(messages))
+
+    monkeypatch.setattr(sampler_module, "apply_penalties", broken)
+    seqs = [seq(0, temperature=0.0, logit_bias=((3, 5.0),))]
+    sampler = Sampler()
+    step_1 = sampler._choose_on_device(LOGITS.repeat(1, 1), seqs).tolist()
+    step_2 = sampler._choose_on_device(LOGITS.repeat(1, 1), seqs).tolist()
+    (one,) = sampler.results(step_1, seqs)
+    (two,) = sampler.results(step_2, seqs)
+    assert not isinstance(one, tuple) and one.message.endswith("RuntimeError: first")
+    assert not isinstance(two, tuple) and two.message.endswith("RuntimeError: second")
+    assert sampler.deferred_failures == {}

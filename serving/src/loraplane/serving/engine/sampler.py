@@ -43,8 +43,9 @@ class Sampler:
         self._device_default: dict[torch.device, torch.Generator | None] = {}
         self.generators: dict[int, torch.Generator] = {}
         self.eos_ids = eos_ids  # what min_tokens holds back
-        # Async scheduling on a CPU: failures of rows drawn on the host, until their step is read.
-        self.deferred_failures: dict[int, SampleFailure] = {}
+        # Async scheduling: failures of rows whose step is not read back yet, oldest first per
+        # sequence (with two steps in flight one sequence can have a failure in each).
+        self.deferred_failures: dict[int, list[SampleFailure]] = {}
 
     def _generator(self, seq: Sequence) -> torch.Generator:
         if seq.params.seed is None:
@@ -102,7 +103,7 @@ class Sampler:
             codes = []
             for seq, result in zip(seqs, self.sample(logits, seqs), strict=True):
                 if isinstance(result, SampleFailure):  # kept whole for ``results``, its message included
-                    self.deferred_failures[seq.seq_id] = result
+                    self._defer(seq.seq_id, result)
                     codes.append(device_sampling.NOT_FINITE)
                 else:
                     codes.append(result[0])
@@ -119,7 +120,7 @@ class Sampler:
         failed = [i for i, s in enumerate(seqs) if s.seq_id in broken]
         if failed:  # a bug's path, not a request's: one more small copy
             for i in failed:
-                self.deferred_failures[seqs[i].seq_id] = broken[seqs[i].seq_id]
+                self._defer(seqs[i].seq_id, broken[seqs[i].seq_id])
             (index,) = transfers.to_device([(failed, (len(failed),))], tokens.device)
             tokens[index.long()] = device_sampling.NOT_FINITE
         return tokens
@@ -128,9 +129,22 @@ class Sampler:
         """What :meth:`choose`'s token ids, read back, give each of ``seqs``: its token or its failure."""
         out: list[tuple[int, TokenLogprob | None] | SampleFailure] = []
         for t, seq in zip(tokens, seqs, strict=True):
-            failure = self.deferred_failures.pop(seq.seq_id, None) if t < 0 else None
+            failure = self._deferred(seq.seq_id) if t < 0 else None
             out.append((t, None) if t >= 0 else failure or _result(device_sampling.Drawn(t, None)))
         return out
+
+    def _defer(self, seq_id: int, failure: SampleFailure) -> None:
+        self.deferred_failures.setdefault(seq_id, []).append(failure)
+
+    def _deferred(self, seq_id: int) -> SampleFailure | None:
+        """The oldest failure kept for ``seq_id``: results are read in the order steps launched."""
+        pending = self.deferred_failures.get(seq_id)
+        if not pending:
+            return None
+        failure = pending.pop(0)
+        if not pending:
+            del self.deferred_failures[seq_id]
+        return failure
 
     def _adjust(self, logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, SampleFailure]:
         """Penalties, biases, token masks and grammars applied to ``logits`` in place, wherever
