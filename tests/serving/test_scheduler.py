@@ -3,9 +3,11 @@ prefix-cache bookkeeping."""
 
 from __future__ import annotations
 
+import random
+
 from loraplane.serving.engine.block_manager import BlockManager
 from loraplane.serving.engine.sampling_params import SamplingParams
-from loraplane.serving.engine.scheduler import Scheduler
+from loraplane.serving.engine.scheduler import Scheduler, _Line
 from loraplane.serving.engine.sequence import Sequence, Status
 
 
@@ -423,3 +425,39 @@ def test_the_excess_an_interjection_leaves_is_the_bursters_and_waits_for_a_place
     batch = dict(sched.schedule().items)
     assert batch.get(d) == 8 and newest_a not in batch and newest_a.status is Status.PARKED
     assert sched.num_preemptions == 0 and sched.num_fair_preemptions == 0
+
+
+def test_the_admission_line_takes_what_a_scan_of_the_whole_queue_would() -> None:
+    """A step's admissions read the fair line from each tenant's head (``_Line``) instead of
+    scanning every waiting request per admission. Each choice must be the first request of the
+    whole queue in line order (``in_line``: least-served tenant, its preempted requests first,
+    then queue order), through ties in service, requests passed over, tenants whose chunk is
+    spent, and each admission charging its tenant as the step goes."""
+    rng = random.Random(53)
+    for trial in range(200):
+        sched = Scheduler(BlockManager(8, 4), max_num_seqs=64, max_num_batched_tokens=1000, fair=True)
+        tenants = ["a", "b", "c", None][: rng.randint(1, 4)]
+        for i in range(rng.randint(1, 30)):
+            s = tenant_seq(rng.choice(tenants), start=1000 * trial + 10 * i)  # type: ignore[arg-type]
+            if rng.random() < 0.3:
+                s.output_token_ids.append(7)  # preempted, with output
+            sched.waiting.append(s)
+        sched.served = {t: float(rng.choice([0, 5, 5, 9])) for t in tenants if rng.random() < 0.8}
+        line = _Line(sched.waiting, sched.served)
+        skipped: set[int] = set()
+        spent: set[str | None] = set()
+        while True:
+            scanned = next((q for q in sched.in_line() if id(q) not in skipped and q.tenant not in spent), None)
+            chosen = line.next(skipped, spent)
+            assert chosen is scanned, f"trial {trial}"
+            if chosen is None:
+                break
+            roll = rng.random()
+            if roll < 0.15:
+                skipped.add(id(chosen))  # passed over: its adapter is on its way
+            elif roll < 0.2:
+                spent.add(chosen.tenant)
+            else:
+                sched.waiting.remove(chosen)  # as _admit does
+                line.take(chosen)
+                sched.charge(chosen, rng.choice([0, 4, 8]))
