@@ -118,11 +118,9 @@ class SamplingParams:
 
     @property
     def penalised(self) -> bool:
-        """Whether the sampler has work to do on this request's row before drawing."""
-        return bool(
-            self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0 or self.logit_bias
-            or self.min_tokens or self.allowed_token_ids or self.bad_words_token_ids
-        )  # fmt: skip
+        """Whether the sampler has work to do on this request's row before drawing: what reads the
+        output so far, or a bias or an allowed list."""
+        return self.reads_output or bool(self.logit_bias or self.allowed_token_ids)
 
     @property
     def reads_output(self) -> bool:
