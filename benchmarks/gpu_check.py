@@ -671,10 +671,40 @@ def sgmv_sweep(ctx: Ctx, ceilings: dict[str, float]) -> list[dict[str, Any]]:
     return rows
 
 
+def noise_check(ctx: Ctx) -> dict[str, Any]:
+    """The sampler's seeded-row noise (``kernels.seeded_noise``): the Triton kernel against its
+    torch reference on the same device, a decode batch of 256 half of whose rows have a seed over
+    an 8B model's vocabulary. Both compute the same float64 log there, so the values should be
+    identical; the time of each beside (the reference is what the sampler ran before the kernel)."""
+    import torch
+
+    from loraplane.kernels import ops  # noqa: F401  (registers torch.ops.loraplane.*)
+
+    if not ctx.cuda:
+        return {"skipped": "the Triton kernel runs on a GPU"}
+    rows_n, vocab = (16, 4096) if ctx.quick else (256, 128256)
+    seeded = rows_n // 2
+    rows = torch.arange(0, rows_n, 2, dtype=torch.int32, device=ctx.device)
+    g = torch.Generator().manual_seed(0)
+    lo, hi, pos = torch.randint(-(2**31), 2**31, (3, seeded), generator=g).to(device=ctx.device, dtype=torch.int32)
+    got, want = (torch.zeros(rows_n, vocab, device=ctx.device) for _ in range(2))
+    contenders = {
+        "triton": Timed(ctx, [lambda: torch.ops.loraplane.seeded_noise(got, rows, lo, hi, pos, "triton")]),
+        "torch": Timed(ctx, [lambda: torch.ops.loraplane.seeded_noise(want, rows, lo, hi, pos, "cpu")]),  # the reference
+    }
+    ms = alternate(contenders, ctx.rounds)
+    ulps = int((got.view(torch.int32) - want.view(torch.int32)).abs().max())  # positive floats: bits order as values
+    return {
+        "rows": rows_n, "seeded": seeded, "vocab": vocab, "triton_ms": ms["triton"], "torch_ms": ms["torch"],
+        "identical": ulps == 0, "max_ulps": ulps,
+    }  # fmt: skip
+
+
 def part_kernels(ctx: Ctx) -> dict[str, Any]:
     ceilings = measure_ceilings(ctx)
     bgmv = bgmv_sweep(ctx, ceilings)
     sgmv = sgmv_sweep(ctx, ceilings)
+    noise = noise_check(ctx)
     largest = max(r["batch"] for r in bgmv)
     judged = [r for r in bgmv if r["batch"] == largest]
     worst = min(r["pct_of_copy"] for r in judged)
@@ -685,7 +715,7 @@ def part_kernels(ctx: Ctx) -> dict[str, Any]:
         "best_pct": max(r["pct_of_copy"] for r in bgmv),
         "met": worst >= BANDWIDTH_GOAL,
     }
-    return {"ok": True, "ceilings": ceilings, "bgmv": bgmv, "sgmv": sgmv, "bandwidth_goal": goal}
+    return {"ok": True, "ceilings": ceilings, "bgmv": bgmv, "sgmv": sgmv, "bandwidth_goal": goal, "seeded_noise": noise}
 
 
 # --- 3. multi-LoRA overhead of an 8B model's layers -------------------------------------------
@@ -1261,6 +1291,13 @@ def print_summary(ctx: Ctx) -> None:
                 f"{'BGMV bandwidth' if part == 'kernels' else 'multi-LoRA overhead'} {g['goal']}: {g['value_pct']:.1f}% "
                 f"({g['judged_at']}{extra}): {'met' if g['met'] else 'not met'}"
             )
+    n = res.get("kernels", {}).get("seeded_noise")
+    if n and "triton_ms" in n:
+        agree = "identical" if n["identical"] else f"up to {n['max_ulps']} ulps apart"
+        print(
+            f"seeded noise ({n['seeded']} of {n['rows']} rows, vocab {n['vocab']}): Triton {n['triton_ms']:.3f} ms, "
+            f"torch {n['torch_ms']:.3f} ms, {agree}"
+        )
     s = res.get("serving", {}).get("summary")
     if s:
         print("serving: " + "; ".join(f"{n} {v['output_tok_s']:.0f} generated tok/s" for n, v in s.items()))

@@ -24,6 +24,9 @@ from compile_check import Launch, compile_launches, engine_shapes, record_launch
 from engine_helpers import engine_greedy, tiny_engine
 
 from loraplane.kernels import bgmv
+from loraplane.serving.engine import device_sampling
+from loraplane.serving.engine.sampling_params import SamplingParams
+from loraplane.serving.engine.sequence import Sequence
 
 KERNEL_NAMES = {name for _, name in compile_check.ENGINE_KERNELS}
 # What every step launches whatever the adapters' memory: attention and the layer's fused work.
@@ -60,7 +63,13 @@ def engine_launches(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_f
         lora = paged if lora_memory == "unified" else {name for name in KERNEL_NAMES if "gmv" in name} - paged
         assert log.names == lora | LAYER_KERNELS, f"{lora_memory}: launched {sorted(log.names)}"
         launches += log.launches
-    return launches
+    # The sampler's kernel: a seeded row's noise, on the Triton backend's draw (greedy steps draw none).
+    logits = torch.randn(3, 300)
+    seqs = [Sequence(f"s{i}", [1, 2], SamplingParams(max_tokens=4, temperature=1.0, seed=i)) for i in range(3)]
+    with record_launches() as log:
+        device_sampling.draw(logits, seqs, backend="triton")
+    assert log.names == {"_seeded_noise_kernel"}
+    return launches + log.launches
 
 
 def test_the_engine_launches_every_kernel(engine_launches: list[Launch]) -> None:

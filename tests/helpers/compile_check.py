@@ -58,6 +58,7 @@ ENGINE_KERNELS: tuple[tuple[str, str], ...] = (
     ("loraplane.kernels.rotary", "_rotary_kernel"),
     ("loraplane.kernels.activation", "_silu_and_mul_kernel"),
     ("loraplane.kernels.kv_write", "_kv_write_kernel"),
+    ("loraplane.kernels.seeded_noise", "_seeded_noise_kernel"),
 )
 CAPABILITIES = (80, 90)  # A100, H100/H200
 
@@ -86,6 +87,7 @@ MODEL_DTYPE_POINTERS: dict[str, tuple[str, ...]] = {
     "_rotary_kernel": ("q_ptr", "k_ptr"),  # cos and sin stay float32 tables
     "_silu_and_mul_kernel": ("gate_up_ptr", "out_ptr"),
     "_kv_write_kernel": ("k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr"),
+    "_seeded_noise_kernel": (),  # the sampler's noise is float32 whatever the model's dtype
 }
 
 
@@ -419,6 +421,7 @@ class ModelShape:
     max_rank: int = 64
     max_loras: int = 16
     decode_batch: int = 256
+    vocab: int = 128256
     # 8: the short last piece of a chunked prompt beside decodes (attention's 32-row tile).
     prefill_chunks: tuple[int, ...] = (8, 512, 2048)
 
@@ -430,7 +433,7 @@ def engine_shapes(shape: ModelShape = LLAMA_8B, dtype: torch.dtype = torch.bfloa
     """The launches an engine step makes at ``shape``, recorded from the real launchers on ``meta``
     tensors (nothing allocated, nothing run): static slots by BGMV (decode) and SGMV (prefill),
     unified paging by the paged kernels, attention over a dense and a page-pool KV cache."""
-    from loraplane.kernels import activation, bgmv, kv_write, paged_attention, paged_bgmv, rms_norm, rotary, sgmv
+    from loraplane.kernels import activation, bgmv, kv_write, paged_attention, paged_bgmv, rms_norm, rotary, seeded_noise, sgmv
 
     s = shape
 
@@ -483,6 +486,8 @@ def engine_shapes(shape: ModelShape = LLAMA_8B, dtype: torch.dtype = torch.bfloa
                 paged_attention.paged_attention(
                     q, cache, cache, tables, starts, lens, out, scale=s.head_dim**-0.5, max_query_len=max_query_len
                 )
+        seeded = s.decode_batch // 2  # the sampler's noise for a decode batch half of whose rows have a seed
+        seeded_noise.seeded_noise(t(s.decode_batch, s.vocab, dt=f32), *(t(seeded, dt=i32) for _ in range(4)))
     return [replace(launch, dtype=_TYPE_NAMES[dtype]) for launch in log.launches]
 
 

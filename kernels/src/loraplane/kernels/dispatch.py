@@ -20,7 +20,7 @@ from loraplane.kernels.reference import segments_to_rows
 Backend = Literal["auto", "triton", "cpu"]
 
 
-def _resolve(backend: Backend, t: torch.Tensor) -> Literal["triton", "cpu"]:
+def resolve(backend: Backend, t: torch.Tensor) -> Literal["triton", "cpu"]:
     if backend == "auto":
         return "triton" if t.is_cuda else "cpu"
     if backend not in ("triton", "cpu"):
@@ -115,7 +115,7 @@ def sgmv_shrink(
         _check_ranks(ranks, lora_a, "lora_a")
     max_len = _check_segments(seg_starts, seg_slots, x.shape[0], lora_a.shape[0])
     buf = _new_buffer(x, lora_a, out)
-    if _resolve(backend, x) == "cpu":
+    if resolve(backend, x) == "cpu":
         cpu.shrink(x, lora_a, ranks, segments_to_rows(seg_starts, seg_slots), buf)
     else:
         from loraplane.kernels.sgmv import sgmv_shrink as launch
@@ -146,7 +146,7 @@ def sgmv_expand(
     if check:
         _check_ranks(ranks, lora_b, "lora_b")
     max_len = _check_segments(seg_starts, seg_slots, y.shape[0], lora_b.shape[0])
-    if _resolve(backend, y) == "cpu":
+    if resolve(backend, y) == "cpu":
         cpu.expand(y, buf, lora_b, ranks, scalings, segments_to_rows(seg_starts, seg_slots), y_offset)
     else:
         from loraplane.kernels.sgmv import sgmv_expand as launch
@@ -176,7 +176,7 @@ def bgmv_shrink(
         _check_ranks(ranks, lora_a, "lora_a")
         _check_rows(row_slots, x.shape[0], lora_a.shape[0])
     buf = _new_buffer(x, lora_a, out)
-    if _resolve(backend, x) == "cpu":
+    if resolve(backend, x) == "cpu":
         cpu.shrink(x, lora_a, ranks, row_slots, buf)
     else:
         from loraplane.kernels.bgmv import bgmv_shrink as launch
@@ -206,7 +206,7 @@ def bgmv_expand(
     if check:
         _check_ranks(ranks, lora_b, "lora_b")
         _check_rows(row_slots, y.shape[0], lora_b.shape[0])
-    if _resolve(backend, y) == "cpu":
+    if resolve(backend, y) == "cpu":
         cpu.expand(y, buf, lora_b, ranks, scalings, row_slots, y_offset)
     else:
         from loraplane.kernels.bgmv import bgmv_expand as launch
@@ -239,7 +239,7 @@ def _add_lora_paged(
         _check_rows(row_slots, x.shape[0], slots.num_slots)
     if check and slots.num_slots and int(slots.ranks.max()) > slots.max_rank:
         raise SlotLayoutError(f"a rank of {int(slots.ranks.max())} is above the table's maximum {slots.max_rank}")
-    if _resolve(backend, x) == "triton":
+    if resolve(backend, x) == "triton":
         from loraplane.kernels.paged_bgmv import paged_add_lora
 
         paged_add_lora(
@@ -282,7 +282,7 @@ def add_lora(
         raise ValueError("give either row_slots (BGMV) or seg_starts and seg_slots (SGMV)")
     if isinstance(slots, PagedLoraSlots):
         return _add_lora_paged(y, x, slots, row_slots, seg_starts, seg_slots, y_offset, backend, check)
-    if _resolve(backend, x) == "cpu":
+    if resolve(backend, x) == "cpu":
         _check_x(x, slots.lora_a)
         _check_y(y, slots.lora_b, y_offset)
         if check:
@@ -346,7 +346,7 @@ def add_lora_stacked(
     longest length, known to the caller, or their work lists); nothing is checked on the hot path."""
     if (row_slots is None) == (seg_starts is None or seg_slots is None):
         raise ValueError("give either row_slots (BGMV) or seg_starts and seg_slots (SGMV)")
-    if _resolve(backend, x) == "cpu":
+    if resolve(backend, x) == "cpu":
         for offset, slots in zip(stacked.offsets, stacked.slices(), strict=True):
             add_lora(
                 y, x, slots, row_slots=row_slots, seg_starts=seg_starts, seg_slots=seg_slots, y_offset=offset, backend="cpu",

@@ -17,6 +17,8 @@ Semantics (each op is the function of the same name in :mod:`loraplane.kernels.d
     rotary(q, k, positions, cos, sin)             q, k rotated in place by each row's position
     silu_and_mul(gate_up, out)                    out = silu(gate) * up
     kv_write(k, v, k_cache, v_cache, slot_blocks, slot_offsets)   the step's keys and values into their slots
+    seeded_noise(noise, rows, seed_lo, seed_hi, position, backend)   the seeded rows' sampling noise
+        (kernels.seeded_noise: Exp(1) per token from a hash of the row's seed, position and token id)
 
 Why custom ops rather than plain Python calls: a Triton launch on a fake tensor has no data to
 read, so a traced model would fail at the first kernel; the fake implementations below say
@@ -75,7 +77,7 @@ def _fake(name: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
 LAUNCHES = {
     "loraplane::add_lora": 2, "loraplane::add_lora_stacked": 2, "loraplane::add_lora_paged": 1, "loraplane::paged_attention": 1,
     "loraplane::rms_norm": 1,
-    "loraplane::rotary": 1, "loraplane::silu_and_mul": 1, "loraplane::kv_write": 1,
+    "loraplane::rotary": 1, "loraplane::silu_and_mul": 1, "loraplane::kv_write": 1, "loraplane::seeded_noise": 1,
 }  # fmt: skip
 
 
@@ -342,3 +344,40 @@ def _(
     _same_device(k_cache, k, v, v_cache, slot_blocks, slot_offsets)
     if k.shape != v.shape or k_cache.stride() != v_cache.stride() or k_cache.shape[2:] != k.shape[1:]:
         raise SlotLayoutError(f"kv_write: k {list(k.shape)}, v {list(v.shape)}, caches {list(k_cache.shape)} do not agree")
+
+
+@_op("noise")
+def seeded_noise(
+    noise: torch.Tensor,
+    rows: torch.Tensor,
+    seed_lo: torch.Tensor,
+    seed_hi: torch.Tensor,
+    position: torch.Tensor,
+    backend: str,
+) -> None:
+    _same_device(noise, rows, seed_lo, seed_hi, position)
+    if dispatch.resolve(cast(dispatch.Backend, backend), noise) == "triton":
+        from loraplane.kernels.seeded_noise import seeded_noise as launch
+
+        launch(noise, rows, seed_lo, seed_hi, position)
+        return
+    from loraplane.kernels.seeded_noise import seeded_noise_reference
+
+    noise.index_copy_(0, rows.long(), seeded_noise_reference(seed_lo, seed_hi, position, noise.shape[1]))
+
+
+@_fake("seeded_noise")
+def _(
+    noise: torch.Tensor,
+    rows: torch.Tensor,
+    seed_lo: torch.Tensor,
+    seed_hi: torch.Tensor,
+    position: torch.Tensor,
+    backend: str,
+) -> None:
+    _same_device(noise, rows, seed_lo, seed_hi, position)
+    if noise.dim() != 2 or not rows.shape == seed_lo.shape == seed_hi.shape == position.shape or rows.dim() != 1:
+        raise SlotLayoutError(
+            f"seeded_noise: noise {list(noise.shape)}, rows {list(rows.shape)}, seeds {list(seed_lo.shape)}, "
+            f"{list(seed_hi.shape)}, positions {list(position.shape)} do not agree"
+        )

@@ -297,7 +297,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
             graphs.capture_all()
     eos = tokenizer.eos_token_id
     eos_ids = frozenset(cfg.eos_token_ids) | ({eos} if eos is not None else frozenset())
-    sampler = Sampler(eos_ids=eos_ids)
+    sampler = Sampler(eos_ids=eos_ids, backend=backend)
     return EngineParts(
         config=config,
         base=base,

@@ -14,8 +14,9 @@ sampler draws the same way).
 
 Seeds: a request's ``seed`` must give the same tokens whatever else shares its batch. A device
 generator per request would cost a kernel per seeded row each step; instead a seeded row's noise
-is a counter-based hash of (seed, output position, token id), computed for the seeded rows in one
-batch of integer operations. Unseeded rows take one ``exponential_`` from the device's generator.
+is a counter-based hash of (seed, output position, token id), written for all the seeded rows by
+one kernel on a GPU (``kernels.seeded_noise``; its torch reference on the CPU). Unseeded rows take
+one ``exponential_`` from the device's generator.
 
 The step's per-row parameters travel in one host-to-device copy (``transfers.to_device``, int32:
 the floats as their bit patterns), and the result in one read-back (``transfers.to_host``): the
@@ -30,14 +31,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from loraplane.kernels import ops  # noqa: F401  (registers torch.ops.loraplane.seeded_noise)
 from loraplane.serving.engine import transfers
 from loraplane.serving.engine.sequence import Sequence, TokenLogprob
 from loraplane.serving.host_side import host_side
-
-_MASK32 = 0xFFFFFFFF
-# Odd multipliers below 2**31, so a 32-bit value times one stays inside int64 (no overflow).
-_MUL_A, _MUL_B = 0x7FEB352D, 0x4C957F2D
-
 
 NOT_FINITE, NONE_ALLOWED = -1, -2  # what a row's token id says when it has none
 
@@ -68,34 +65,17 @@ class Drawn:
     logprob: TokenLogprob | None
 
 
-def _mix(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (xor-shift-multiply rounds) on int64 tensors holding values below 2**32."""
-    x = x ^ (x >> 16)
-    x = (x * _MUL_A) & _MASK32
-    x = x ^ (x >> 15)
-    x = (x * _MUL_B) & _MASK32
-    return x ^ (x >> 16)
-
-
-def seeded_noise(seed_lo: torch.Tensor, seed_hi: torch.Tensor, position: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[rows, vocab] Exp(1) noise that depends only on each row's 64-bit seed (two 32-bit halves),
-    its output position and the token id: the same row draws the same token in any batch."""
-    key = _mix(_mix(seed_lo.long() & _MASK32) ^ (seed_hi.long() & _MASK32))
-    key = _mix(key ^ (position.long() & _MASK32))
-    ids = torch.arange(vocab, device=key.device, dtype=torch.long)
-    bits = _mix(_mix(key.unsqueeze(1) ^ ids) ^ key.unsqueeze(1))
-    u = (bits.double() + 0.5) / 2.0**32  # in (0, 1): never log(0)
-    return (-torch.log(u)).float()
-
-
-def choose(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None = None) -> torch.Tensor:
+def choose(
+    logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None = None, backend: str = "auto"
+) -> torch.Tensor:
     """Each row's token id, on the device (``NOT_FINITE`` or ``NONE_ALLOWED`` where it has none):
-    :func:`draw` without the read-back, which async scheduling feeds to the next step first."""
+    :func:`draw` without the read-back, which async scheduling feeds to the next step first.
+    ``backend`` runs the seeded rows' noise (``kernels.ops``: "auto" is Triton on a GPU)."""
     n, vocab = logits.shape
     params = [s.params for s in seqs]
     greedy = [p.greedy for p in params]
     seeded = [i for i, (p, g) in enumerate(zip(params, greedy, strict=True)) if not g and p.seed is not None]
-    seeds = [params[i].seed or 0 for i in seeded]
+    seeds = np.asarray([params[i].seed or 0 for i in seeded], dtype=np.uint64)  # below 2**64 (SEED_RANGE)
     columns: list[tuple[np.ndarray | list[int], tuple[int, ...]]] = [
         (transfers.float_bits([0.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)]), (n,)),
         ([p.top_k if 0 < p.top_k < vocab else vocab for p in params], (n,)),
@@ -105,8 +85,8 @@ def choose(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generato
     if seeded:  # the seeded rows, their seeds' two halves and their output positions
         columns += [
             (seeded, (len(seeded),)),
-            (np.asarray([s & _MASK32 for s in seeds], dtype=np.uint32).view(np.int32), (len(seeded),)),
-            (np.asarray([s >> 32 for s in seeds], dtype=np.uint32).view(np.int32), (len(seeded),)),
+            (seeds.astype(np.uint32).view(np.int32), (len(seeded),)),  # the low word
+            ((seeds >> np.uint64(32)).astype(np.uint32).view(np.int32), (len(seeded),)),
             ([len(seqs[i].output_token_ids) for i in seeded], (len(seeded),)),
         ]
     temp_i, top_k, top_p_i, min_p_i, *seeded_columns = transfers.to_device(columns, logits.device)
@@ -131,19 +111,20 @@ def choose(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generato
         # Never 0 (a zero would make a zero-probability token's 0 / 0 a NaN, which argmax picks).
         noise = torch.empty_like(probs).exponential_(generator=generator).clamp_(min=torch.finfo(torch.float32).tiny)
         if seeded:
-            rows, seed_lo, seed_hi, position = seeded_columns
-            noise.index_copy_(0, rows.long(), seeded_noise(seed_lo, seed_hi, position, vocab))
+            torch.ops.loraplane.seeded_noise(noise, *seeded_columns, backend)
         token = torch.where(temperature > 0, (probs / noise).argmax(dim=-1), token)
     broken = ~(torch.isfinite(x) | (x == float("-inf"))).all(dim=-1)  # a NaN or +inf
     token = torch.where((x > float("-inf")).any(dim=-1), token, NONE_ALLOWED)
     return torch.where(broken, NOT_FINITE, token)
 
 
-def draw(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None = None) -> list[Drawn]:
+def draw(
+    logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None = None, backend: str = "auto"
+) -> list[Drawn]:
     """Sample every row of ``logits`` [len(seqs), vocab] (float32, on any device) for its
     sequence, all of which satisfy :func:`on_device`. Unseeded rows draw from ``generator`` (a
     generator on the logits' device; the device's default when None)."""
-    token = choose(logits, seqs, generator)
+    token = choose(logits, seqs, generator, backend)
     x = logits.float()
     wanted = [s.params.logprobs for s in seqs]
     if all(k is None for k in wanted):

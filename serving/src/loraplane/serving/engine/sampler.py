@@ -37,8 +37,9 @@ class NoTokenAllowed(ValueError):
 
 
 class Sampler:
-    def __init__(self, seed: int = 0, eos_ids: frozenset[int] = frozenset()) -> None:
+    def __init__(self, seed: int = 0, eos_ids: frozenset[int] = frozenset(), backend: str = "auto") -> None:
         self.seed = seed
+        self.backend = backend  # the engine's kernel backend, for the seeded rows' noise kernel
         self.default = torch.Generator().manual_seed(seed)
         self._device_default: dict[torch.device, torch.Generator | None] = {}
         self.generators: dict[int, torch.Generator] = {}
@@ -116,7 +117,7 @@ class Sampler:
         not needed); a row they could not be applied to gets a failure code, its message kept
         for :meth:`results`."""
         broken = self._adjust(logits, seqs) if any(s.params.penalised for s in seqs) else {}
-        tokens = device_sampling.choose(logits, seqs, self._device_generator(logits.device))
+        tokens = device_sampling.choose(logits, seqs, self._device_generator(logits.device), self.backend)
         failed = [i for i, s in enumerate(seqs) if s.seq_id in broken]
         if failed:  # a bug's path, not a request's: one more small copy
             for i in failed:
@@ -181,7 +182,7 @@ class Sampler:
         elif device:
             rows, group = _rows(logits, device), [seqs[i] for i in device]
             broken = self._adjust(rows, group)
-            drawn = device_sampling.draw(rows, group, self._device_generator(rows.device))
+            drawn = device_sampling.draw(rows, group, self._device_generator(rows.device), self.backend)
             with host_side():
                 for i, d in zip(device, drawn, strict=True):
                     out[i] = broken.get(seqs[i].seq_id) or _result(d)
