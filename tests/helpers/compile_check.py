@@ -59,6 +59,7 @@ ENGINE_KERNELS: tuple[tuple[str, str], ...] = (
     ("loraplane.kernels.activation", "_silu_and_mul_kernel"),
     ("loraplane.kernels.kv_write", "_kv_write_kernel"),
     ("loraplane.kernels.seeded_noise", "_seeded_noise_kernel"),
+    ("loraplane.kernels.top_k_top_p", "_top_k_top_p_kernel"),
 )
 CAPABILITIES = (80, 90)  # A100, H100/H200
 
@@ -87,7 +88,8 @@ MODEL_DTYPE_POINTERS: dict[str, tuple[str, ...]] = {
     "_rotary_kernel": ("q_ptr", "k_ptr"),  # cos and sin stay float32 tables
     "_silu_and_mul_kernel": ("gate_up_ptr", "out_ptr"),
     "_kv_write_kernel": ("k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr"),
-    "_seeded_noise_kernel": (),  # the sampler's noise is float32 whatever the model's dtype
+    "_seeded_noise_kernel": (),  # the sampler works in float32 whatever the model's dtype
+    "_top_k_top_p_kernel": (),
 }
 
 
@@ -433,7 +435,18 @@ def engine_shapes(shape: ModelShape = LLAMA_8B, dtype: torch.dtype = torch.bfloa
     """The launches an engine step makes at ``shape``, recorded from the real launchers on ``meta``
     tensors (nothing allocated, nothing run): static slots by BGMV (decode) and SGMV (prefill),
     unified paging by the paged kernels, attention over a dense and a page-pool KV cache."""
-    from loraplane.kernels import activation, bgmv, kv_write, paged_attention, paged_bgmv, rms_norm, rotary, seeded_noise, sgmv
+    from loraplane.kernels import (
+        activation,
+        bgmv,
+        kv_write,
+        paged_attention,
+        paged_bgmv,
+        rms_norm,
+        rotary,
+        seeded_noise,
+        sgmv,
+        top_k_top_p,
+    )
 
     s = shape
 
@@ -488,6 +501,8 @@ def engine_shapes(shape: ModelShape = LLAMA_8B, dtype: torch.dtype = torch.bfloa
                 )
         seeded = s.decode_batch // 2  # the sampler's noise for a decode batch half of whose rows have a seed
         seeded_noise.seeded_noise(t(s.decode_batch, s.vocab, dt=f32), *(t(seeded, dt=i32) for _ in range(4)))
+        n = s.decode_batch
+        top_k_top_p.threshold(t(n, s.vocab, dt=f32), t(n, dt=i32), t(n, dt=f32), t(n, dt=f32))
     return [replace(launch, dtype=_TYPE_NAMES[dtype]) for launch in log.launches]
 
 

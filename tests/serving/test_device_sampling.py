@@ -90,9 +90,10 @@ def test_a_seeded_row_draws_by_its_seed_and_position_whatever_shares_its_batch()
     assert [d.token for d in drawn[:64]] != [d.token for d in other_seed]
 
 
-def test_seeded_rows_draw_the_same_tokens_with_the_gpus_noise_kernel() -> None:
-    """The Triton kernel (in the interpreter) in place of the CPU's torch hash: same seeded draws,
-    unseeded rows beside them from the same generator."""
+def test_sampled_rows_draw_the_same_tokens_with_the_gpus_kernels() -> None:
+    """The Triton kernels (in the interpreter) in place of the CPU's torch: the top-p cut-off's
+    search for the sort, the seeded rows' noise for the torch hash; the same draws, unseeded rows
+    beside them from the same generator."""
     n = 48
     rows = torch.from_numpy(np.random.default_rng(3).normal(0, 2, (n, VOCAB)).astype(np.float32))
     seqs = [seq(i, output=i, temperature=0.9, top_p=0.95, seed=(i * 2**40 + i) if i % 3 else None) for i in range(n)]

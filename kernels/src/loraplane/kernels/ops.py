@@ -19,6 +19,8 @@ Semantics (each op is the function of the same name in :mod:`loraplane.kernels.d
     kv_write(k, v, k_cache, v_cache, slot_blocks, slot_offsets)   the step's keys and values into their slots
     seeded_noise(noise, rows, seed_lo, seed_hi, position, backend)   the seeded rows' sampling noise
         (kernels.seeded_noise: Exp(1) per token from a hash of the row's seed, position and token id)
+    top_k_top_p_threshold(scaled, top_k, top_p, out, backend)   each row's top-k/top-p cut-off value
+        (kernels.top_k_top_p: the tokens at or above it are what the two filters keep)
 
 Why custom ops rather than plain Python calls: a Triton launch on a fake tensor has no data to
 read, so a traced model would fail at the first kernel; the fake implementations below say
@@ -78,6 +80,7 @@ LAUNCHES = {
     "loraplane::add_lora": 2, "loraplane::add_lora_stacked": 2, "loraplane::add_lora_paged": 1, "loraplane::paged_attention": 1,
     "loraplane::rms_norm": 1,
     "loraplane::rotary": 1, "loraplane::silu_and_mul": 1, "loraplane::kv_write": 1, "loraplane::seeded_noise": 1,
+    "loraplane::top_k_top_p_threshold": 1,
 }  # fmt: skip
 
 
@@ -380,4 +383,29 @@ def _(
         raise SlotLayoutError(
             f"seeded_noise: noise {list(noise.shape)}, rows {list(rows.shape)}, seeds {list(seed_lo.shape)}, "
             f"{list(seed_hi.shape)}, positions {list(position.shape)} do not agree"
+        )
+
+
+@_op("out")
+def top_k_top_p_threshold(
+    scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, out: torch.Tensor, backend: str
+) -> None:
+    _same_device(out, scaled, top_k, top_p)
+    if dispatch.resolve(cast(dispatch.Backend, backend), out) == "triton":
+        from loraplane.kernels.top_k_top_p import threshold as launch
+
+        launch(scaled, top_k, top_p, out)
+        return
+    from loraplane.kernels.top_k_top_p import threshold_reference
+
+    out.copy_(threshold_reference(scaled, top_k, top_p))
+
+
+@_fake("top_k_top_p_threshold")
+def _(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, out: torch.Tensor, backend: str) -> None:
+    _same_device(out, scaled, top_k, top_p)
+    if scaled.dim() != 2 or not out.shape == top_k.shape == top_p.shape == scaled.shape[:1]:
+        raise SlotLayoutError(
+            f"top_k_top_p_threshold: scaled {list(scaled.shape)}, top_k {list(top_k.shape)}, top_p {list(top_p.shape)}, "
+            f"out {list(out.shape)} do not agree"
         )

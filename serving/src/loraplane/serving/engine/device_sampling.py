@@ -7,8 +7,9 @@ host: rows with logits processors (Python callables over a row), which ``Sampler
 
 The filters are the host path's, step for step (``Sampler._draw``): temperature, top-k by value
 (ties at the k-th logit stay), top-p over what top-k left (the first token always stays), then
-min-p on the probabilities. One sort serves both top-k and top-p, and only when a row asks for
-either. The draw is the exponential race: ``argmax(p / q)`` with ``q ~ Exp(1)`` per token picks
+min-p on the probabilities. Top-k and top-p come to one cut-off value a row, only when a row asks
+for either (``kernels.top_k_top_p``: a search per row on a GPU, no sort; the sort on the CPU), and
+tokens below it are masked. The draw is the exponential race: ``argmax(p / q)`` with ``q ~ Exp(1)`` per token picks
 token ``i`` with probability ``p_i``, with no cumulative sum and no per-row kernel (vLLM's
 sampler draws the same way).
 
@@ -96,15 +97,9 @@ def choose(
     if not all(greedy):
         scaled = x / torch.where(temperature > 0, temperature, 1.0).unsqueeze(1)
         if any(0 < p.top_k < vocab or p.top_p < 1.0 for p in params):
-            ordered, index = torch.sort(scaled, dim=-1, descending=True)
-            kth = ordered.gather(1, (top_k.long() - 1).unsqueeze(1))
-            ordered = ordered.masked_fill(ordered < kth, float("-inf"))
-            mass = torch.softmax(ordered, dim=-1)
-            drop = (mass.cumsum(-1) - mass) >= top_p.unsqueeze(1)
-            drop[:, 0] = False
-            drop &= (top_p < 1.0).unsqueeze(1)  # a row without top-p keeps its tail, where the sums round to 1
-            drop |= ordered == float("-inf")
-            scaled = scaled.masked_fill(torch.zeros_like(drop).scatter(1, index, drop), float("-inf"))
+            cut = torch.empty(n, dtype=torch.float32, device=x.device)
+            torch.ops.loraplane.top_k_top_p_threshold(scaled, top_k, top_p, cut, backend)
+            scaled = scaled.masked_fill(scaled < cut.unsqueeze(1), float("-inf"))
         probs = torch.softmax(scaled, dim=-1)
         if any(p.min_p > 0 for p in params):
             probs = probs.masked_fill(probs < min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True), 0.0)

@@ -1,0 +1,116 @@
+"""Each row's top-k and top-p cut-off as one value: the tokens at or above it are what the two
+filters keep, so the sampler masks with one comparison instead of sorting the vocabulary.
+
+Semantics, for a row x (temperature-scaled logits), k = top_k and p = top_p::
+
+    t_k = the k-th largest value of x                     (every value when k >= vocab)
+    q   = softmax of x over the values >= t_k
+    t   = the largest value v >= t_k with  sum(q[x >= v]) >= p      (t_k when p >= 1)
+    threshold = t:  keep x >= t                           (-inf where a row cuts nothing)
+
+This is the sorted definition (sort descending, keep a token while the mass before it is below
+p; the first token always stays) for distinct values; tied values at the cut-off all stay,
+as ties at the k-th value always did.
+
+Why not the sort: sorting a decode batch's rows (256 x 128,256 float32 with their indices) is a
+segmented radix sort of 33 million pairs each step, plus some 15 launches around it for the
+gather, the masks, the softmax, the cumulative sum and the scatter back. The kernel searches
+each row's cut-off instead: 32 halvings of the float's ordered bit pattern per filter, each a
+count (top-k) or a sum of exponentials (top-p) over the row, which one program reads from L2.
+The torch version below (the sort) is the reference and the CPU path.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def threshold_reference(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """[rows] float32 cut-offs from the sorted definition; ``top_k`` int [rows] (``vocab`` for
+    none), ``top_p`` float32 [rows] (1.0 for none)."""
+    ordered = torch.sort(scaled, dim=-1, descending=True).values
+    kth = ordered.gather(1, (top_k.long() - 1).clamp(0, scaled.shape[1] - 1).unsqueeze(1))
+    ordered = ordered.masked_fill(ordered < kth, float("-inf"))
+    mass = torch.softmax(ordered, dim=-1)
+    keep = (mass.cumsum(-1) - mass) < top_p.unsqueeze(1)
+    keep |= (top_p >= 1.0).unsqueeze(1)  # no top-p: the sums round to 1 before the tail ends
+    keep &= ordered > float("-inf")
+    keep[:, 0] = True
+    last = keep.sum(dim=-1, keepdim=True) - 1  # the kept tokens are a prefix of the order
+    cut = ordered.gather(1, last).squeeze(1)
+    return cut.masked_fill((top_k >= scaled.shape[1]) & (top_p >= 1.0), float("-inf"))
+
+
+@triton.jit
+def _key(x):
+    # float32 -> int32 in the same order: negative floats' magnitude bits flipped.
+    b = x.to(tl.int32, bitcast=True)
+    return tl.where(b < 0, b ^ 0x7FFFFFFF, b)
+
+
+@triton.jit
+def _value(key):
+    b = tl.where(key < 0, key ^ 0x7FFFFFFF, key)
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _top_k_top_p_kernel(x_ptr, top_k_ptr, top_p_ptr, out_ptr, vocab, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    base = x_ptr + row.to(tl.int64) * stride
+    k = tl.load(top_k_ptr + row)
+    p = tl.load(top_p_ptr + row)
+    offs = tl.arange(0, BLOCK)
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    for start in range(0, vocab, BLOCK):
+        cols = start + offs
+        m = tl.maximum(m, tl.load(base + cols, mask=cols < vocab, other=float("-inf")))
+    top = tl.max(m, 0)
+    # top-k: the largest key t with at least k keys >= t is the k-th largest key. Every column's
+    # key is at least -inf's, the search's floor: a row that cuts nothing gets -inf.
+    lo = _key(tl.full([], float("-inf"), tl.float32)).to(tl.int64)
+    if k < vocab:
+        hi = _key(top).to(tl.int64)
+        for _ in range(32):
+            mid = lo + (hi - lo + 1) // 2
+            count = tl.zeros([BLOCK], tl.int32)
+            for start in range(0, vocab, BLOCK):
+                cols = start + offs
+                x = tl.load(base + cols, mask=cols < vocab, other=float("-inf"))
+                count += ((_key(x).to(tl.int64) >= mid) & (cols < vocab)).to(tl.int32)
+            enough = tl.sum(count, 0) >= k
+            lo = tl.where(enough, mid, lo)
+            hi = tl.where(enough, hi, mid - 1)
+    kth = lo
+    # top-p over what top-k kept: the largest key t >= kth whose tokens' mass reaches p.
+    if p < 1.0:
+        total = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, vocab, BLOCK):
+            cols = start + offs
+            x = tl.load(base + cols, mask=cols < vocab, other=float("-inf"))
+            total += tl.where(_key(x).to(tl.int64) >= kth, tl.exp(x - top), 0.0)
+        goal = p * tl.sum(total, 0)
+        hi = _key(top).to(tl.int64)
+        for _ in range(32):
+            mid = lo + (hi - lo + 1) // 2
+            mass = tl.zeros([BLOCK], tl.float32)
+            for start in range(0, vocab, BLOCK):
+                cols = start + offs
+                x = tl.load(base + cols, mask=cols < vocab, other=float("-inf"))
+                mass += tl.where(_key(x).to(tl.int64) >= mid, tl.exp(x - top), 0.0)
+            enough = tl.sum(mass, 0) >= goal
+            lo = tl.where(enough, mid, lo)
+            hi = tl.where(enough, hi, mid - 1)
+    tl.store(out_ptr + row, _value(lo.to(tl.int32)))
+
+
+def threshold(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, out: torch.Tensor) -> None:
+    """Write each row's cut-off into ``out`` [rows] float32; ``scaled`` [rows, vocab] float32 with
+    contiguous rows, ``top_k`` int32 and ``top_p`` float32 [rows]."""
+    rows, vocab = scaled.shape
+    if rows == 0:
+        return
+    block = min(2048, triton.next_power_of_2(vocab))
+    _top_k_top_p_kernel[(rows,)](scaled, top_k, top_p, out, vocab, scaled.stride(0), BLOCK=block)
