@@ -671,32 +671,46 @@ def sgmv_sweep(ctx: Ctx, ceilings: dict[str, float]) -> list[dict[str, Any]]:
     return rows
 
 
-def noise_check(ctx: Ctx) -> dict[str, Any]:
-    """The sampler's seeded-row noise (``kernels.seeded_noise``): the Triton kernel against its
-    torch reference on the same device, a decode batch of 256 half of whose rows have a seed over
-    an 8B model's vocabulary. Both compute the same float64 log there, so the values should be
-    identical; the time of each beside (the reference is what the sampler ran before the kernel)."""
+def sampling_check(ctx: Ctx) -> dict[str, Any]:
+    """The sampler's two kernels against their torch references on the same device, a decode
+    batch of 256 over an 8B model's vocabulary: the seeded rows' noise (``kernels.seeded_noise``;
+    half the rows seeded; the same float64 log on both sides, so identical values are expected)
+    and the top-k/top-p cut-off (``kernels.top_k_top_p``, top-p 0.95 on every row and top-k 50 on
+    half; its reference sorts each row; the rows whose kept tokens differ are counted, which
+    only a prefix's mass within float32 rounding of top-p could cause). The time of each beside."""
     import torch
 
     from loraplane.kernels import ops  # noqa: F401  (registers torch.ops.loraplane.*)
 
     if not ctx.cuda:
-        return {"skipped": "the Triton kernel runs on a GPU"}
+        return {"skipped": "the Triton kernels run on a GPU"}
     rows_n, vocab = (16, 4096) if ctx.quick else (256, 128256)
     seeded = rows_n // 2
-    rows = torch.arange(0, rows_n, 2, dtype=torch.int32, device=ctx.device)
+    i32 = torch.int32
+    rows = torch.arange(0, rows_n, 2, dtype=i32, device=ctx.device)
     g = torch.Generator().manual_seed(0)
-    lo, hi, pos = torch.randint(-(2**31), 2**31, (3, seeded), generator=g).to(device=ctx.device, dtype=torch.int32)
+    lo, hi, pos = torch.randint(-(2**31), 2**31, (3, seeded), generator=g).to(device=ctx.device, dtype=i32)
     got, want = (torch.zeros(rows_n, vocab, device=ctx.device) for _ in range(2))
+    scaled = randn(ctx, rows_n, vocab, std=3.0, dtype=torch.float32)
+    top_k = torch.tensor([50 if r % 2 else vocab for r in range(rows_n)], dtype=i32, device=ctx.device)
+    top_p = torch.full((rows_n,), 0.95, device=ctx.device)
+    cut, cut_ref = (torch.empty(rows_n, device=ctx.device) for _ in range(2))
     contenders = {
-        "triton": Timed(ctx, [lambda: torch.ops.loraplane.seeded_noise(got, rows, lo, hi, pos, "triton")]),
-        "torch": Timed(ctx, [lambda: torch.ops.loraplane.seeded_noise(want, rows, lo, hi, pos, "cpu")]),  # the reference
+        "noise triton": Timed(ctx, [lambda: torch.ops.loraplane.seeded_noise(got, rows, lo, hi, pos, "triton")]),
+        "noise torch": Timed(ctx, [lambda: torch.ops.loraplane.seeded_noise(want, rows, lo, hi, pos, "cpu")]),
+        "cut triton": Timed(ctx, [lambda: torch.ops.loraplane.top_k_top_p_threshold(scaled, top_k, top_p, cut, "triton")]),
+        "cut torch": Timed(ctx, [lambda: torch.ops.loraplane.top_k_top_p_threshold(scaled, top_k, top_p, cut_ref, "cpu")]),
     }
     ms = alternate(contenders, ctx.rounds)
-    ulps = int((got.view(torch.int32) - want.view(torch.int32)).abs().max())  # positive floats: bits order as values
+    ulps = int((got.view(i32) - want.view(i32)).abs().max())  # positive floats: their bits order as their values
+    kept, kept_ref = scaled >= cut.unsqueeze(1), scaled >= cut_ref.unsqueeze(1)
     return {
-        "rows": rows_n, "seeded": seeded, "vocab": vocab, "triton_ms": ms["triton"], "torch_ms": ms["torch"],
-        "identical": ulps == 0, "max_ulps": ulps,
+        "rows": rows_n, "seeded": seeded, "vocab": vocab,
+        "noise": {"triton_ms": ms["noise triton"], "torch_ms": ms["noise torch"], "identical": ulps == 0, "max_ulps": ulps},
+        "cut": {
+            "triton_ms": ms["cut triton"], "torch_ms": ms["cut torch"],
+            "rows_differing": int((kept != kept_ref).any(dim=1).sum()), "kept_median": float(kept.sum(1).float().median()),
+        },
     }  # fmt: skip
 
 
@@ -704,7 +718,7 @@ def part_kernels(ctx: Ctx) -> dict[str, Any]:
     ceilings = measure_ceilings(ctx)
     bgmv = bgmv_sweep(ctx, ceilings)
     sgmv = sgmv_sweep(ctx, ceilings)
-    noise = noise_check(ctx)
+    sampling = sampling_check(ctx)
     largest = max(r["batch"] for r in bgmv)
     judged = [r for r in bgmv if r["batch"] == largest]
     worst = min(r["pct_of_copy"] for r in judged)
@@ -715,7 +729,7 @@ def part_kernels(ctx: Ctx) -> dict[str, Any]:
         "best_pct": max(r["pct_of_copy"] for r in bgmv),
         "met": worst >= BANDWIDTH_GOAL,
     }
-    return {"ok": True, "ceilings": ceilings, "bgmv": bgmv, "sgmv": sgmv, "bandwidth_goal": goal, "seeded_noise": noise}
+    return {"ok": True, "ceilings": ceilings, "bgmv": bgmv, "sgmv": sgmv, "bandwidth_goal": goal, "sampling": sampling}
 
 
 # --- 3. multi-LoRA overhead of an 8B model's layers -------------------------------------------
@@ -1291,12 +1305,16 @@ def print_summary(ctx: Ctx) -> None:
                 f"{'BGMV bandwidth' if part == 'kernels' else 'multi-LoRA overhead'} {g['goal']}: {g['value_pct']:.1f}% "
                 f"({g['judged_at']}{extra}): {'met' if g['met'] else 'not met'}"
             )
-    n = res.get("kernels", {}).get("seeded_noise")
-    if n and "triton_ms" in n:
-        agree = "identical" if n["identical"] else f"up to {n['max_ulps']} ulps apart"
+    n = res.get("kernels", {}).get("sampling")
+    if n and "noise" in n:
+        shape = f"{n['rows']} rows, vocab {n['vocab']}"
+        noise, cut = n["noise"], n["cut"]
+        agree = "identical" if noise["identical"] else f"up to {noise['max_ulps']} ulps apart"
+        times = f"Triton {noise['triton_ms']:.3f} ms, torch {noise['torch_ms']:.3f} ms"
+        print(f"seeded noise ({n['seeded']} of {shape}): {times}, {agree}")
         print(
-            f"seeded noise ({n['seeded']} of {n['rows']} rows, vocab {n['vocab']}): Triton {n['triton_ms']:.3f} ms, "
-            f"torch {n['torch_ms']:.3f} ms, {agree}"
+            f"top-k/top-p cut-off ({shape}): Triton {cut['triton_ms']:.3f} ms, sort {cut['torch_ms']:.3f} ms, "
+            f"{cut['rows_differing']} rows keep other tokens"
         )
     s = res.get("serving", {}).get("summary")
     if s:
