@@ -63,13 +63,13 @@ def engine_launches(tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path_f
         lora = paged if lora_memory == "unified" else {name for name in KERNEL_NAMES if "gmv" in name} - paged
         assert log.names == lora | LAYER_KERNELS, f"{lora_memory}: launched {sorted(log.names)}"
         launches += log.launches
-    # The sampler's kernels: the top-k/top-p cut-off and a seeded row's noise, on the Triton
-    # backend's draw (greedy steps draw none).
+    # The sampler's kernels: the top-k/top-p cut-off, a seeded row's noise and the race, on the
+    # Triton backend's draw (the engines' greedy steps above take an argmax).
     logits = torch.randn(3, 300)
     seqs = [Sequence(f"s{i}", [1, 2], SamplingParams(max_tokens=4, temperature=1.0, top_p=0.9, seed=i)) for i in range(3)]
     with record_launches() as log:
         device_sampling.draw(logits, seqs, backend="triton")
-    assert log.names == {"_seeded_noise_kernel", "_top_k_top_p_kernel"}
+    assert log.names == {"_seeded_noise_kernel", "_top_k_top_p_kernel", "_race_kernel"}
     return launches + log.launches
 
 

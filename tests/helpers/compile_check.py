@@ -60,6 +60,7 @@ ENGINE_KERNELS: tuple[tuple[str, str], ...] = (
     ("loraplane.kernels.kv_write", "_kv_write_kernel"),
     ("loraplane.kernels.seeded_noise", "_seeded_noise_kernel"),
     ("loraplane.kernels.top_k_top_p", "_top_k_top_p_kernel"),
+    ("loraplane.kernels.race", "_race_kernel"),
 )
 CAPABILITIES = (80, 90)  # A100, H100/H200
 
@@ -90,6 +91,7 @@ MODEL_DTYPE_POINTERS: dict[str, tuple[str, ...]] = {
     "_kv_write_kernel": ("k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr"),
     "_seeded_noise_kernel": (),  # the sampler works in float32 whatever the model's dtype
     "_top_k_top_p_kernel": (),
+    "_race_kernel": (),
 }
 
 
@@ -441,6 +443,7 @@ def engine_shapes(shape: ModelShape = LLAMA_8B, dtype: torch.dtype = torch.bfloa
         kv_write,
         paged_attention,
         paged_bgmv,
+        race,
         rms_norm,
         rotary,
         seeded_noise,
@@ -502,7 +505,12 @@ def engine_shapes(shape: ModelShape = LLAMA_8B, dtype: torch.dtype = torch.bfloa
         seeded = s.decode_batch // 2  # the sampler's noise for a decode batch half of whose rows have a seed
         seeded_noise.seeded_noise(t(s.decode_batch, s.vocab, dt=f32), *(t(seeded, dt=i32) for _ in range(4)))
         n = s.decode_batch
-        top_k_top_p.threshold(t(n, s.vocab, dt=f32), t(n, dt=i32), t(n, dt=f32), t(n, dt=f32))
+        logits, per_row = t(n, s.vocab, dt=f32), t(n, dt=f32)
+        top_k_top_p.threshold(logits, per_row, t(n, dt=i32), per_row, per_row)
+        token = t(n, dt=torch.int64)
+        race.race(logits, per_row, per_row, per_row, t(n, s.vocab, dt=f32), token)  # sampled rows, cut
+        race.race(logits, per_row, None, per_row, t(n, s.vocab, dt=f32), token)  # sampled rows, no cut
+        race.race(logits, per_row, None, per_row, None, token)  # greedy rows alone
     return [replace(launch, dtype=_TYPE_NAMES[dtype]) for launch in log.launches]
 
 

@@ -16,6 +16,7 @@ import torch
 
 from loraplane.kernels import ops  # noqa: F401  (registers torch.ops.loraplane.*)
 from loraplane.kernels.layout import SlotLayoutError
+from loraplane.kernels.top_k_top_p import scale
 
 VOCAB = 1000  # under one of the kernel's column blocks, masked; 5000 below spans three
 
@@ -50,10 +51,12 @@ def rows_and_filters(vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Ten
 
 @pytest.mark.parametrize("vocab", [VOCAB, 5000])
 def test_the_kernels_cut_off_is_the_sorted_definitions(vocab: int) -> None:
-    x, top_k, top_p = rows_and_filters(vocab)
+    logits, top_k, top_p = rows_and_filters(vocab)
+    temperature = torch.tensor([0.7, 1.0, 0.0, 1.3] + [1.0] * (len(CASES) - 4))  # 0: a greedy row, scaled by 1
+    x = scale(logits, temperature)
     got, want = torch.empty(len(CASES)), torch.empty(len(CASES))
-    torch.ops.loraplane.top_k_top_p_threshold(x, top_k, top_p, got, "triton")
-    torch.ops.loraplane.top_k_top_p_threshold(x, top_k, top_p, want, "cpu")
+    torch.ops.loraplane.top_k_top_p_threshold(logits, temperature, top_k, top_p, got, "triton")
+    torch.ops.loraplane.top_k_top_p_threshold(logits, temperature, top_k, top_p, want, "cpu")
     masked = [x.masked_fill(x < cut.unsqueeze(1), float("-inf")) for cut in (got, want)]
     assert torch.equal(*masked), torch.stack([got, want], 1)
     for i, (k, p) in enumerate(CASES):
@@ -67,19 +70,14 @@ def test_ties_at_the_cut_off_stay_and_masked_rows_keep_nothing_masked() -> None:
     top_p = torch.tensor([1.0, 0.5, 0.1], dtype=torch.float32)
     for backend in ("triton", "cpu"):
         out = torch.empty(3)
-        torch.ops.loraplane.top_k_top_p_threshold(x, top_k, top_p, out, backend)
+        torch.ops.loraplane.top_k_top_p_threshold(x, torch.ones(3), top_k, top_p, out, backend)
         assert out[0].item() == 2.0, "the 2nd largest is 2.0, tied three times: all three stay"
         assert out[1].item() == float("-inf"), "a row with no token allowed has nothing to cut"
         assert out[2].item() == 1.0, "equal logits: the first's mass reaches p, its equals stay"
 
 
 def test_mismatched_rows_are_refused_on_meta_tensors() -> None:
-    scaled = torch.empty(4, 100, device="meta")
+    logits = torch.empty(4, 100, device="meta")
+    four, three = torch.empty(4, device="meta"), torch.empty(3, device="meta")
     with pytest.raises(SlotLayoutError, match="top_k_top_p_threshold"):
-        torch.ops.loraplane.top_k_top_p_threshold(
-            scaled,
-            torch.empty(4, dtype=torch.int32, device="meta"),
-            torch.empty(3, device="meta"),
-            torch.empty(4, device="meta"),
-            "auto",
-        )
+        torch.ops.loraplane.top_k_top_p_threshold(logits, four, four.int(), three, four, "auto")

@@ -19,8 +19,10 @@ Semantics (each op is the function of the same name in :mod:`loraplane.kernels.d
     kv_write(k, v, k_cache, v_cache, slot_blocks, slot_offsets)   the step's keys and values into their slots
     seeded_noise(noise, rows, seed_lo, seed_hi, position, backend)   the seeded rows' sampling noise
         (kernels.seeded_noise: Exp(1) per token from a hash of the row's seed, position and token id)
-    top_k_top_p_threshold(scaled, top_k, top_p, out, backend)   each row's top-k/top-p cut-off value
-        (kernels.top_k_top_p: the tokens at or above it are what the two filters keep)
+    top_k_top_p_threshold(logits, temperature, top_k, top_p, out, backend)   each row's top-k/top-p
+        cut-off on its scaled logits (kernels.top_k_top_p: the tokens at or above it are kept)
+    race(logits, temperature, cut, min_p, noise, token, backend)   each row's token: greedy, or the
+        exponential race over what the cut-off and min-p keep (kernels.race)
 
 Why custom ops rather than plain Python calls: a Triton launch on a fake tensor has no data to
 read, so a traced model would fail at the first kernel; the fake implementations below say
@@ -80,7 +82,7 @@ LAUNCHES = {
     "loraplane::add_lora": 2, "loraplane::add_lora_stacked": 2, "loraplane::add_lora_paged": 1, "loraplane::paged_attention": 1,
     "loraplane::rms_norm": 1,
     "loraplane::rotary": 1, "loraplane::silu_and_mul": 1, "loraplane::kv_write": 1, "loraplane::seeded_noise": 1,
-    "loraplane::top_k_top_p_threshold": 1,
+    "loraplane::top_k_top_p_threshold": 1, "loraplane::race": 1,
 }  # fmt: skip
 
 
@@ -388,24 +390,70 @@ def _(
 
 @_op("out")
 def top_k_top_p_threshold(
-    scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, out: torch.Tensor, backend: str
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, out: torch.Tensor, backend: str
 ) -> None:
-    _same_device(out, scaled, top_k, top_p)
+    _same_device(out, logits, temperature, top_k, top_p)
     if dispatch.resolve(cast(dispatch.Backend, backend), out) == "triton":
         from loraplane.kernels.top_k_top_p import threshold as launch
 
-        launch(scaled, top_k, top_p, out)
+        launch(logits, temperature, top_k, top_p, out)
         return
     from loraplane.kernels.top_k_top_p import threshold_reference
 
-    out.copy_(threshold_reference(scaled, top_k, top_p))
+    out.copy_(threshold_reference(logits, temperature, top_k, top_p))
 
 
 @_fake("top_k_top_p_threshold")
-def _(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, out: torch.Tensor, backend: str) -> None:
-    _same_device(out, scaled, top_k, top_p)
-    if scaled.dim() != 2 or not out.shape == top_k.shape == top_p.shape == scaled.shape[:1]:
+def _(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, out: torch.Tensor, backend: str
+) -> None:
+    _same_device(out, logits, temperature, top_k, top_p)
+    if logits.dim() != 2 or not out.shape == temperature.shape == top_k.shape == top_p.shape == logits.shape[:1]:
         raise SlotLayoutError(
-            f"top_k_top_p_threshold: scaled {list(scaled.shape)}, top_k {list(top_k.shape)}, top_p {list(top_p.shape)}, "
-            f"out {list(out.shape)} do not agree"
+            f"top_k_top_p_threshold: logits {list(logits.shape)}, temperature {list(temperature.shape)}, "
+            f"top_k {list(top_k.shape)}, top_p {list(top_p.shape)}, out {list(out.shape)} do not agree"
+        )
+
+
+@_op("token")
+def race(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    cut: torch.Tensor | None,
+    min_p: torch.Tensor,
+    noise: torch.Tensor | None,
+    token: torch.Tensor,
+    backend: str,
+) -> None:
+    _same_device(token, logits, temperature, cut, min_p, noise)
+    if dispatch.resolve(cast(dispatch.Backend, backend), token) == "triton":
+        from loraplane.kernels.race import race as launch
+
+        launch(logits, temperature, cut, min_p, noise, token)
+        return
+    from loraplane.kernels.race import race_reference
+
+    token.copy_(race_reference(logits, temperature, cut, min_p, noise))
+
+
+@_fake("race")
+def _(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    cut: torch.Tensor | None,
+    min_p: torch.Tensor,
+    noise: torch.Tensor | None,
+    token: torch.Tensor,
+    backend: str,
+) -> None:
+    _same_device(token, logits, temperature, cut, min_p, noise)
+    rows = logits.shape[:1]
+    if (
+        logits.dim() != 2 or not token.shape == temperature.shape == min_p.shape == rows
+        or (cut is not None and cut.shape != rows) or (noise is not None and noise.shape != logits.shape)
+    ):  # fmt: skip
+        raise SlotLayoutError(
+            f"race: logits {list(logits.shape)}, token {list(token.shape)}, temperature {list(temperature.shape)}, "
+            f"min_p {list(min_p.shape)}, cut {None if cut is None else list(cut.shape)}, "
+            f"noise {None if noise is None else list(noise.shape)} do not agree"
         )

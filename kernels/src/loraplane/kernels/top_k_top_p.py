@@ -1,7 +1,8 @@
 """Each row's top-k and top-p cut-off as one value: the tokens at or above it are what the two
 filters keep, so the sampler masks with one comparison instead of sorting the vocabulary.
 
-Semantics, for a row x (temperature-scaled logits), k = top_k and p = top_p::
+Semantics, for a row of logits scaled by its temperature (x = logits / T; T <= 0, a greedy row,
+divides by 1), k = top_k and p = top_p::
 
     t_k = the k-th largest value of x                     (every value when k >= vocab)
     q   = softmax of x over the values >= t_k
@@ -27,9 +28,17 @@ import triton
 import triton.language as tl
 
 
-def threshold_reference(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """[rows] float32 cut-offs from the sorted definition; ``top_k`` int [rows] (``vocab`` for
-    none), ``top_p`` float32 [rows] (1.0 for none)."""
+def scale(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """Each row of ``logits`` divided by its temperature (by 1 where it is 0: a greedy row)."""
+    return logits / torch.where(temperature > 0, temperature, 1.0).unsqueeze(1)
+
+
+def threshold_reference(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """[rows] float32 cut-offs (on the scaled logits) from the sorted definition; ``top_k`` int
+    [rows] (``vocab`` for none), ``top_p`` float32 [rows] (1.0 for none)."""
+    scaled = scale(logits, temperature)
     ordered = torch.sort(scaled, dim=-1, descending=True).values
     kth = ordered.gather(1, (top_k.long() - 1).clamp(0, scaled.shape[1] - 1).unsqueeze(1))
     ordered = ordered.masked_fill(ordered < kth, float("-inf"))
@@ -57,16 +66,18 @@ def _value(key):
 
 
 @triton.jit
-def _top_k_top_p_kernel(x_ptr, top_k_ptr, top_p_ptr, out_ptr, vocab, stride, BLOCK: tl.constexpr):
+def _top_k_top_p_kernel(x_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, vocab, stride, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     base = x_ptr + row.to(tl.int64) * stride
+    t = tl.load(temperature_ptr + row)
+    t = tl.where(t > 0, t, 1.0)
     k = tl.load(top_k_ptr + row)
     p = tl.load(top_p_ptr + row)
     offs = tl.arange(0, BLOCK)
     m = tl.full([BLOCK], float("-inf"), tl.float32)
     for start in range(0, vocab, BLOCK):
         cols = start + offs
-        m = tl.maximum(m, tl.load(base + cols, mask=cols < vocab, other=float("-inf")))
+        m = tl.maximum(m, (tl.load(base + cols, mask=cols < vocab, other=float("-inf")) / t))
     top = tl.max(m, 0)
     # top-k: the largest key t with at least k keys >= t is the k-th largest key. Every column's
     # key is at least -inf's, the search's floor: a row that cuts nothing gets -inf.
@@ -78,7 +89,7 @@ def _top_k_top_p_kernel(x_ptr, top_k_ptr, top_p_ptr, out_ptr, vocab, stride, BLO
             count = tl.zeros([BLOCK], tl.int32)
             for start in range(0, vocab, BLOCK):
                 cols = start + offs
-                x = tl.load(base + cols, mask=cols < vocab, other=float("-inf"))
+                x = tl.load(base + cols, mask=cols < vocab, other=float("-inf")) / t
                 count += ((_key(x).to(tl.int64) >= mid) & (cols < vocab)).to(tl.int32)
             enough = tl.sum(count, 0) >= k
             lo = tl.where(enough, mid, lo)
@@ -89,7 +100,7 @@ def _top_k_top_p_kernel(x_ptr, top_k_ptr, top_p_ptr, out_ptr, vocab, stride, BLO
         total = tl.zeros([BLOCK], tl.float32)
         for start in range(0, vocab, BLOCK):
             cols = start + offs
-            x = tl.load(base + cols, mask=cols < vocab, other=float("-inf"))
+            x = tl.load(base + cols, mask=cols < vocab, other=float("-inf")) / t
             total += tl.where(_key(x).to(tl.int64) >= kth, tl.exp(x - top), 0.0)
         goal = p * tl.sum(total, 0)
         hi = _key(top).to(tl.int64)
@@ -98,7 +109,7 @@ def _top_k_top_p_kernel(x_ptr, top_k_ptr, top_p_ptr, out_ptr, vocab, stride, BLO
             mass = tl.zeros([BLOCK], tl.float32)
             for start in range(0, vocab, BLOCK):
                 cols = start + offs
-                x = tl.load(base + cols, mask=cols < vocab, other=float("-inf"))
+                x = tl.load(base + cols, mask=cols < vocab, other=float("-inf")) / t
                 mass += tl.where(_key(x).to(tl.int64) >= mid, tl.exp(x - top), 0.0)
             enough = tl.sum(mass, 0) >= goal
             lo = tl.where(enough, mid, lo)
@@ -106,11 +117,14 @@ def _top_k_top_p_kernel(x_ptr, top_k_ptr, top_p_ptr, out_ptr, vocab, stride, BLO
     tl.store(out_ptr + row, _value(lo.to(tl.int32)))
 
 
-def threshold(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, out: torch.Tensor) -> None:
-    """Write each row's cut-off into ``out`` [rows] float32; ``scaled`` [rows, vocab] float32 with
-    contiguous rows, ``top_k`` int32 and ``top_p`` float32 [rows]."""
-    rows, vocab = scaled.shape
+def threshold(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, out: torch.Tensor
+) -> None:
+    """Write each row's cut-off (on its scaled logits) into ``out`` [rows] float32; ``logits``
+    [rows, vocab] float32 with contiguous rows, ``temperature`` and ``top_p`` float32 and
+    ``top_k`` int32 [rows]."""
+    rows, vocab = logits.shape
     if rows == 0:
         return
     block = min(2048, triton.next_power_of_2(vocab))
-    _top_k_top_p_kernel[(rows,)](scaled, top_k, top_p, out, vocab, scaled.stride(0), BLOCK=block)
+    _top_k_top_p_kernel[(rows,)](logits, temperature, top_k, top_p, out, vocab, logits.stride(0), BLOCK=block)

@@ -8,10 +8,11 @@ host: rows with logits processors (Python callables over a row), which ``Sampler
 The filters are the host path's, step for step (``Sampler._draw``): temperature, top-k by value
 (ties at the k-th logit stay), top-p over what top-k left (the first token always stays), then
 min-p on the probabilities. Top-k and top-p come to one cut-off value a row, only when a row asks
-for either (``kernels.top_k_top_p``: a search per row on a GPU, no sort; the sort on the CPU), and
-tokens below it are masked. The draw is the exponential race: ``argmax(p / q)`` with ``q ~ Exp(1)`` per token picks
-token ``i`` with probability ``p_i``, with no cumulative sum and no per-row kernel (vLLM's
-sampler draws the same way).
+for either (``kernels.top_k_top_p``: a search per row on a GPU, no sort; the sort on the CPU).
+The draw is the exponential race: ``argmax(p / q)`` with ``q ~ Exp(1)`` per token picks token
+``i`` with probability ``p_i``, with no cumulative sum (vLLM's sampler draws the same way); one
+kernel (``kernels.race``) runs it with the filters, the greedy rows' argmax and the checks for
+rows with no token to give.
 
 Seeds: a request's ``seed`` must give the same tokens whatever else shares its batch. A device
 generator per request would cost a kernel per seeded row each step; instead a seeded row's noise
@@ -32,12 +33,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from loraplane.kernels import ops  # noqa: F401  (registers torch.ops.loraplane.seeded_noise)
+from loraplane.kernels import ops  # noqa: F401  (registers torch.ops.loraplane.*)
+from loraplane.kernels.race import NONE_ALLOWED, NOT_FINITE  # what a row's token id says when it has none
 from loraplane.serving.engine import transfers
 from loraplane.serving.engine.sequence import Sequence, TokenLogprob
 from loraplane.serving.host_side import host_side
 
-NOT_FINITE, NONE_ALLOWED = -1, -2  # what a row's token id says when it has none
+__all__ = ["NONE_ALLOWED", "NOT_FINITE", "Drawn", "choose", "deferrable", "draw", "on_device"]
 
 
 def on_device(seq: Sequence) -> bool:
@@ -71,7 +73,8 @@ def choose(
 ) -> torch.Tensor:
     """Each row's token id, on the device (``NOT_FINITE`` or ``NONE_ALLOWED`` where it has none):
     :func:`draw` without the read-back, which async scheduling feeds to the next step first.
-    ``backend`` runs the seeded rows' noise (``kernels.ops``: "auto" is Triton on a GPU)."""
+    ``backend`` runs the sampler's kernels (``kernels.ops``: "auto" is Triton on a GPU): the
+    top-k/top-p cut-off, the seeded rows' noise and the race, each a launch for the whole batch."""
     n, vocab = logits.shape
     params = [s.params for s in seqs]
     greedy = [p.greedy for p in params]
@@ -92,25 +95,18 @@ def choose(
         ]
     temp_i, top_k, top_p_i, min_p_i, *seeded_columns = transfers.to_device(columns, logits.device)
     temperature, top_p, min_p = temp_i.view(torch.float32), top_p_i.view(torch.float32), min_p_i.view(torch.float32)
-    x = logits.float()
-    token = x.argmax(dim=-1)
+    x = logits.float().contiguous()
+    cut = noise = None
     if not all(greedy):
-        scaled = x / torch.where(temperature > 0, temperature, 1.0).unsqueeze(1)
         if any(0 < p.top_k < vocab or p.top_p < 1.0 for p in params):
             cut = torch.empty(n, dtype=torch.float32, device=x.device)
-            torch.ops.loraplane.top_k_top_p_threshold(scaled, top_k, top_p, cut, backend)
-            scaled = scaled.masked_fill(scaled < cut.unsqueeze(1), float("-inf"))
-        probs = torch.softmax(scaled, dim=-1)
-        if any(p.min_p > 0 for p in params):
-            probs = probs.masked_fill(probs < min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True), 0.0)
-        # Never 0 (a zero would make a zero-probability token's 0 / 0 a NaN, which argmax picks).
-        noise = torch.empty_like(probs).exponential_(generator=generator).clamp_(min=torch.finfo(torch.float32).tiny)
+            torch.ops.loraplane.top_k_top_p_threshold(x, temperature, top_k, top_p, cut, backend)
+        noise = torch.empty_like(x).exponential_(generator=generator)
         if seeded:
             torch.ops.loraplane.seeded_noise(noise, *seeded_columns, backend)
-        token = torch.where(temperature > 0, (probs / noise).argmax(dim=-1), token)
-    broken = ~(torch.isfinite(x) | (x == float("-inf"))).all(dim=-1)  # a NaN or +inf
-    token = torch.where((x > float("-inf")).any(dim=-1), token, NONE_ALLOWED)
-    return torch.where(broken, NOT_FINITE, token)
+    token = torch.empty(n, dtype=torch.long, device=x.device)
+    torch.ops.loraplane.race(x, temperature, cut, min_p, noise, token, backend)
+    return token
 
 
 def draw(
