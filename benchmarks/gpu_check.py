@@ -672,12 +672,14 @@ def sgmv_sweep(ctx: Ctx, ceilings: dict[str, float]) -> list[dict[str, Any]]:
 
 
 def sampling_check(ctx: Ctx) -> dict[str, Any]:
-    """The sampler's two kernels against their torch references on the same device, a decode
+    """The sampler's three kernels against their torch references on the same device, a decode
     batch of 256 over an 8B model's vocabulary: the seeded rows' noise (``kernels.seeded_noise``;
-    half the rows seeded; the same float64 log on both sides, so identical values are expected)
-    and the top-k/top-p cut-off (``kernels.top_k_top_p``, top-p 0.95 on every row and top-k 50 on
+    half the rows seeded; the same float64 log on both sides, so identical values are expected),
+    the top-k/top-p cut-off (``kernels.top_k_top_p``, top-p 0.95 on every row and top-k 50 on
     half; its reference sorts each row; the rows whose kept tokens differ are counted, which
-    only a prefix's mass within float32 rounding of top-p could cause). The time of each beside."""
+    only a prefix's mass within float32 rounding of top-p could cause) and the race
+    (``kernels.race``, on the same noise and cut-offs; rows drawing another token counted, which
+    only scores tied to rounding could cause). The time of each beside."""
     import torch
 
     from loraplane.kernels import ops  # noqa: F401  (registers torch.ops.loraplane.*)
@@ -691,19 +693,28 @@ def sampling_check(ctx: Ctx) -> dict[str, Any]:
     g = torch.Generator().manual_seed(0)
     lo, hi, pos = torch.randint(-(2**31), 2**31, (3, seeded), generator=g).to(device=ctx.device, dtype=i32)
     got, want = (torch.zeros(rows_n, vocab, device=ctx.device) for _ in range(2))
-    scaled = randn(ctx, rows_n, vocab, std=3.0, dtype=torch.float32)
+    logits = randn(ctx, rows_n, vocab, std=3.0, dtype=torch.float32)
     top_k = torch.tensor([50 if r % 2 else vocab for r in range(rows_n)], dtype=i32, device=ctx.device)
     top_p = torch.full((rows_n,), 0.95, device=ctx.device)
     cut, cut_ref = (torch.empty(rows_n, device=ctx.device) for _ in range(2))
+    temperature = torch.full((rows_n,), 0.8, device=ctx.device)
+    min_p = torch.zeros(rows_n, device=ctx.device)
+    token, token_ref = (torch.empty(rows_n, dtype=torch.long, device=ctx.device) for _ in range(2))
     contenders = {
         "noise triton": Timed(ctx, [lambda: torch.ops.loraplane.seeded_noise(got, rows, lo, hi, pos, "triton")]),
         "noise torch": Timed(ctx, [lambda: torch.ops.loraplane.seeded_noise(want, rows, lo, hi, pos, "cpu")]),
-        "cut triton": Timed(ctx, [lambda: torch.ops.loraplane.top_k_top_p_threshold(scaled, top_k, top_p, cut, "triton")]),
-        "cut torch": Timed(ctx, [lambda: torch.ops.loraplane.top_k_top_p_threshold(scaled, top_k, top_p, cut_ref, "cpu")]),
+        "cut triton": Timed(
+            ctx, [lambda: torch.ops.loraplane.top_k_top_p_threshold(logits, temperature, top_k, top_p, cut, "triton")]
+        ),
+        "cut torch": Timed(
+            ctx, [lambda: torch.ops.loraplane.top_k_top_p_threshold(logits, temperature, top_k, top_p, cut_ref, "cpu")]
+        ),
+        "race triton": Timed(ctx, [lambda: torch.ops.loraplane.race(logits, temperature, cut, min_p, got, token, "triton")]),
+        "race torch": Timed(ctx, [lambda: torch.ops.loraplane.race(logits, temperature, cut, min_p, got, token_ref, "cpu")]),
     }
     ms = alternate(contenders, ctx.rounds)
     ulps = int((got.view(i32) - want.view(i32)).abs().max())  # positive floats: their bits order as their values
-    kept, kept_ref = scaled >= cut.unsqueeze(1), scaled >= cut_ref.unsqueeze(1)
+    kept, kept_ref = logits / 0.8 >= cut.unsqueeze(1), logits / 0.8 >= cut_ref.unsqueeze(1)
     return {
         "rows": rows_n, "seeded": seeded, "vocab": vocab,
         "noise": {"triton_ms": ms["noise triton"], "torch_ms": ms["noise torch"], "identical": ulps == 0, "max_ulps": ulps},
@@ -711,6 +722,7 @@ def sampling_check(ctx: Ctx) -> dict[str, Any]:
             "triton_ms": ms["cut triton"], "torch_ms": ms["cut torch"],
             "rows_differing": int((kept != kept_ref).any(dim=1).sum()), "kept_median": float(kept.sum(1).float().median()),
         },
+        "race": {"triton_ms": ms["race triton"], "torch_ms": ms["race torch"], "rows_differing": int((token != token_ref).sum())},
     }  # fmt: skip
 
 
@@ -1315,6 +1327,11 @@ def print_summary(ctx: Ctx) -> None:
         print(
             f"top-k/top-p cut-off ({shape}): Triton {cut['triton_ms']:.3f} ms, sort {cut['torch_ms']:.3f} ms, "
             f"{cut['rows_differing']} rows keep other tokens"
+        )
+        race = n["race"]
+        print(
+            f"race ({shape}): Triton {race['triton_ms']:.3f} ms, torch {race['torch_ms']:.3f} ms, "
+            f"{race['rows_differing']} rows draw another token"
         )
     s = res.get("serving", {}).get("summary")
     if s:
