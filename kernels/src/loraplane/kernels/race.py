@@ -86,16 +86,16 @@ def _race_kernel(
             if HAS_CUT:
                 c = tl.load(cut_ptr + row)
             nrow = noise_ptr + row.to(tl.int64) * stride_noise
-            peak = top / t
+            peak = tl.math.div_rn(top, t)  # IEEE division, as the cut-off kernel's and torch's
             score = tl.full([BLOCK], -1.0, tl.float32)
             at = tl.full([BLOCK], _LAST, tl.int32)
             for start in range(0, vocab, BLOCK):
                 cols = start + offs
                 inside = cols < vocab
-                s = tl.load(xrow + cols, mask=inside, other=float("-inf")) / t
+                s = tl.math.div_rn(tl.load(xrow + cols, mask=inside, other=float("-inf")), t)
                 e = tl.exp(s - peak)
                 q = tl.maximum(tl.load(nrow + cols, mask=inside, other=1.0), _TINY)
-                r = tl.where(inside & (s >= c) & (e >= m), e / q, -1.0)
+                r = tl.where(inside & (s >= c) & (e >= m), tl.math.div_rn(e, q), -1.0)
                 take = r > score
                 score = tl.where(take, r, score)
                 at = tl.where(take, cols, at)

@@ -66,6 +66,13 @@ def _value(key):
 
 
 @triton.jit
+def _scaled(base, cols, vocab, t):
+    # Divided as IEEE rounds (``div_rn``; Triton's ``/`` on float32 is the GPU's approximate
+    # division), so the scaled logits are the torch reference's and the race kernel's, bit for bit.
+    return tl.math.div_rn(tl.load(base + cols, mask=cols < vocab, other=float("-inf")), t)
+
+
+@triton.jit
 def _top_k_top_p_kernel(x_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, vocab, stride, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     base = x_ptr + row.to(tl.int64) * stride
@@ -77,7 +84,7 @@ def _top_k_top_p_kernel(x_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, v
     m = tl.full([BLOCK], float("-inf"), tl.float32)
     for start in range(0, vocab, BLOCK):
         cols = start + offs
-        m = tl.maximum(m, (tl.load(base + cols, mask=cols < vocab, other=float("-inf")) / t))
+        m = tl.maximum(m, _scaled(base, cols, vocab, t))
     top = tl.max(m, 0)
     # top-k: the largest key t with at least k keys >= t is the k-th largest key. Every column's
     # key is at least -inf's, the search's floor: a row that cuts nothing gets -inf.
@@ -89,7 +96,7 @@ def _top_k_top_p_kernel(x_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, v
             count = tl.zeros([BLOCK], tl.int32)
             for start in range(0, vocab, BLOCK):
                 cols = start + offs
-                x = tl.load(base + cols, mask=cols < vocab, other=float("-inf")) / t
+                x = _scaled(base, cols, vocab, t)
                 count += ((_key(x).to(tl.int64) >= mid) & (cols < vocab)).to(tl.int32)
             enough = tl.sum(count, 0) >= k
             lo = tl.where(enough, mid, lo)
@@ -100,7 +107,7 @@ def _top_k_top_p_kernel(x_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, v
         total = tl.zeros([BLOCK], tl.float32)
         for start in range(0, vocab, BLOCK):
             cols = start + offs
-            x = tl.load(base + cols, mask=cols < vocab, other=float("-inf")) / t
+            x = _scaled(base, cols, vocab, t)
             total += tl.where(_key(x).to(tl.int64) >= kth, tl.exp(x - top), 0.0)
         goal = p * tl.sum(total, 0)
         hi = _key(top).to(tl.int64)
@@ -109,7 +116,7 @@ def _top_k_top_p_kernel(x_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, v
             mass = tl.zeros([BLOCK], tl.float32)
             for start in range(0, vocab, BLOCK):
                 cols = start + offs
-                x = tl.load(base + cols, mask=cols < vocab, other=float("-inf")) / t
+                x = _scaled(base, cols, vocab, t)
                 mass += tl.where(_key(x).to(tl.int64) >= mid, tl.exp(x - top), 0.0)
             enough = tl.sum(mass, 0) >= goal
             lo = tl.where(enough, mid, lo)
