@@ -73,6 +73,29 @@ def _scaled(base, cols, vocab, t):
 
 
 @triton.jit
+def _largest_key(base, vocab, t, top, lo, hi, goal, BLOCK: tl.constexpr, MASS: tl.constexpr):
+    # The largest key in [lo, hi] whose tokens at or above it reach ``goal``: in number, or (MASS)
+    # in exp(x - top), their probability times the softmax's sum. Both fall as the key rises, so
+    # 32 halvings of the int32 key range find it. The count adds in float32, exact to 2**24 tokens.
+    offs = tl.arange(0, BLOCK)
+    for _ in range(32):
+        mid = lo + (hi - lo + 1) // 2
+        acc = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, vocab, BLOCK):
+            cols = start + offs
+            x = _scaled(base, cols, vocab, t)
+            above = (_key(x).to(tl.int64) >= mid) & (cols < vocab)
+            if MASS:
+                acc += tl.where(above, tl.exp(x - top), 0.0)
+            else:
+                acc += above.to(tl.float32)
+        enough = tl.sum(acc, 0) >= goal
+        lo = tl.where(enough, mid, lo)
+        hi = tl.where(enough, hi, mid - 1)
+    return lo
+
+
+@triton.jit
 def _top_k_top_p_kernel(x_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, vocab, stride, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     base = x_ptr + row.to(tl.int64) * stride
@@ -83,45 +106,19 @@ def _top_k_top_p_kernel(x_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, v
     offs = tl.arange(0, BLOCK)
     m = tl.full([BLOCK], float("-inf"), tl.float32)
     for start in range(0, vocab, BLOCK):
-        cols = start + offs
-        m = tl.maximum(m, _scaled(base, cols, vocab, t))
+        m = tl.maximum(m, _scaled(base, start + offs, vocab, t))
     top = tl.max(m, 0)
-    # top-k: the largest key t with at least k keys >= t is the k-th largest key. Every column's
-    # key is at least -inf's, the search's floor: a row that cuts nothing gets -inf.
-    lo = _key(tl.full([], float("-inf"), tl.float32)).to(tl.int64)
-    if k < vocab:
-        hi = _key(top).to(tl.int64)
-        for _ in range(32):
-            mid = lo + (hi - lo + 1) // 2
-            count = tl.zeros([BLOCK], tl.int32)
-            for start in range(0, vocab, BLOCK):
-                cols = start + offs
-                x = _scaled(base, cols, vocab, t)
-                count += ((_key(x).to(tl.int64) >= mid) & (cols < vocab)).to(tl.int32)
-            enough = tl.sum(count, 0) >= k
-            lo = tl.where(enough, mid, lo)
-            hi = tl.where(enough, hi, mid - 1)
-    kth = lo
-    # top-p over what top-k kept: the largest key t >= kth whose tokens' mass reaches p.
-    if p < 1.0:
+    # Every column's key is at least -inf's, the searches' floor: a row that cuts nothing gets -inf.
+    cut = _key(tl.full([], float("-inf"), tl.float32)).to(tl.int64)
+    if k < vocab:  # the largest key with k tokens at or above it: the k-th largest
+        cut = _largest_key(base, vocab, t, top, cut, _key(top).to(tl.int64), k.to(tl.float32), BLOCK, False)
+    if p < 1.0:  # then the largest key at or above that whose tokens' mass reaches p
         total = tl.zeros([BLOCK], tl.float32)
         for start in range(0, vocab, BLOCK):
-            cols = start + offs
-            x = _scaled(base, cols, vocab, t)
-            total += tl.where(_key(x).to(tl.int64) >= kth, tl.exp(x - top), 0.0)
-        goal = p * tl.sum(total, 0)
-        hi = _key(top).to(tl.int64)
-        for _ in range(32):
-            mid = lo + (hi - lo + 1) // 2
-            mass = tl.zeros([BLOCK], tl.float32)
-            for start in range(0, vocab, BLOCK):
-                cols = start + offs
-                x = _scaled(base, cols, vocab, t)
-                mass += tl.where(_key(x).to(tl.int64) >= mid, tl.exp(x - top), 0.0)
-            enough = tl.sum(mass, 0) >= goal
-            lo = tl.where(enough, mid, lo)
-            hi = tl.where(enough, hi, mid - 1)
-    tl.store(out_ptr + row, _value(lo.to(tl.int32)))
+            x = _scaled(base, start + offs, vocab, t)
+            total += tl.where(_key(x).to(tl.int64) >= cut, tl.exp(x - top), 0.0)
+        cut = _largest_key(base, vocab, t, top, cut, _key(top).to(tl.int64), p * tl.sum(total, 0), BLOCK, True)
+    tl.store(out_ptr + row, _value(cut.to(tl.int32)))
 
 
 def threshold(
