@@ -683,6 +683,7 @@ def sampling_check(ctx: Ctx) -> dict[str, Any]:
     import torch
 
     from loraplane.kernels import ops  # noqa: F401  (registers torch.ops.loraplane.*)
+    from loraplane.kernels.top_k_top_p import scale
 
     if not ctx.cuda:
         return {"skipped": "the Triton kernels run on a GPU"}
@@ -692,7 +693,9 @@ def sampling_check(ctx: Ctx) -> dict[str, Any]:
     rows = torch.arange(0, rows_n, 2, dtype=i32, device=ctx.device)
     g = torch.Generator().manual_seed(0)
     lo, hi, pos = torch.randint(-(2**31), 2**31, (3, seeded), generator=g).to(device=ctx.device, dtype=i32)
-    got, want = (torch.zeros(rows_n, vocab, device=ctx.device) for _ in range(2))
+    # The unseeded rows' noise as the sampler draws it; the seeded rows are then written over.
+    got = torch.empty(rows_n, vocab, device=ctx.device).exponential_(generator=torch.Generator(ctx.device).manual_seed(1))
+    want = got.clone()
     logits = randn(ctx, rows_n, vocab, std=3.0, dtype=torch.float32)
     top_k = torch.tensor([50 if r % 2 else vocab for r in range(rows_n)], dtype=i32, device=ctx.device)
     top_p = torch.full((rows_n,), 0.95, device=ctx.device)
@@ -714,7 +717,8 @@ def sampling_check(ctx: Ctx) -> dict[str, Any]:
     }
     ms = alternate(contenders, ctx.rounds)
     ulps = int((got.view(i32) - want.view(i32)).abs().max())  # positive floats: their bits order as their values
-    kept, kept_ref = logits / 0.8 >= cut.unsqueeze(1), logits / 0.8 >= cut_ref.unsqueeze(1)
+    scaled = scale(logits, temperature)  # as both kernels scale (IEEE division)
+    kept, kept_ref = scaled >= cut.unsqueeze(1), scaled >= cut_ref.unsqueeze(1)
     return {
         "rows": rows_n, "seeded": seeded, "vocab": vocab,
         "noise": {"triton_ms": ms["noise triton"], "torch_ms": ms["noise torch"], "identical": ulps == 0, "max_ulps": ulps},

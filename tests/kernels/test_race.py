@@ -83,6 +83,15 @@ def test_rows_without_a_token_get_their_failure_code_and_ties_the_first_maximum(
         assert got.tolist() == want.tolist() == [5, 5]
 
 
+def test_rows_whose_scaled_logits_overflow_take_the_greedy_token() -> None:
+    """Finite logits that overflow float32 when divided by a small temperature leave no token a
+    probability; the row gets its argmax, never an index past the vocabulary."""
+    logits = torch.tensor([[-3e38] * 4, [1.0, 1e35, 2.0, 3.0]])
+    temperature, min_p = torch.tensor([0.5, 1e-4]), torch.tensor([0.0, 0.1])
+    got, want = tokens(logits, temperature, None, min_p, torch.ones(2, 4))
+    assert got.tolist() == want.tolist() == [0, 1]
+
+
 def test_mismatched_shapes_are_refused_on_meta_tensors() -> None:
     logits = torch.empty(4, 100, device="meta")
     four, token = torch.empty(4, device="meta"), torch.empty(4, dtype=torch.long, device="meta")

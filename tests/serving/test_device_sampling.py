@@ -91,17 +91,25 @@ def test_a_seeded_row_draws_by_its_seed_and_position_whatever_shares_its_batch()
 
 
 def test_sampled_rows_draw_the_same_tokens_with_the_gpus_kernels() -> None:
-    """The Triton kernels (in the interpreter) in place of the CPU's torch: the top-p cut-off's
-    search for the sort, the seeded rows' noise for the torch hash; the same draws, unseeded rows
-    beside them from the same generator."""
+    """The Triton kernels (in the interpreter) in place of the CPU's torch: the top-k/top-p
+    cut-off's search for the sort, the seeded rows' noise for the torch hash, the race; the same
+    draws, unseeded rows beside them from the same generator, greedy rows among them."""
     n = 48
     rows = torch.from_numpy(np.random.default_rng(3).normal(0, 2, (n, VOCAB)).astype(np.float32))
-    seqs = [seq(i, output=i, temperature=0.9, top_p=0.95, seed=(i * 2**40 + i) if i % 3 else None) for i in range(n)]
+    filters: list[dict[str, Any]] = [
+        {"top_p": 0.95},
+        {"top_k": 20},
+        {"min_p": 0.05, "top_p": 0.8},
+        {"temperature": 0.0, "top_p": 0.5},
+    ]
+    seqs = [seq(i, output=i, **{"temperature": 0.9, **filters[i % 4]}, seed=(i * 2**40 + i) if i % 3 else None) for i in range(n)]
 
     def tokens(backend: str) -> list[int]:
         return [d.token for d in device_sampling.draw(rows, seqs, torch.Generator().manual_seed(0), backend=backend)]
 
-    assert tokens("triton") == tokens("cpu")
+    drawn = tokens("triton")
+    assert drawn == tokens("cpu")
+    assert [drawn[i] for i in range(3, n, 4)] == rows[3::4].argmax(dim=1).tolist(), "greedy rows with top-p: argmax"
 
 
 def test_log_probabilities_are_the_host_paths() -> None:

@@ -9,6 +9,7 @@ Semantics, for a row of logits x with temperature T, cut-off c (``kernels.top_k_
     T > 0:   s = x / T;  e = exp(s - max(s))                     (each token's probability times Z)
              kept = (s >= c) and not (e < m)                     (min-p: p < m * max p, as e < m)
              token = argmax over kept of e / max(q, tiny)        (picks i with probability p_i)
+             (argmax(x) where nothing is kept: only when x / T overflows float32)
     NOT_FINITE   where x holds a NaN or +inf
     NONE_ALLOWED where every x is -inf (the masks left no token)
 
@@ -49,7 +50,9 @@ def race_reference(
             scaled = scaled.masked_fill(scaled < cut.unsqueeze(1), float("-inf"))
         probs = torch.softmax(scaled, dim=-1)
         probs = probs.masked_fill(probs < min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True), 0.0)
-        token = torch.where(temperature > 0, (probs / noise.clamp(min=TINY)).argmax(dim=-1), token)
+        score = (probs / noise.clamp(min=TINY)).nan_to_num(nan=-1.0)
+        drawn = (temperature > 0) & (score >= 0).any(dim=-1)  # else the scaled row overflowed: greedy
+        token = torch.where(drawn, score.argmax(dim=-1), token)
     broken = ~(torch.isfinite(logits) | (logits == float("-inf"))).all(dim=-1)  # a NaN or +inf
     token = torch.where((logits > float("-inf")).any(dim=-1), token, NONE_ALLOWED)
     return torch.where(broken, NOT_FINITE, token)
@@ -100,7 +103,8 @@ def _race_kernel(
                 score = tl.where(take, r, score)
                 at = tl.where(take, cols, at)
             high = tl.max(score, 0)
-            token = tl.min(tl.where(score == high, at, _LAST), 0)
+            # No token kept (logits so far out that dividing by T overflowed): the greedy token.
+            token = tl.where(high >= 0, tl.min(tl.where(score == high, at, _LAST), 0), token)
     token = tl.where(tl.max(alive, 0) > 0, token, _NONE_ALLOWED)
     token = tl.where(tl.max(bad, 0) > 0, _NOT_FINITE, token)
     tl.store(token_ptr + row, token.to(tl.int64))

@@ -92,14 +92,15 @@ def _largest_key(base, vocab, t, top, lo, hi, goal, BLOCK: tl.constexpr, MASS: t
     for _ in range(_PASSES):
         step = (hi - lo) // (_WAYS + 1) + 1
         pivots = lo + (ways + 1) * step
-        reach = tl.zeros([_WAYS], tl.float32)
+        # int32 for the comparisons: a pivot past int32 is past every finite key, as 2**31 - 1 is.
+        narrow = tl.minimum(pivots, 2**31 - 1).to(tl.int32)
+        tile = tl.zeros([BLOCK, _WAYS], tl.float32)  # summed across the program once a pass, not a step
         for start in range(0, vocab, BLOCK):
             cols = start + offs
             x = _scaled(base, cols, vocab, t)
             w = tl.where(cols < vocab, tl.exp(x - top), 0.0) if MASS else (cols < vocab).to(tl.float32)
-            above = _key(x).to(tl.int64)[:, None] >= pivots[None, :]
-            reach += tl.sum(tl.where(above, w[:, None], 0.0), axis=0)
-        enough = reach >= goal
+            tile += tl.where(_key(x)[:, None] >= narrow[None, :], w[:, None], 0.0)
+        enough = tl.sum(tile, axis=0) >= goal
         hi = tl.minimum(hi, tl.min(tl.where(enough, hi, pivots - 1), 0))  # below the first pivot short of it
         lo = tl.max(tl.where(enough, pivots, lo), 0)  # the last pivot that reaches it
     return lo

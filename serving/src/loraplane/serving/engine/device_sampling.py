@@ -82,8 +82,9 @@ def choose(
     seeds = np.asarray([params[i].seed or 0 for i in seeded], dtype=np.uint64)  # below 2**64 (SEED_RANGE)
     columns: list[tuple[np.ndarray | list[int], tuple[int, ...]]] = [
         (transfers.float_bits([0.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)]), (n,)),
-        ([p.top_k if 0 < p.top_k < vocab else vocab for p in params], (n,)),
-        (transfers.float_bits([p.top_p for p in params]), (n,)),
+        # A greedy row's filters are not searched for: no top-k (vocab), no top-p (1.0).
+        ([p.top_k if not g and 0 < p.top_k < vocab else vocab for p, g in zip(params, greedy, strict=True)], (n,)),
+        (transfers.float_bits([1.0 if g else p.top_p for p, g in zip(params, greedy, strict=True)]), (n,)),
         (transfers.float_bits([p.min_p for p in params]), (n,)),
     ]
     if seeded:  # the seeded rows, their seeds' two halves and their output positions
@@ -98,7 +99,7 @@ def choose(
     x = logits.float().contiguous()
     cut = noise = None
     if not all(greedy):
-        if any(0 < p.top_k < vocab or p.top_p < 1.0 for p in params):
+        if any(not g and (0 < p.top_k < vocab or p.top_p < 1.0) for p, g in zip(params, greedy, strict=True)):
             cut = torch.empty(n, dtype=torch.float32, device=x.device)
             torch.ops.loraplane.top_k_top_p_threshold(x, temperature, top_k, top_p, cut, backend)
         noise = torch.empty_like(x).exponential_(generator=generator)
