@@ -87,19 +87,21 @@ def _largest_key(base, vocab, t, top, lo, hi, goal, BLOCK: tl.constexpr, MASS: t
     # The largest key in [lo, hi] whose tokens at or above it reach ``goal``: in number, or (MASS)
     # in exp(x - top), their probability times the softmax's sum. Both fall as the key rises; keys
     # above hi are known to fall short. The count adds in float32, exact to 2**24 tokens.
-    offs = tl.arange(0, BLOCK)
+    # The columns as a [BLOCK, 1] tensor, so a step's loads already sit in the tile's layout
+    # (a 1-D load broadcast against the pivots went through shared memory every step).
+    offs = tl.arange(0, BLOCK)[:, None]
     ways = tl.arange(0, _WAYS).to(tl.int64)
     for _ in range(_PASSES):
         step = (hi - lo) // (_WAYS + 1) + 1
         pivots = lo + (ways + 1) * step
         # int32 for the comparisons: a pivot past int32 is past every finite key, as 2**31 - 1 is.
-        narrow = tl.minimum(pivots, 2**31 - 1).to(tl.int32)
+        narrow = tl.minimum(pivots, 2**31 - 1).to(tl.int32)[None, :]
         tile = tl.zeros([BLOCK, _WAYS], tl.float32)  # summed across the program once a pass, not a step
         for start in range(0, vocab, BLOCK):
             cols = start + offs
             x = _scaled(base, cols, vocab, t)
             w = tl.where(cols < vocab, tl.exp(x - top), 0.0) if MASS else (cols < vocab).to(tl.float32)
-            tile += tl.where(_key(x)[:, None] >= narrow[None, :], w[:, None], 0.0)
+            tile += tl.where(_key(x) >= narrow, w, 0.0)
         enough = tl.sum(tile, axis=0) >= goal
         hi = tl.minimum(hi, tl.min(tl.where(enough, hi, pivots - 1), 0))  # below the first pivot short of it
         lo = tl.max(tl.where(enough, pivots, lo), 0)  # the last pivot that reaches it
